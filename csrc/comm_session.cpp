@@ -1,0 +1,565 @@
+#include "comm_session.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+#include "comm_data.cuh"
+#include "errors.hpp"
+
+namespace mgpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Thrown by a rank that stops because another rank failed or the session timed out; the
+// coordinator reports the first rank's own error instead.
+class Aborted : public Error {
+ public:
+  Aborted() : Error("aborted", 0) {}
+};
+
+ncclRedOp_t parse_redop(const std::string& name) {
+  if (name == "sum") return ncclSum;
+  if (name == "max") return ncclMax;
+  if (name == "min") return ncclMin;
+  if (name == "avg") return ncclAvg;
+  throw std::invalid_argument("unknown reduction '" + name + "' (use sum, max, min or avg)");
+}
+
+}  // namespace
+
+// One local rank: its thread, stream, communicator and buffers. Everything here is touched
+// only by its own thread, except `comm` by CommSession::abort_all_comms once the thread has
+// stopped polling (or is stuck inside NCCL, which ncclCommAbort exists to release).
+struct Worker {
+  int device = 0;
+  int rank = 0;
+  int nranks = 0;
+  const std::atomic<bool>* abort_requested = nullptr;
+
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::function<void(Worker&)> task;
+  bool has_task = false;
+  bool busy = false;
+  bool quit = false;
+  std::exception_ptr error;
+
+  cudaStream_t stream = nullptr;
+  ncclComm_t comm = nullptr;
+  bool comm_aborted = false;
+  void* send = nullptr;
+  size_t send_cap = 0;
+  void* recv = nullptr;
+  size_t recv_cap = 0;
+  int64_t* d_agree = nullptr;
+  unsigned long long* d_wrong = nullptr;
+  int64_t* h_scalars = nullptr;  // pinned: [0] agreement value, [1] wrong count
+  cudaEvent_t sync_event = nullptr;
+  std::vector<cudaEvent_t> timing_events;
+
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [this] { return has_task || quit; });
+      if (quit) return;
+      auto fn = std::move(task);
+      has_task = false;
+      lock.unlock();
+      std::exception_ptr err;
+      try {
+        fn(*this);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lock.lock();
+      error = err;
+      busy = false;
+      cv.notify_all();
+    }
+  }
+
+  // Waits for `ev`, polling so that an NCCL error, another rank's failure or the session's
+  // abort ends the wait instead of a hang.
+  void wait(cudaEvent_t ev) {
+    for (int polls = 0;; ++polls) {
+      const cudaError_t st = cudaEventQuery(ev);
+      if (st == cudaSuccess) return;
+      if (st != cudaErrorNotReady) MGPU_CUDA_CHECK(st);
+      if (abort_requested->load()) throw Aborted();
+      ncclResult_t async = ncclSuccess;
+      MGPU_NCCL_CHECK(comm, ncclCommGetAsyncError(comm, &async));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        throw_nccl(async, comm, "ncclCommGetAsyncError (asynchronous NCCL failure)", __FILE__,
+                   __LINE__);
+      }
+      if (polls < 2000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  void sync() {
+    MGPU_CUDA_CHECK(cudaEventRecord(sync_event, stream));
+    wait(sync_event);
+  }
+
+  // The maximum of `v` over all ranks, through NCCL itself (so it works across processes).
+  int64_t agree_max(int64_t v) {
+    h_scalars[0] = v;
+    MGPU_CUDA_CHECK(cudaMemcpyAsync(d_agree, &h_scalars[0], sizeof(int64_t),
+                                    cudaMemcpyHostToDevice, stream));
+    MGPU_NCCL_CHECK(comm, ncclAllReduce(d_agree, d_agree, 1, ncclInt64, ncclMax, comm, stream));
+    MGPU_CUDA_CHECK(cudaMemcpyAsync(&h_scalars[0], d_agree, sizeof(int64_t),
+                                    cudaMemcpyDeviceToHost, stream));
+    sync();
+    return h_scalars[0];
+  }
+
+  cudaEvent_t timing_event(size_t i) {
+    while (timing_events.size() <= i) {
+      cudaEvent_t ev = nullptr;
+      MGPU_CUDA_CHECK(cudaEventCreate(&ev));
+      timing_events.push_back(ev);
+    }
+    return timing_events[i];
+  }
+
+  double elapsed(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0.0f;
+    MGPU_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    return static_cast<double>(ms) * 1e-3;
+  }
+
+  void free_buffers() noexcept {
+    if (send) MGPU_CUDA_WARN(cudaFree(send));
+    if (recv) MGPU_CUDA_WARN(cudaFree(recv));
+    send = recv = nullptr;
+    send_cap = recv_cap = 0;
+  }
+
+  // Grows the buffers; false when the device is out of memory (the error is cleared).
+  bool ensure_buffers(size_t send_bytes, size_t recv_bytes) {
+    auto grow = [](void** ptr, size_t* cap, size_t want) {
+      if (want <= *cap && *ptr != nullptr) return true;
+      if (*ptr) MGPU_CUDA_CHECK(cudaFree(*ptr));
+      *ptr = nullptr;
+      *cap = 0;
+      const cudaError_t st = cudaMalloc(ptr, std::max<size_t>(want, 256));
+      if (st == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        *ptr = nullptr;
+        return false;
+      }
+      MGPU_CUDA_CHECK(st);
+      *cap = want;
+      return true;
+    };
+    return grow(&send, &send_cap, send_bytes) && grow(&recv, &recv_cap, recv_bytes);
+  }
+
+  void init(const ncclUniqueId& id) {
+    MGPU_CUDA_CHECK(cudaSetDevice(device));
+    MGPU_CUDA_CHECK(cudaFree(nullptr));  // create the context before NCCL does
+    MGPU_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    MGPU_CUDA_CHECK(cudaEventCreateWithFlags(&sync_event, cudaEventDisableTiming));
+    MGPU_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_agree), sizeof(int64_t)));
+    MGPU_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_wrong), sizeof(unsigned long long)));
+    MGPU_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_scalars), 2 * sizeof(int64_t)));
+    MGPU_NCCL_CHECK(nullptr, ncclCommInitRank(&comm, nranks, id, rank));
+  }
+
+  void destroy() noexcept {
+    free_buffers();
+    for (cudaEvent_t ev : timing_events) MGPU_CUDA_WARN(cudaEventDestroy(ev));
+    timing_events.clear();
+    if (sync_event) MGPU_CUDA_WARN(cudaEventDestroy(sync_event));
+    if (d_agree) MGPU_CUDA_WARN(cudaFree(d_agree));
+    if (d_wrong) MGPU_CUDA_WARN(cudaFree(d_wrong));
+    if (h_scalars) MGPU_CUDA_WARN(cudaFreeHost(h_scalars));
+    sync_event = nullptr;
+    d_agree = nullptr;
+    d_wrong = nullptr;
+    h_scalars = nullptr;
+    if (comm && !comm_aborted) MGPU_NCCL_WARN(ncclCommDestroy(comm));
+    comm = nullptr;
+    if (stream) MGPU_CUDA_WARN(cudaStreamDestroy(stream));
+    stream = nullptr;
+  }
+
+  void measure(const MeasureArgs& a, MeasureResult& out, size_t slot);
+};
+
+void Worker::measure(const MeasureArgs& a, MeasureResult& out, size_t slot) {
+  const OpDesc& op = find_op(a.op);
+  const DTypeInfo& ti = dtype_info(a.dtype);
+  const ncclRedOp_t redop = parse_redop(a.redop);
+  const OpCounts c = op.counts(a.bytes, ti.size, nranks);
+  const size_t ts = ti.size;
+  const size_t work_bytes = std::max(c.send_count, c.recv_count) * ts;
+
+  // 1. Buffers, agreed: if any rank is out of memory, every rank stops at this size.
+  const bool ok = ensure_buffers(c.send_count * ts, work_bytes);
+  if (agree_max(ok ? 0 : 1) != 0) {
+    free_buffers();
+    std::ostringstream os;
+    os << "out of device memory for " << a.op << " at " << c.bytes << " bytes ("
+       << (c.send_count * ts + work_bytes) << " bytes of buffers per GPU)"
+       << (ok ? " on another rank" : "");
+    throw OutOfMemoryError(os.str(), static_cast<int>(cudaErrorMemoryAllocation));
+  }
+
+  LaunchArgs la{};
+  la.count = c.count;
+  la.type = nccl_type(ti.type);
+  la.type_size = ts;
+  la.redop = redop;
+  la.root = a.root;
+  la.rank = rank;
+  la.nranks = nranks;
+  la.comm = comm;
+  la.stream = stream;
+  char* work = static_cast<char*>(recv);
+  if (a.inplace) {
+    la.send = work + c.send_inplace_offset * static_cast<size_t>(rank) * ts;
+    la.recv = work + c.recv_inplace_offset * static_cast<size_t>(rank) * ts;
+  } else {
+    la.send = send;
+    la.recv = recv;
+  }
+  auto launch = [&]() {
+    if (abort_requested->load()) throw Aborted();
+    MGPU_NCCL_CHECK(comm, op.launch(la));
+  };
+  const Pattern pattern = make_pattern(ti.type, op.reduces, redop, nranks);
+  fill_values(const_cast<void*>(la.send), ti.type, c.send_count, rank, pattern, stream);
+
+  // 2. Warm-up; its later iterations give the per-iteration estimate.
+  const int warm = std::max(2, a.warmup_iters);
+  cudaEvent_t w0 = timing_event(0), w1 = timing_event(1);
+  launch();
+  MGPU_CUDA_CHECK(cudaEventRecord(w0, stream));
+  for (int i = 1; i < warm; ++i) launch();
+  MGPU_CUDA_CHECK(cudaEventRecord(w1, stream));
+  sync();
+  const double estimate = elapsed(w0, w1) / (warm - 1);
+
+  // 3. Iteration count: fixed, or enough to fill min_time at the slowest rank's estimate.
+  int iters = a.iters;
+  if (iters <= 0) {
+    const double slowest = static_cast<double>(agree_max(static_cast<int64_t>(estimate * 1e9))) * 1e-9;
+    const double want = slowest > 0 ? std::ceil(a.min_time_s / slowest) : a.max_iters;
+    iters = static_cast<int>(std::clamp<double>(want, a.min_iters, a.max_iters));
+  }
+
+  // 4. Burst: iters back to back, events only at the ends.
+  // 5. Samples: iters again, an event between every two iterations.
+  cudaEvent_t start = timing_event(0), end = timing_event(1);
+  double burst = 0.0;
+  std::vector<double> samples(static_cast<size_t>(iters));
+  if (!a.graph) {
+    MGPU_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < iters; ++i) launch();
+    MGPU_CUDA_CHECK(cudaEventRecord(end, stream));
+    sync();
+    burst = elapsed(start, end) / iters;
+
+    for (int i = 0; i <= iters; ++i) timing_event(static_cast<size_t>(i) + 2);
+    MGPU_CUDA_CHECK(cudaEventRecord(timing_events[2], stream));
+    for (int i = 0; i < iters; ++i) {
+      launch();
+      MGPU_CUDA_CHECK(cudaEventRecord(timing_events[static_cast<size_t>(i) + 3], stream));
+    }
+    sync();
+  } else {
+    // Each pass is captured once into a CUDA graph, replayed once to warm it up, then timed.
+    auto capture = [&](bool with_events) {
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      MGPU_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      try {
+        if (with_events) {
+          MGPU_CUDA_CHECK(cudaEventRecordWithFlags(timing_events[2], stream,
+                                                   cudaEventRecordExternal));
+        }
+        for (int i = 0; i < iters; ++i) {
+          launch();
+          if (with_events) {
+            MGPU_CUDA_CHECK(cudaEventRecordWithFlags(timing_events[static_cast<size_t>(i) + 3],
+                                                     stream, cudaEventRecordExternal));
+          }
+        }
+      } catch (...) {
+        cudaStreamEndCapture(stream, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      MGPU_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
+      MGPU_CUDA_WARN(cudaGraphDestroy(graph));
+      MGPU_CUDA_CHECK(st);
+      return exec;
+    };
+    for (int i = 0; i <= iters; ++i) timing_event(static_cast<size_t>(i) + 2);
+    cudaGraphExec_t burst_graph = capture(false);
+    try {
+      MGPU_CUDA_CHECK(cudaGraphLaunch(burst_graph, stream));  // warm-up replay
+      MGPU_CUDA_CHECK(cudaEventRecord(start, stream));
+      MGPU_CUDA_CHECK(cudaGraphLaunch(burst_graph, stream));
+      MGPU_CUDA_CHECK(cudaEventRecord(end, stream));
+      sync();
+    } catch (...) {
+      cudaGraphExecDestroy(burst_graph);
+      throw;
+    }
+    MGPU_CUDA_WARN(cudaGraphExecDestroy(burst_graph));
+    burst = elapsed(start, end) / iters;
+    cudaGraphExec_t sample_graph = capture(true);
+    try {
+      MGPU_CUDA_CHECK(cudaGraphLaunch(sample_graph, stream));  // warm-up replay
+      MGPU_CUDA_CHECK(cudaGraphLaunch(sample_graph, stream));
+      sync();
+    } catch (...) {
+      cudaGraphExecDestroy(sample_graph);
+      throw;
+    }
+    MGPU_CUDA_WARN(cudaGraphExecDestroy(sample_graph));
+  }
+  for (int i = 0; i < iters; ++i) {
+    samples[static_cast<size_t>(i)] = elapsed(timing_events[static_cast<size_t>(i) + 2],
+                                              timing_events[static_cast<size_t>(i) + 3]);
+  }
+
+  // 6. Check: poison the output, write known data, run once, count wrong elements on the GPU.
+  uint64_t wrong = 0;
+  if (a.check) {
+    void* poisoned = a.inplace ? static_cast<void*>(work) : recv;
+    const size_t poison_bytes = a.inplace ? work_bytes : c.recv_count * ts;
+    MGPU_CUDA_CHECK(cudaMemsetAsync(poisoned, 0x7F, poison_bytes, stream));
+    fill_values(const_cast<void*>(la.send), ti.type, c.send_count, rank, pattern, stream);
+    MGPU_CUDA_CHECK(cudaMemsetAsync(d_wrong, 0, sizeof(unsigned long long), stream));
+    launch();
+    const Expect e = op.expect(rank, nranks, a.root, c);
+    if (e.defined) check_values(la.recv, ti.type, e, pattern, redop, d_wrong, stream);
+    MGPU_CUDA_CHECK(cudaMemcpyAsync(&h_scalars[1], d_wrong, sizeof(unsigned long long),
+                                    cudaMemcpyDeviceToHost, stream));
+    sync();
+    wrong = static_cast<uint64_t>(h_scalars[1]);
+  }
+
+  // Each worker writes only its own slot; the coordinator reads after all are done.
+  if (slot == 0) {
+    out.counts = c;
+    out.iters = iters;
+  }
+  out.burst_seconds[slot] = burst;
+  out.samples[slot] = std::move(samples);
+  out.wrong[slot] = wrong;
+  if (slot == 0) out.warmup_seconds_per_iter = estimate;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+std::string nccl_unique_id() {
+  ncclUniqueId id;
+  MGPU_NCCL_CHECK(nullptr, ncclGetUniqueId(&id));
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+CommSession::CommSession(std::vector<int> devices, int nranks, int first_rank,
+                         const std::string& unique_id, double timeout_s)
+    : m_devices(std::move(devices)),
+      m_nranks(nranks),
+      m_first_rank(first_rank),
+      m_timeout_s(timeout_s) {
+  if (m_devices.empty()) throw std::invalid_argument("no devices given");
+  if (nranks < 1 || first_rank < 0 ||
+      first_rank + static_cast<int>(m_devices.size()) > nranks) {
+    throw std::invalid_argument("ranks out of range");
+  }
+  if (unique_id.size() != NCCL_UNIQUE_ID_BYTES) {
+    throw std::invalid_argument("the NCCL unique id must be " +
+                                std::to_string(NCCL_UNIQUE_ID_BYTES) + " bytes");
+  }
+  ncclUniqueId id;
+  std::memcpy(id.internal, unique_id.data(), NCCL_UNIQUE_ID_BYTES);
+  for (size_t i = 0; i < m_devices.size(); ++i) {
+    auto w = std::make_unique<Worker>();
+    w->device = m_devices[i];
+    w->rank = first_rank + static_cast<int>(i);
+    w->nranks = nranks;
+    w->abort_requested = &m_abort_requested;
+    Worker* raw = w.get();
+    w->thread = std::thread([raw] { raw->loop(); });
+    m_workers.push_back(std::move(w));
+  }
+  try {
+    run_on_all([&id](Worker& w) { w.init(id); }, "communicator initialisation");
+  } catch (...) {
+    m_dead = true;
+    for (auto& w : m_workers) {
+      {
+        std::lock_guard<std::mutex> lock(w->mu);
+        w->quit = true;
+      }
+      w->cv.notify_all();
+      if (w->busy) {
+        w->thread.detach();  // stuck inside the driver; the process is going to report and exit
+      } else {
+        w->thread.join();
+      }
+    }
+    m_workers.clear();
+    throw;
+  }
+}
+
+CommSession::~CommSession() {
+  if (!m_dead) {
+    try {
+      run_on_all([](Worker& w) { w.destroy(); }, "clean-up");
+    } catch (...) {
+    }
+  }
+  for (auto& w : m_workers) {
+    bool busy;
+    {
+      std::lock_guard<std::mutex> lock(w->mu);
+      w->quit = true;
+      busy = w->busy;
+    }
+    w->cv.notify_all();
+    if (busy) {
+      w->thread.detach();
+      (void)w.release();  // a thread stuck in the driver still references it
+    } else {
+      w->thread.join();
+    }
+  }
+}
+
+void CommSession::abort_all_comms() {
+  for (auto& w : m_workers) {
+    if (w->comm && !w->comm_aborted) {
+      MGPU_CUDA_WARN(cudaSetDevice(w->device));
+      MGPU_NCCL_WARN(ncclCommAbort(w->comm));
+      w->comm_aborted = true;
+    }
+  }
+}
+
+void CommSession::abort() {
+  if (m_dead) return;
+  m_abort_requested = true;
+  // Give polling ranks a moment to stop touching their communicators.
+  const auto grace = Clock::now() + std::chrono::seconds(2);
+  for (auto& w : m_workers) {
+    std::unique_lock<std::mutex> lock(w->mu);
+    w->cv.wait_until(lock, grace, [&] { return !w->busy; });
+  }
+  abort_all_comms();
+  m_dead = true;
+}
+
+void CommSession::run_on_all(const std::function<void(Worker&)>& fn, const std::string& what) {
+  if (m_dead) {
+    throw NcclError("the communicators were aborted after an earlier failure; start a new session",
+                    static_cast<int>(ncclInvalidUsage));
+  }
+  for (auto& w : m_workers) {
+    std::lock_guard<std::mutex> lock(w->mu);
+    w->task = fn;
+    w->has_task = true;
+    w->busy = true;
+    w->error = nullptr;
+  }
+  for (auto& w : m_workers) w->cv.notify_all();
+
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(m_timeout_s));
+  bool timed_out = false;
+  for (auto& w : m_workers) {
+    std::unique_lock<std::mutex> lock(w->mu);
+    if (!w->cv.wait_until(lock, deadline, [&] { return !w->busy; })) {
+      timed_out = true;
+      break;
+    }
+  }
+
+  // A failure on one rank (other than out-of-memory, which all ranks agree on) stops the rest.
+  std::exception_ptr first;
+  bool fatal = timed_out;
+  if (!timed_out) {
+    for (auto& w : m_workers) {
+      if (!w->error) continue;
+      try {
+        std::rethrow_exception(w->error);
+      } catch (const OutOfMemoryError&) {
+        if (!first) first = w->error;
+      } catch (const Aborted&) {
+        fatal = true;
+      } catch (...) {
+        fatal = true;
+        first = w->error;
+        break;
+      }
+    }
+  }
+  if (!fatal) {
+    if (first) std::rethrow_exception(first);
+    return;
+  }
+
+  // Stop every rank: polling ranks see the flag; ranks stuck inside NCCL are released by
+  // ncclCommAbort.
+  abort();
+  const auto last = Clock::now() + std::chrono::seconds(10);
+  for (auto& w : m_workers) {
+    std::unique_lock<std::mutex> lock(w->mu);
+    w->cv.wait_until(lock, last, [&] { return !w->busy; });
+  }
+  if (timed_out) {
+    std::ostringstream os;
+    os << what << " did not finish within " << m_timeout_s
+       << " s (--timeout); the NCCL communicators were aborted";
+    throw TimeoutError(os.str(), static_cast<int>(ncclRemoteError));
+  }
+  if (first) std::rethrow_exception(first);
+  throw NcclError("aborted", static_cast<int>(ncclInternalError));
+}
+
+MeasureResult CommSession::measure(const MeasureArgs& args) {
+  find_op(args.op);
+  dtype_info(args.dtype);
+  parse_redop(args.redop);
+  MeasureResult out;
+  const size_t n = m_workers.size();
+  out.burst_seconds.assign(n, 0.0);
+  out.samples.assign(n, {});
+  out.wrong.assign(n, 0);
+  std::vector<Worker*> order;
+  for (auto& w : m_workers) order.push_back(w.get());
+  std::ostringstream what;
+  what << args.op << " at " << args.bytes << " bytes";
+  run_on_all(
+      [&](Worker& w) {
+        const size_t slot = static_cast<size_t>(std::find(order.begin(), order.end(), &w) -
+                                                order.begin());
+        w.measure(args, out, slot);
+      },
+      what.str());
+  return out;
+}
+
+void CommSession::release_buffers() {
+  run_on_all([](Worker& w) { w.free_buffers(); }, "buffer release");
+}
+
+}  // namespace mgpu

@@ -1,0 +1,100 @@
+// A set of NCCL ranks driven by this process: one host thread, one CUDA stream and one
+// communicator per local GPU. In one process the session holds every rank; under a launcher
+// (torchrun, Slurm, MPI) each process holds one rank and the NCCL unique id comes from the
+// launcher's store. Every measurement runs the same loop for every op (measure()).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtype.hpp"
+#include "op.hpp"
+
+namespace mgpu {
+
+struct MeasureArgs {
+  std::string op;
+  std::string dtype;
+  std::string redop = "sum";
+  size_t bytes = 0;  // requested size (nccl-tests' size column), rounded down by the op
+  bool inplace = false;
+  int root = 0;
+  int warmup_iters = 5;
+  int iters = 0;  // 0: choose from min_time_s (agreed across all ranks: the max estimate wins)
+  double min_time_s = 0.05;
+  int min_iters = 20;
+  int max_iters = 10000;
+  bool graph = false;
+  bool check = true;
+};
+
+struct MeasureResult {
+  OpCounts counts;
+  int iters = 0;
+  // Per local rank: (end - start) / iters of a back-to-back burst with events only at its ends
+  // (what nccl-tests reports as time).
+  std::vector<double> burst_seconds;
+  // Per local rank, per iteration: seconds between events recorded between iterations (a
+  // separate pass of the same length, so the burst carries no per-iteration events).
+  std::vector<std::vector<double>> samples;
+  // Per local rank: elements that differ from the known result (0 when check is off).
+  std::vector<uint64_t> wrong;
+  double warmup_seconds_per_iter = 0.0;  // the estimate the iteration count came from
+};
+
+struct Worker;
+
+class CommSession {
+ public:
+  // devices: local CUDA devices, one rank each, global ranks first_rank, first_rank + 1, ...
+  // unique_id: NCCL_UNIQUE_ID_BYTES bytes from nccl_unique_id() on one process.
+  CommSession(std::vector<int> devices, int nranks, int first_rank, const std::string& unique_id,
+              double timeout_s);
+  ~CommSession();
+  CommSession(const CommSession&) = delete;
+  CommSession& operator=(const CommSession&) = delete;
+
+  // Blocks until every local rank is done; throws the first rank's error. After a timeout or
+  // an NCCL error the communicators are aborted and the session is unusable (alive() false).
+  // An OutOfMemoryError leaves it usable.
+  MeasureResult measure(const MeasureArgs& args);
+
+  bool alive() const { return !m_dead; }
+  int nranks() const { return m_nranks; }
+  int first_rank() const { return m_first_rank; }
+  const std::vector<int>& devices() const { return m_devices; }
+  double timeout() const { return m_timeout_s; }
+  void set_timeout(double seconds) { m_timeout_s = seconds; }
+  // Frees device buffers (not the communicators).
+  void release_buffers();
+  // Aborts all communicators now (used on Ctrl-C); the session becomes unusable.
+  void abort();
+
+ private:
+  // Runs fn on every worker thread and waits, enforcing the timeout.
+  void run_on_all(const std::function<void(Worker&)>& fn, const std::string& what);
+  void abort_all_comms();
+
+  std::vector<int> m_devices;
+  int m_nranks;
+  int m_first_rank;
+  double m_timeout_s;
+  std::vector<std::unique_ptr<Worker>> m_workers;
+  std::atomic<bool> m_abort_requested{false};
+  std::atomic<bool> m_dead{false};
+};
+
+std::string nccl_unique_id();
+
+}  // namespace mgpu

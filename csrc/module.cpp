@@ -1,0 +1,162 @@
+// mgpu_bench._native: the measuring core. Users import mgpu_bench, never this module.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+
+#include "comm_session.hpp"
+#include "cublaslt.hpp"
+#include "device.hpp"
+#include "dtype.hpp"
+#include "errors.hpp"
+#include "op.hpp"
+
+namespace py = pybind11;
+using namespace mgpu;
+
+namespace {
+
+// Raises mgpu_bench.errors.<name>(message, code): the Python classes keep the code and pickle.
+void raise_python(const char* name, const Error& e) {
+  py::object cls = py::module_::import("mgpu_bench.errors").attr(name);
+  py::object exc = cls(e.what(), e.code());
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+}
+
+py::dict counts_dict(const OpCounts& c) {
+  py::dict d;
+  d["bytes"] = c.bytes;
+  d["count"] = c.count;
+  d["send_count"] = c.send_count;
+  d["recv_count"] = c.recv_count;
+  d["send_inplace_offset"] = c.send_inplace_offset;
+  d["recv_inplace_offset"] = c.recv_inplace_offset;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "mgpu-bench native core: NCCL collective timing, device facts";
+  m.attr("__version__") = MGPU_VERSION;
+  m.attr("NCCL_HEADER_VERSION") = NCCL_VERSION_CODE;
+  m.attr("HAVE_NCCL_FP8") = static_cast<bool>(MGPU_HAVE_NCCL_FP8);
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const OutOfMemoryError& e) {
+      raise_python("OutOfMemoryError", e);
+    } catch (const TimeoutError& e) {
+      raise_python("CommTimeoutError", e);
+    } catch (const CudaError& e) {
+      raise_python("CudaError", e);
+    } catch (const NcclError& e) {
+      raise_python("NcclError", e);
+    } catch (const CublasError& e) {
+      raise_python("CublasError", e);
+    } catch (const Error& e) {
+      raise_python("MgpuError", e);
+    }
+  });
+
+  m.def("ops", [] {
+    py::list out;
+    for (const OpDesc* d : op_registry()) {
+      py::dict info;
+      info["name"] = d->name;
+      info["reduces"] = d->reduces;
+      info["rooted"] = d->rooted;
+      out.append(info);
+    }
+    return out;
+  }, "The registered collectives: name, whether they reduce, whether they have a root.");
+
+  m.def("dtypes", &dtype_names, "Element types, as the CLI spells them.");
+  m.def("dtype_size", [](const std::string& name) { return dtype_info(name).size; });
+
+  m.def("op_counts", [](const std::string& op, size_t bytes, const std::string& dtype,
+                        int nranks) {
+    if (nranks < 1) throw std::invalid_argument("nranks must be >= 1");
+    return counts_dict(find_op(op).counts(bytes, dtype_info(dtype).size, nranks));
+  }, py::arg("op"), py::arg("bytes"), py::arg("dtype"), py::arg("nranks"),
+     "Element counts of one measurement (nccl-tests' rules); bytes is the rounded size.");
+
+  m.def("device_count", &device_count, py::call_guard<py::gil_scoped_release>());
+  m.def("device_info", [](int index) {
+    DeviceInfo i;
+    {
+      py::gil_scoped_release release;
+      i = device_info(index);
+    }
+    py::dict d;
+    d["index"] = i.index;
+    d["name"] = i.name;
+    d["uuid"] = i.uuid;
+    d["pci_bus_id"] = i.pci_bus_id;
+    d["total_memory"] = i.total_memory;
+    d["compute_capability"] = py::make_tuple(i.cc_major, i.cc_minor);
+    d["multiprocessors"] = i.multiprocessors;
+    return d;
+  });
+  m.def("mem_get_info", &mem_get_info, py::call_guard<py::gil_scoped_release>(),
+        "(free, total) bytes of one device.");
+  m.def("driver_version", &driver_version);
+  m.def("runtime_version", &runtime_version);
+  m.def("nccl_version", &nccl_version);
+  m.def("cublaslt_version", &cublaslt_version);
+  m.def("nccl_unique_id", [] { return py::bytes(nccl_unique_id()); });
+  m.def("_raise_library_error", &raise_library_error, py::arg("library"));
+
+  py::class_<MeasureArgs>(m, "MeasureArgs")
+      .def(py::init<>())
+      .def_readwrite("op", &MeasureArgs::op)
+      .def_readwrite("dtype", &MeasureArgs::dtype)
+      .def_readwrite("redop", &MeasureArgs::redop)
+      .def_readwrite("bytes", &MeasureArgs::bytes)
+      .def_readwrite("inplace", &MeasureArgs::inplace)
+      .def_readwrite("root", &MeasureArgs::root)
+      .def_readwrite("warmup_iters", &MeasureArgs::warmup_iters)
+      .def_readwrite("iters", &MeasureArgs::iters)
+      .def_readwrite("min_time_s", &MeasureArgs::min_time_s)
+      .def_readwrite("min_iters", &MeasureArgs::min_iters)
+      .def_readwrite("max_iters", &MeasureArgs::max_iters)
+      .def_readwrite("graph", &MeasureArgs::graph)
+      .def_readwrite("check", &MeasureArgs::check);
+
+  py::class_<CommSession>(m, "CommSession")
+      .def(py::init<std::vector<int>, int, int, const std::string&, double>(),
+           py::arg("devices"), py::arg("nranks"), py::arg("first_rank"), py::arg("unique_id"),
+           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
+      .def("measure", [](CommSession& s, const MeasureArgs& a) {
+        MeasureResult r;
+        {
+          py::gil_scoped_release release;
+          r = s.measure(a);
+        }
+        py::dict d;
+        d["counts"] = counts_dict(r.counts);
+        d["iters"] = r.iters;
+        d["burst_seconds"] = r.burst_seconds;
+        const size_t ranks = r.samples.size();
+        py::array_t<double> samples({ranks, static_cast<size_t>(r.iters)});
+        auto view = samples.mutable_unchecked<2>();
+        for (size_t i = 0; i < ranks; ++i) {
+          for (size_t k = 0; k < r.samples[i].size(); ++k) view(i, k) = r.samples[i][k];
+        }
+        d["samples"] = samples;
+        d["wrong"] = r.wrong;
+        d["warmup_seconds_per_iter"] = r.warmup_seconds_per_iter;
+        return d;
+      }, py::arg("args"),
+      "Runs one measurement on every local rank (GIL released); raw seconds, no statistics.")
+      .def("release_buffers", &CommSession::release_buffers,
+           py::call_guard<py::gil_scoped_release>())
+      .def("abort", &CommSession::abort, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("alive", &CommSession::alive)
+      .def_property_readonly("nranks", &CommSession::nranks)
+      .def_property_readonly("first_rank", &CommSession::first_rank)
+      .def_property_readonly("devices", &CommSession::devices)
+      .def_property("timeout", &CommSession::timeout, &CommSession::set_timeout);
+}

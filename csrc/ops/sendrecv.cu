@@ -1,0 +1,37 @@
+// sendrecv: a ring of point-to-point transfers; rank r sends its buffer to rank r+1 and
+// receives rank r-1's. busbw = algbw.
+#include "op.hpp"
+
+namespace mgpu {
+namespace {
+
+OpCounts counts(size_t bytes, size_t type_size, int /*nranks*/) {
+  OpCounts c;
+  c.count = c.send_count = c.recv_count = bytes / type_size;
+  c.bytes = c.count * type_size;
+  return c;
+}
+
+Expect expect(int rank, int nranks, int /*root*/, const OpCounts& c) {
+  Expect e;
+  e.from_rank = (rank - 1 + nranks) % nranks;
+  e.count = c.recv_count;
+  return e;
+}
+
+ncclResult_t launch(const LaunchArgs& a) {
+  const int next = (a.rank + 1) % a.nranks;
+  const int prev = (a.rank - 1 + a.nranks) % a.nranks;
+  ncclResult_t res = ncclGroupStart();
+  if (res != ncclSuccess) return res;
+  res = ncclSend(a.send, a.count, a.type, next, a.comm, a.stream);
+  if (res == ncclSuccess) res = ncclRecv(a.recv, a.count, a.type, prev, a.comm, a.stream);
+  const ncclResult_t end = ncclGroupEnd();
+  return res != ncclSuccess ? res : end;
+}
+
+const OpDesc sendrecv{"sendrecv", false, false, counts, expect, launch};
+MGPU_REGISTER_OP(sendrecv);
+
+}  // namespace
+}  // namespace mgpu
