@@ -252,31 +252,47 @@ void Worker::measure(const MeasureArgs& a, MeasureResult& out, size_t slot) {
   const double estimate = elapsed(w0, w1) / (warm - 1);
 
   // 3. Iteration count: fixed, or enough to fill min_time at the slowest rank's estimate.
+  const double agreed_estimate =
+      static_cast<double>(agree_max(static_cast<int64_t>(estimate * 1e9))) * 1e-9;
   int iters = a.iters;
   if (iters <= 0) {
-    const double slowest = static_cast<double>(agree_max(static_cast<int64_t>(estimate * 1e9))) * 1e-9;
+    const double slowest = agreed_estimate;
     const double want = slowest > 0 ? std::ceil(a.min_time_s / slowest) : a.max_iters;
     iters = static_cast<int>(std::clamp<double>(want, a.min_iters, a.max_iters));
   }
 
+  // Iterations per sample (see MeasureResult::samples), identical on all ranks because it
+  // derives from agreed figures only.
+  const int want_batch =
+      agreed_estimate > 0 ? static_cast<int>(std::ceil(a.sample_target_s / agreed_estimate)) : 1;
+  const int batch = std::clamp(want_batch, 1, std::max(1, iters / 20));
+  const int nsamples = iters / batch;
+
   // 4. Burst: iters back to back, events only at the ends.
-  // 5. Samples: iters again, an event between every two iterations.
+  // 5. Samples: nsamples * batch iterations, an event after every batch.
   cudaEvent_t start = timing_event(0), end = timing_event(1);
+  for (int i = 0; i <= nsamples; ++i) timing_event(static_cast<size_t>(i) + 2);
+  auto enqueue = [&](bool with_events, bool external) {
+    if (!with_events) {
+      for (int i = 0; i < iters; ++i) launch();
+      return;
+    }
+    const unsigned flags = external ? cudaEventRecordExternal : cudaEventRecordDefault;
+    MGPU_CUDA_CHECK(cudaEventRecordWithFlags(timing_events[2], stream, flags));
+    for (int s = 0; s < nsamples; ++s) {
+      for (int i = 0; i < batch; ++i) launch();
+      MGPU_CUDA_CHECK(cudaEventRecordWithFlags(timing_events[static_cast<size_t>(s) + 3], stream,
+                                               flags));
+    }
+  };
   double burst = 0.0;
-  std::vector<double> samples(static_cast<size_t>(iters));
   if (!a.graph) {
     MGPU_CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < iters; ++i) launch();
+    enqueue(false, false);
     MGPU_CUDA_CHECK(cudaEventRecord(end, stream));
     sync();
     burst = elapsed(start, end) / iters;
-
-    for (int i = 0; i <= iters; ++i) timing_event(static_cast<size_t>(i) + 2);
-    MGPU_CUDA_CHECK(cudaEventRecord(timing_events[2], stream));
-    for (int i = 0; i < iters; ++i) {
-      launch();
-      MGPU_CUDA_CHECK(cudaEventRecord(timing_events[static_cast<size_t>(i) + 3], stream));
-    }
+    enqueue(true, false);
     sync();
   } else {
     // Each pass is captured once into a CUDA graph, replayed once to warm it up, then timed.
@@ -285,17 +301,7 @@ void Worker::measure(const MeasureArgs& a, MeasureResult& out, size_t slot) {
       cudaGraphExec_t exec = nullptr;
       MGPU_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       try {
-        if (with_events) {
-          MGPU_CUDA_CHECK(cudaEventRecordWithFlags(timing_events[2], stream,
-                                                   cudaEventRecordExternal));
-        }
-        for (int i = 0; i < iters; ++i) {
-          launch();
-          if (with_events) {
-            MGPU_CUDA_CHECK(cudaEventRecordWithFlags(timing_events[static_cast<size_t>(i) + 3],
-                                                     stream, cudaEventRecordExternal));
-          }
-        }
+        enqueue(with_events, true);
       } catch (...) {
         cudaStreamEndCapture(stream, &graph);
         if (graph) cudaGraphDestroy(graph);
@@ -307,34 +313,27 @@ void Worker::measure(const MeasureArgs& a, MeasureResult& out, size_t slot) {
       MGPU_CUDA_CHECK(st);
       return exec;
     };
-    for (int i = 0; i <= iters; ++i) timing_event(static_cast<size_t>(i) + 2);
-    cudaGraphExec_t burst_graph = capture(false);
-    try {
-      MGPU_CUDA_CHECK(cudaGraphLaunch(burst_graph, stream));  // warm-up replay
-      MGPU_CUDA_CHECK(cudaEventRecord(start, stream));
-      MGPU_CUDA_CHECK(cudaGraphLaunch(burst_graph, stream));
-      MGPU_CUDA_CHECK(cudaEventRecord(end, stream));
-      sync();
-    } catch (...) {
-      cudaGraphExecDestroy(burst_graph);
-      throw;
-    }
-    MGPU_CUDA_WARN(cudaGraphExecDestroy(burst_graph));
+    auto replay = [&](cudaGraphExec_t exec, bool timed) {
+      try {
+        MGPU_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up replay
+        if (timed) MGPU_CUDA_CHECK(cudaEventRecord(start, stream));
+        MGPU_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        if (timed) MGPU_CUDA_CHECK(cudaEventRecord(end, stream));
+        sync();
+      } catch (...) {
+        cudaGraphExecDestroy(exec);
+        throw;
+      }
+      MGPU_CUDA_WARN(cudaGraphExecDestroy(exec));
+    };
+    replay(capture(false), true);
     burst = elapsed(start, end) / iters;
-    cudaGraphExec_t sample_graph = capture(true);
-    try {
-      MGPU_CUDA_CHECK(cudaGraphLaunch(sample_graph, stream));  // warm-up replay
-      MGPU_CUDA_CHECK(cudaGraphLaunch(sample_graph, stream));
-      sync();
-    } catch (...) {
-      cudaGraphExecDestroy(sample_graph);
-      throw;
-    }
-    MGPU_CUDA_WARN(cudaGraphExecDestroy(sample_graph));
+    replay(capture(true), false);
   }
-  for (int i = 0; i < iters; ++i) {
-    samples[static_cast<size_t>(i)] = elapsed(timing_events[static_cast<size_t>(i) + 2],
-                                              timing_events[static_cast<size_t>(i) + 3]);
+  std::vector<double> samples(static_cast<size_t>(nsamples));
+  for (int s = 0; s < nsamples; ++s) {
+    samples[static_cast<size_t>(s)] = elapsed(timing_events[static_cast<size_t>(s) + 2],
+                                              timing_events[static_cast<size_t>(s) + 3]) / batch;
   }
 
   // 6. Check: poison the output, write known data, run once, count wrong elements on the GPU.
@@ -358,6 +357,7 @@ void Worker::measure(const MeasureArgs& a, MeasureResult& out, size_t slot) {
   if (slot == 0) {
     out.counts = c;
     out.iters = iters;
+    out.batch = batch;
   }
   out.burst_seconds[slot] = burst;
   out.samples[slot] = std::move(samples);
@@ -536,7 +536,9 @@ void CommSession::run_on_all(const std::function<void(Worker&)>& fn, const std::
 }
 
 MeasureResult CommSession::measure(const MeasureArgs& args) {
-  find_op(args.op);
+  if (args.inplace && !find_op(args.op).inplace) {
+    throw std::invalid_argument(args.op + " has no in-place form");
+  }
   dtype_info(args.dtype);
   parse_redop(args.redop);
   MeasureResult out;

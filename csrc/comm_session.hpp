@@ -37,6 +37,7 @@ struct MeasureArgs {
   int max_iters = 10000;
   bool graph = false;
   bool check = true;
+  double sample_target_s = 0.5e-3;  // see MeasureResult::samples
 };
 
 struct MeasureResult {
@@ -45,9 +46,13 @@ struct MeasureResult {
   // Per local rank: (end - start) / iters of a back-to-back burst with events only at its ends
   // (what nccl-tests reports as time).
   std::vector<double> burst_seconds;
-  // Per local rank, per iteration: seconds between events recorded between iterations (a
-  // separate pass of the same length, so the burst carries no per-iteration events).
+  // Per local rank, per sample: seconds per iteration over `batch` consecutive iterations,
+  // from events recorded every `batch` iterations in a second pass of the same length (so the
+  // burst carries no inner events). batch is the smallest count whose run lasts >= 0.5 ms at
+  // the warm-up estimate, so that an event's own cost (a few us) stays under 1%; sizes whose
+  // iteration takes longer get one sample per iteration.
   std::vector<std::vector<double>> samples;
+  int batch = 1;
   // Per local rank: elements that differ from the known result (0 when check is off).
   std::vector<uint64_t> wrong;
   double warmup_seconds_per_iter = 0.0;  // the estimate the iteration count came from

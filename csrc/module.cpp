@@ -68,6 +68,7 @@ PYBIND11_MODULE(_native, m) {
       info["name"] = d->name;
       info["reduces"] = d->reduces;
       info["rooted"] = d->rooted;
+      info["inplace"] = d->inplace;
       out.append(info);
     }
     return out;
@@ -123,7 +124,8 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("min_iters", &MeasureArgs::min_iters)
       .def_readwrite("max_iters", &MeasureArgs::max_iters)
       .def_readwrite("graph", &MeasureArgs::graph)
-      .def_readwrite("check", &MeasureArgs::check);
+      .def_readwrite("check", &MeasureArgs::check)
+      .def_readwrite("sample_target_s", &MeasureArgs::sample_target_s);
 
   py::class_<CommSession>(m, "CommSession")
       .def(py::init<std::vector<int>, int, int, const std::string&, double>(),
@@ -138,9 +140,11 @@ PYBIND11_MODULE(_native, m) {
         py::dict d;
         d["counts"] = counts_dict(r.counts);
         d["iters"] = r.iters;
+        d["batch"] = r.batch;
         d["burst_seconds"] = r.burst_seconds;
         const size_t ranks = r.samples.size();
-        py::array_t<double> samples({ranks, static_cast<size_t>(r.iters)});
+        const size_t nsamples = ranks ? r.samples[0].size() : 0;
+        py::array_t<double> samples({ranks, nsamples});
         auto view = samples.mutable_unchecked<2>();
         for (size_t i = 0; i < ranks; ++i) {
           for (size_t k = 0; k < r.samples[i].size(); ++k) view(i, k) = r.samples[i][k];

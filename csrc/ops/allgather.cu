@@ -26,7 +26,7 @@ ncclResult_t launch(const LaunchArgs& a) {
   return ncclAllGather(a.send, a.recv, a.count, a.type, a.comm, a.stream);
 }
 
-const OpDesc allgather{"allgather", false, false, counts, expect, launch};
+const OpDesc allgather{"allgather", false, false, true, counts, expect, launch};
 MGPU_REGISTER_OP(allgather);
 
 }  // namespace

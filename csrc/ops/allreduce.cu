@@ -23,7 +23,7 @@ ncclResult_t launch(const LaunchArgs& a) {
   return ncclAllReduce(a.send, a.recv, a.count, a.type, a.redop, a.comm, a.stream);
 }
 
-const OpDesc allreduce{"allreduce", true, false, counts, expect, launch};
+const OpDesc allreduce{"allreduce", true, false, true, counts, expect, launch};
 MGPU_REGISTER_OP(allreduce);
 
 }  // namespace

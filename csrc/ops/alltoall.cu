@@ -39,7 +39,7 @@ ncclResult_t launch(const LaunchArgs& a) {
   return res != ncclSuccess ? res : end;
 }
 
-const OpDesc alltoall{"alltoall", false, false, counts, expect, launch};
+const OpDesc alltoall{"alltoall", false, false, false, counts, expect, launch};
 MGPU_REGISTER_OP(alltoall);
 
 }  // namespace

@@ -22,7 +22,7 @@ ncclResult_t launch(const LaunchArgs& a) {
   return ncclBroadcast(a.send, a.recv, a.count, a.type, a.root, a.comm, a.stream);
 }
 
-const OpDesc broadcast{"broadcast", false, true, counts, expect, launch};
+const OpDesc broadcast{"broadcast", false, true, true, counts, expect, launch};
 MGPU_REGISTER_OP(broadcast);
 
 }  // namespace

@@ -23,7 +23,7 @@ ncclResult_t launch(const LaunchArgs& a) {
   return ncclReduce(a.send, a.recv, a.count, a.type, a.redop, a.root, a.comm, a.stream);
 }
 
-const OpDesc reduce{"reduce", true, true, counts, expect, launch};
+const OpDesc reduce{"reduce", true, true, true, counts, expect, launch};
 MGPU_REGISTER_OP(reduce);
 
 }  // namespace

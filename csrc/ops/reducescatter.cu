@@ -27,7 +27,7 @@ ncclResult_t launch(const LaunchArgs& a) {
   return ncclReduceScatter(a.send, a.recv, a.count, a.type, a.redop, a.comm, a.stream);
 }
 
-const OpDesc reducescatter{"reducescatter", true, false, counts, expect, launch};
+const OpDesc reducescatter{"reducescatter", true, false, true, counts, expect, launch};
 MGPU_REGISTER_OP(reducescatter);
 
 }  // namespace

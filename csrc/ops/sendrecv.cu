@@ -30,7 +30,7 @@ ncclResult_t launch(const LaunchArgs& a) {
   return res != ncclSuccess ? res : end;
 }
 
-const OpDesc sendrecv{"sendrecv", false, false, counts, expect, launch};
+const OpDesc sendrecv{"sendrecv", false, false, true, counts, expect, launch};
 MGPU_REGISTER_OP(sendrecv);
 
 }  // namespace

@@ -1,0 +1,72 @@
+"""Byte sizes as users write them: ``8``, ``1K``, ``64M``, ``1G`` (binary: K = 1024)."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import InputError
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``"64M"`` -> 67108864. K/M/G/T are powers of 1024; ``KiB``/``KB`` spell the same."""
+    m = _SIZE.match(text)
+    if not m:
+        raise InputError(f"cannot read size '{text}': write a byte count like 8, 1K, 64M or 1G")
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if value != int(value):
+        raise InputError(f"size '{text}' is not a whole number of bytes")
+    return int(value)
+
+
+def parse_sizes(spec: str, factor: float | None = None, step: str | None = None) -> list[int]:
+    """A range ``"1M-1G"`` (multiplied by ``factor``, default 2, or increased by ``step``
+    bytes) or a list ``"8,1K,64M"``. Sizes are returned in the given (list) or increasing
+    (range) order; a range includes its end when the progression lands on it."""
+    spec = spec.strip()
+    if factor is not None and step is not None:
+        raise InputError("give either --factor or --step, not both")
+    if factor is not None and not factor > 1:
+        raise InputError(f"--factor must be greater than 1 (got {factor:g})")
+    if "-" in spec and "," not in spec:
+        lo_text, _, hi_text = spec.partition("-")
+        lo, hi = parse_size(lo_text), parse_size(hi_text)
+        if lo <= 0:
+            raise InputError(f"the range '{spec}' must start above 0 bytes")
+        if hi < lo:
+            raise InputError(f"the range '{spec}' ends below its start: write it as {hi_text}-{lo_text}")
+        sizes = []
+        if step is not None:
+            inc = parse_size(step)
+            if inc <= 0:
+                raise InputError(f"--step must be a positive byte count (got '{step}')")
+            size = lo
+            while size <= hi:
+                sizes.append(size)
+                size += inc
+        else:
+            f = 2.0 if factor is None else factor
+            size = float(lo)
+            while size <= hi:
+                sizes.append(int(size))
+                size *= f
+        return sizes
+    if step is not None or factor is not None:
+        raise InputError("--factor and --step apply to a range like 1M-1G, not to a list")
+    sizes = [parse_size(part) for part in spec.split(",") if part.strip()]
+    if not sizes:
+        raise InputError("--sizes is empty: give a range like 1M-1G or a list like 8,1K,64M")
+    if any(s <= 0 for s in sizes):
+        raise InputError("sizes must be above 0 bytes")
+    return sizes
+
+
+def format_bytes(n: float) -> str:
+    """Binary units, as nccl-tests users read them: 1048576 -> '1 MiB'."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.2f} {unit}"
+    return f"{int(n)} B"
