@@ -345,6 +345,7 @@ void Worker::measure(const MeasureArgs& a, MeasureResult& out, size_t slot) {
     fill_values(const_cast<void*>(la.send), ti.type, c.send_count, rank, pattern, stream);
     MGPU_CUDA_CHECK(cudaMemsetAsync(d_wrong, 0, sizeof(unsigned long long), stream));
     launch();
+    if (a.corrupt_rank == rank) MGPU_CUDA_CHECK(cudaMemsetAsync(la.recv, 0x7F, ts, stream));
     const Expect e = op.expect(rank, nranks, a.root, c);
     if (e.defined) check_values(la.recv, ti.type, e, pattern, redop, d_wrong, stream);
     MGPU_CUDA_CHECK(cudaMemcpyAsync(&h_scalars[1], d_wrong, sizeof(unsigned long long),

@@ -38,6 +38,9 @@ struct MeasureArgs {
   bool graph = false;
   bool check = true;
   double sample_target_s = 0.5e-3;  // see MeasureResult::samples
+  // Test hook: this global rank overwrites the first element of its output after the checked
+  // call, so tests can prove a corruption is counted. -1: off.
+  int corrupt_rank = -1;
 };
 
 struct MeasureResult {

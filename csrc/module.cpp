@@ -125,7 +125,8 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("max_iters", &MeasureArgs::max_iters)
       .def_readwrite("graph", &MeasureArgs::graph)
       .def_readwrite("check", &MeasureArgs::check)
-      .def_readwrite("sample_target_s", &MeasureArgs::sample_target_s);
+      .def_readwrite("sample_target_s", &MeasureArgs::sample_target_s)
+      .def_readwrite("corrupt_rank", &MeasureArgs::corrupt_rank);
 
   py::class_<CommSession>(m, "CommSession")
       .def(py::init<std::vector<int>, int, int, const std::string&, double>(),

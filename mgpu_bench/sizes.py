@@ -48,10 +48,10 @@ def parse_sizes(spec: str, factor: float | None = None, step: str | None = None)
                 size += inc
         else:
             f = 2.0 if factor is None else factor
-            size = float(lo)
+            size = lo
             while size <= hi:
-                sizes.append(int(size))
-                size *= f
+                sizes.append(size)
+                size = max(size + 1, int(size * f))  # whole bytes, always increasing
         return sizes
     if step is not None or factor is not None:
         raise InputError("--factor and --step apply to a range like 1M-1G, not to a list")

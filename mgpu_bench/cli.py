@@ -1,0 +1,203 @@
+"""The `mgpu-bench` command line: a thin click layer over the library.
+
+Exit codes: 0 success; 1 a measurement failed (wrong elements, an NCCL error or timeout, out of
+memory) after writing what was gathered; 2 bad input (one line naming the fix); 130 Ctrl-C,
+after writing what was gathered.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .errors import InputError
+
+EXIT_FAILED = 1
+EXIT_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+class _Group(click.Group):
+    """Every usage or input error becomes one line on stderr and exit code 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as exc:
+            msg = exc.format_message().replace("\n", " ")
+            ctx_hint = ""
+            if isinstance(exc, click.UsageError) and exc.ctx is not None:
+                ctx_hint = f" (see '{exc.ctx.command_path} --help')"
+            click.echo(f"mgpu-bench: error: {msg}{ctx_hint}", err=True)
+            code = exc.exit_code
+        except InputError as exc:
+            click.echo(f"mgpu-bench: error: {exc}", err=True)
+            code = EXIT_INPUT
+        except click.exceptions.Abort:
+            click.echo("mgpu-bench: interrupted", err=True)
+            code = EXIT_INTERRUPTED
+        else:
+            code = rv if isinstance(rv, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="mgpu-bench")
+def cli() -> None:
+    """Multi-GPU throughput stress tests: is this box delivering what it should, and if not,
+    where is it lost?
+
+    \b
+    mgpu-bench comm --sizes 1M-1G     collective bus bandwidth (NCCL), checked
+    """
+
+
+# -- comm ------------------------------------------------------------------------------------
+
+_COMM_HELP = """Collective bandwidth sweeps: time, algbw and busbw per size, checked.
+
+\b
+Sizes mean what nccl-tests' size column means: the per-rank buffer for allreduce,
+broadcast, reduce and sendrecv; the whole gathered output for allgather; the whole input
+for reducescatter; the whole per-rank buffer for alltoall. They are rounded down to whole
+elements divisible by the rank count, and the rounding is printed.
+
+\b
+Stopping rule per size: max(2, --warmup-iters) warm-up iterations (the later ones give a
+per-iteration estimate, the slowest rank's wins), then --iters iterations, or by default
+enough to fill --min-time (0.05 s) at that estimate, at least 20 and at most 10000. The
+burst is timed with CUDA events at its two ends only (time = burst / iterations, slowest
+rank: nccl-tests' time column); a second pass of the same length records an event every
+batch of iterations lasting >= 0.5 ms, which gives the median, p99 and CoV without event
+overhead in the time column. --check (on) then runs the op once on known data and counts
+wrong elements on the GPU; any wrong element makes the exit code 1.
+
+\b
+busbw = algbw x 2(n-1)/n (allreduce), x (n-1)/n (allgather, reducescatter, alltoall),
+x 1 (broadcast, reduce, sendrecv). GB/s = 10^9 bytes/s.
+"""
+
+
+@cli.command("comm", help=_COMM_HELP)
+@click.option("--ops", "ops_text", default="allreduce,allgather", show_default=True,
+              help="Comma list of allreduce, allgather, reducescatter, broadcast, reduce, alltoall, "
+                   "sendrecv, or 'all'.")
+@click.option("--sizes", "sizes_text", default=None,
+              help="A range 1M-1G (see --factor/--step) or a list 8,1K,64M; K/M/G = 1024^n. "
+                   "Default 1M-1G on GPUs, 1K-4M on CPU ranks.")
+@click.option("--factor", type=float, default=None, help="Multiply sizes by this over a range [default: 2].")
+@click.option("--step", "step_text", default=None, help="Add this many bytes over a range instead.")
+@click.option("--dtype", "dtype_text", default="fp32", show_default=True,
+              help="fp32, fp16, bf16, fp64, int32, int8, fp8_e4m3, fp8_e5m2.")
+@click.option("--redop", default="sum", show_default=True, help="sum, max, min or avg (reducing ops only).")
+@click.option("--inplace", "only_inplace", is_flag=True, help="In-place only (default: both).")
+@click.option("--outofplace", "only_outofplace", is_flag=True, help="Out-of-place only (default: both).")
+@click.option("--gpus", default=None, help="N for the first N GPUs, or indices 0,1 [default: all visible].")
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "native", "torch"]),
+              help="auto: native where NVIDIA GPUs are visible, else torch.distributed with gloo on "
+                   "CPU processes. torch on GPUs: torch.distributed with NCCL, one process per GPU.")
+@click.option("--nproc", default=2, show_default=True, type=int, help="Ranks for torch on CPU.")
+@click.option("--iters", default=0, type=int, help="Fixed timed iterations per size (default: by --min-time).")
+@click.option("--warmup-iters", default=5, show_default=True, type=int)
+@click.option("--min-time", default=0.05, show_default=True, type=float,
+              help="Seconds of timed iterations per size when --iters is not given.")
+@click.option("--graph", is_flag=True, help="Capture the timed iterations into CUDA graphs (native).")
+@click.option("--check/--no-check", default=True, show_default=True, help="Count wrong elements.")
+@click.option("--timeout", default=120.0, show_default=True, type=float,
+              help="Seconds one size may take before the communicators are aborted.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the versioned result document (raw samples included).")
+@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False),
+              help="Write one row per measurement, base units.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr [default: when a terminal].")
+def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, only_inplace, only_outofplace,
+                 gpus, backend, nproc, iters, warmup_iters, min_time, graph, check, timeout, json_path,
+                 csv_path, progress) -> int:
+    from rich.console import Console
+
+    from . import comm, ops, report
+    from .env import fingerprint
+    from .measurement import TimingOptions
+    from .sizes import parse_sizes
+
+    op_names = ops.parse_ops(ops_text)
+    dtype = ops.parse_dtype(dtype_text)
+    redop = redop.strip().lower()
+    if redop not in ops.REDOPS:
+        raise InputError(f"unknown --redop '{redop}': choose from {', '.join(ops.REDOPS)}")
+    if iters < 0 or warmup_iters < 0 or min_time <= 0:
+        raise InputError("--iters and --warmup-iters must be >= 0 and --min-time > 0")
+    if only_inplace and only_outofplace:
+        placements = (False, True)
+    elif only_inplace:
+        placements = (True,)
+    elif only_outofplace:
+        placements = (False,)
+    else:
+        placements = (False, True)
+    if sizes_text is None:
+        sizes_text = "1M-1G" if comm.visible_gpu_count() > 0 and backend != "torch" else "1K-4M"
+    sizes = parse_sizes(sizes_text, factor, step_text)
+    cfg = comm.CommConfig(
+        ops=tuple(op_names), dtype=dtype, redop=redop, sizes=tuple(sizes), inplace=placements,
+        backend=backend, gpus=gpus, nproc=nproc,
+        timing=TimingOptions(warmup_iters=warmup_iters, iters=iters, min_time_s=min_time, graph=graph,
+                             check=check),
+        timeout_s=timeout,
+    )
+    out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
+    err = Console(stderr=True)
+    show_progress = err.is_terminal if progress is None else progress
+
+    run = _run_with_progress(comm.run_comm, cfg, err, show_progress)
+
+    for note in run.notes:
+        err.print(f"note: {note}", highlight=False)
+    if run.measurements:
+        report.render_terminal(run, out)
+        for line in report.summary_lines(run):
+            out.print(line, highlight=False)
+    out.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s wall, "
+              f"communicator set-up included", highlight=False)
+    if json_path:
+        report.write_json(json_path, report.result_document(run, fingerprint(), sys.argv))
+    if csv_path:
+        with open(csv_path, "w", newline="") as fh:
+            fh.write(report.render_csv(run))
+    if run.stopped:
+        err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
+        return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
+    if run.total_wrong:
+        err.print(f"mgpu-bench: {run.total_wrong} wrong element(s): the data did not arrive intact",
+                  style="bold red", highlight=False)
+        return EXIT_FAILED
+    return 0
+
+
+def _run_with_progress(fn, cfg, err_console, show: bool):
+    if not show:
+        return fn(cfg)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .sizes import format_bytes
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task("comm", total=None)
+
+        def progress(i, total, req):
+            bar.update(task, total=total, completed=i,
+                       description=f"{req.op} {format_bytes(req.size)} {'in' if req.inplace else 'out'}")
+
+        return fn(cfg, progress)
+
+
+def main() -> None:
+    cli.main(prog_name="mgpu-bench")
+
+
+if __name__ == "__main__":
+    main()

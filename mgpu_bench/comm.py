@@ -1,0 +1,292 @@
+"""`mgpu-bench comm`: collective bandwidth sweeps, whatever the backend.
+
+The flow: resolve the backend and ranks, expand the sweep into requests (ops x sizes x
+placements), validate everything a user can get wrong before any GPU work, then run the
+requests in order and keep every finished measurement whatever stops the sweep (out of memory
+at one size, an NCCL error or timeout, Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import _native
+from .errors import CommTimeoutError, InputError, MgpuError, NcclError, OutOfMemoryError
+from .measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
+from .ops import OPS, buffer_bytes, op_counts
+from .sizes import format_bytes
+
+BACKENDS = ("auto", "native", "torch")
+# Ops x dtypes the NCCL in use must support; fp8 needs NCCL >= 2.24, and its reductions sm_90+.
+FP8 = ("fp8_e4m3", "fp8_e5m2")
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    ops: tuple[str, ...]
+    dtype: str
+    redop: str
+    sizes: tuple[int, ...]
+    inplace: tuple[bool, ...] = (False, True)  # placements, in run order
+    backend: str = "auto"
+    gpus: str | None = None  # None: all visible; "N": the first N; "a,b,...": those indices
+    nproc: int = 2  # ranks for torch on CPU
+    timing: TimingOptions = TimingOptions()
+    timeout_s: float = 120.0
+
+
+@dataclass
+class CommRun:
+    """A sweep's outcome: what ran, what was measured, and why it stopped early if it did."""
+
+    backend: str  # native, torch-nccl or torch-gloo
+    devices: list[str]
+    requests: list[CommRequest]
+    measurements: list[CommMeasurement] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    stopped: str | None = None  # None, "out_of_memory", "nccl_error", "timeout", "interrupted"
+    stop_message: str | None = None
+    wall_seconds: float = 0.0
+
+    @property
+    def nranks(self) -> int:
+        return len(self.devices)
+
+    @property
+    def total_wrong(self) -> int:
+        return sum(m.total_wrong for m in self.measurements)
+
+
+# -- resolution and validation (everything here raises InputError: exit code 2) --------------
+
+
+def visible_gpu_count() -> int:
+    """0 when there is no driver or no GPU."""
+    try:
+        return _native.device_count()
+    except MgpuError:
+        return 0
+
+
+def parse_gpus(spec: str | None, available: int) -> list[int]:
+    """None -> all; "N" -> the first N; "a,b" -> those indices."""
+    if spec is None or spec.strip().lower() == "all":
+        return list(range(available))
+    text = spec.strip()
+    try:
+        if "," not in text:
+            n = int(text)
+            if n < 1:
+                raise InputError(f"--gpus {text}: give a GPU count of at least 1, or indices like 0,1")
+            if n > available:
+                raise InputError(f"--gpus {text}: only {available} GPU(s) visible (indices 0..{available - 1})")
+            return list(range(n))
+        idx = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise InputError(f"--gpus '{spec}': write a count (2) or comma-separated indices (0,1)") from None
+    bad = [i for i in idx if i < 0 or i >= available]
+    if bad:
+        raise InputError(f"--gpus: GPU {bad[0]} does not exist; visible GPUs are 0..{available - 1}")
+    if len(set(idx)) != len(idx):
+        raise InputError(f"--gpus '{spec}' names a GPU twice")
+    return idx
+
+
+def resolve_backend(cfg: CommConfig) -> tuple[str, list[str], list[int]]:
+    """-> (backend name, one device label per rank, CUDA indices for native/torch-nccl)."""
+    if cfg.backend not in BACKENDS:
+        raise InputError(f"unknown backend '{cfg.backend}': choose from {', '.join(BACKENDS)}")
+    ngpu = visible_gpu_count()
+    if cfg.backend == "native" and ngpu == 0:
+        _native_error_as_input()
+    if ngpu == 0:
+        if cfg.gpus is not None:
+            raise InputError("--gpus given but no NVIDIA GPU is visible here")
+        if cfg.nproc < 2:
+            raise InputError(f"--nproc {cfg.nproc}: collectives need at least 2 ranks")
+        return "torch-gloo", ["cpu"] * cfg.nproc, []
+    gpus = parse_gpus(cfg.gpus, ngpu)
+    if len(gpus) < 2:
+        raise InputError(
+            f"{len(gpus)} GPU selected: collectives need at least 2 ranks (use --gpus 2 or more; "
+            f"{ngpu} visible)"
+        )
+    backend = "native" if cfg.backend in ("auto", "native") else "torch-nccl"
+    return backend, [f"cuda:{i}" for i in gpus], gpus
+
+
+def _native_error_as_input() -> None:
+    try:
+        _native.device_count()
+    except MgpuError as exc:
+        reason = str(exc).split(" [", 1)[0]
+        raise InputError(f"--backend native needs NVIDIA GPUs: {reason}; use --backend torch for CPU ranks") from None
+    raise InputError("--backend native needs NVIDIA GPUs: none visible; use --backend torch for CPU ranks")
+
+
+def check_dtype_support(cfg: CommConfig, backend: str, gpus: list[int]) -> None:
+    if backend == "native":
+        if cfg.dtype in FP8:
+            if not _native.HAVE_NCCL_FP8 or _native.nccl_version() < 22400:
+                raise InputError(f"{cfg.dtype} needs NCCL >= 2.24 (this build/run uses an older NCCL); use fp16 or bf16")
+            reducing = [op for op in cfg.ops if OPS[op].reduces]
+            if reducing:
+                for g in gpus:
+                    cc = tuple(_native.device_info(g)["compute_capability"])
+                    if cc < (9, 0):
+                        raise InputError(
+                            f"{cfg.dtype} reductions ({reducing[0]}) need compute capability 9.0+; "
+                            f"GPU {g} is {cc[0]}.{cc[1]}: use bf16, or ops that do not reduce"
+                        )
+        return
+    from .torch_backend import unsupported_reason
+
+    device = "cuda" if backend == "torch-nccl" else "cpu"
+    for op in cfg.ops:
+        reason = unsupported_reason(op, cfg.dtype, cfg.redop if OPS[op].reduces else None, device)
+        if reason:
+            raise InputError(reason)
+
+
+def plan(cfg: CommConfig, nranks: int) -> tuple[list[CommRequest], list[str]]:
+    """Expand ops x sizes x placements; returns (requests, notes on rounding and skips)."""
+    requests: list[CommRequest] = []
+    notes: list[str] = []
+    for op in cfg.ops:
+        info = OPS[op]
+        if True in cfg.inplace and not info.inplace:
+            notes.append(f"{op}: no in-place form (its blocks would overwrite data not yet sent); out-of-place only")
+        for size in cfg.sizes:
+            c = op_counts(op, size, cfg.dtype, nranks)
+            if c["count"] == 0:
+                notes.append(f"{op}: {format_bytes(size)} is below one {cfg.dtype} element per rank over {nranks} ranks; skipped")
+                continue
+            if c["bytes"] != size:
+                notes.append(f"{op}: {size} B rounded down to {c['bytes']} B (whole elements, divisible by {nranks} ranks)")
+            for inplace in cfg.inplace:
+                if inplace and not info.inplace:
+                    continue
+                requests.append(CommRequest(op, cfg.dtype, cfg.redop if info.reduces else None, size, inplace))
+    if not requests:
+        raise InputError("nothing to measure: every size is too small for the chosen ops and ranks")
+    return requests, notes
+
+
+def check_memory(requests: list[CommRequest], nranks: int, gpus: list[int]) -> None:
+    need = max(buffer_bytes(r.op, r.size, r.dtype, nranks) for r in requests)
+    worst = max(requests, key=lambda r: buffer_bytes(r.op, r.size, r.dtype, nranks))
+    for g in gpus:
+        free, _total = _native.mem_get_info(g)
+        if need > free:
+            raise InputError(
+                f"{worst.op} at {format_bytes(worst.size)} needs {format_bytes(need)} of buffers per GPU; "
+                f"GPU {g} has {format_bytes(free)} free: lower the largest --sizes"
+            )
+
+
+# -- running ---------------------------------------------------------------------------------
+
+ProgressFn = Callable[[int, int, CommRequest], None]
+
+
+def _spec(req: CommRequest, counts: dict, backend: str, devices: list[str], graph: bool) -> CommSpec:
+    return CommSpec(
+        op=req.op, dtype=req.dtype, redop=req.redop, size=req.size, bytes=int(counts["bytes"]),
+        count=int(counts["count"]), nranks=len(devices), inplace=req.inplace, backend=backend,
+        devices=tuple(devices), graph=graph, root=req.root,
+    )
+
+
+def _native_args(req: CommRequest, t: TimingOptions) -> _native.MeasureArgs:
+    a = _native.MeasureArgs()
+    a.op, a.dtype, a.redop, a.bytes = req.op, req.dtype, req.redop or "sum", req.size
+    a.inplace, a.root = req.inplace, req.root
+    a.warmup_iters, a.iters, a.min_time_s = t.warmup_iters, t.iters, t.min_time_s
+    a.min_iters, a.max_iters, a.sample_target_s = t.min_iters, t.max_iters, t.sample_target_s
+    a.graph, a.check = t.graph, t.check
+    return a
+
+
+def _stop(run: CommRun, exc: BaseException, req: CommRequest) -> None:
+    where = f"{req.op} {format_bytes(req.size)} {'in-place' if req.inplace else 'out-of-place'}"
+    if isinstance(exc, OutOfMemoryError):
+        run.stopped = "out_of_memory"
+    elif isinstance(exc, CommTimeoutError):
+        run.stopped = "timeout"
+    elif isinstance(exc, KeyboardInterrupt):
+        run.stopped = "interrupted"
+        run.stop_message = f"interrupted at {where}; {len(run.measurements)} measurement(s) kept"
+        return
+    else:
+        run.stopped = "nccl_error" if isinstance(exc, NcclError) else "error"
+    run.stop_message = f"stopped at {where}: {exc}; {len(run.measurements)} measurement(s) kept"
+
+
+def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
+    """Validates `cfg` (InputError on bad input) and runs the sweep. Faults end the sweep with
+    `stopped` set and the measurements taken so far kept; they are not raised."""
+    if not cfg.ops:
+        raise InputError("no ops given")
+    if cfg.timeout_s <= 0:
+        raise InputError("--timeout must be positive")
+    backend, devices, gpus = resolve_backend(cfg)
+    if cfg.timing.graph and backend != "native":
+        raise InputError("--graph needs the native backend (CUDA graphs of NCCL calls); drop --graph for torch")
+    check_dtype_support(cfg, backend, gpus)
+    requests, notes = plan(cfg, len(devices))
+    if backend == "native":
+        check_memory(requests, len(devices), gpus)
+    run = CommRun(backend=backend, devices=devices, requests=requests, notes=notes)
+    t0 = time.perf_counter()
+    try:
+        if backend == "native":
+            _run_native(run, cfg, gpus, progress)
+        else:
+            _run_torch(run, cfg, progress)
+    finally:
+        run.wall_seconds = time.perf_counter() - t0
+    return run
+
+
+def _run_native(run: CommRun, cfg: CommConfig, gpus: list[int], progress: ProgressFn | None) -> None:
+    n = len(gpus)
+    req = run.requests[0]
+    session = None
+    try:
+        session = _native.CommSession(gpus, n, 0, _native.nccl_unique_id(), cfg.timeout_s)
+        for i, req in enumerate(run.requests):
+            if progress:
+                progress(i, len(run.requests), req)
+            raw = session.measure(_native_args(req, cfg.timing))
+            spec = _spec(req, raw["counts"], run.backend, run.devices, cfg.timing.graph)
+            run.measurements.append(CommMeasurement.from_raw(spec, raw, cfg.timing.check))
+    except (MgpuError, KeyboardInterrupt) as exc:
+        _stop(run, exc, req)
+    finally:
+        if session is not None:
+            del session  # communicators destroyed (or left aborted) here
+
+
+def _run_torch(run: CommRun, cfg: CommConfig, progress: ProgressFn | None) -> None:
+    from .torch_backend import run_sweep
+
+    device = "cuda" if run.backend == "torch-nccl" else "cpu"
+
+    def on_result(i: int, raw: dict) -> None:
+        req = run.requests[i]
+        spec = _spec(req, raw["counts"], run.backend, run.devices, False)
+        run.measurements.append(CommMeasurement.from_raw(spec, raw, cfg.timing.check))
+        if progress and i + 1 < len(run.requests):
+            progress(i + 1, len(run.requests), run.requests[i + 1])
+
+    if progress:
+        progress(0, len(run.requests), run.requests[0])
+    sweep = run_sweep(run.requests, nproc=run.nranks, device=device, timing=cfg.timing,
+                      timeout_s=cfg.timeout_s, on_result=on_result)
+    failed_at = run.requests[min(len(run.measurements), len(run.requests) - 1)]
+    if sweep.interrupted:
+        _stop(run, KeyboardInterrupt(), failed_at)
+    elif sweep.error is not None:
+        _stop(run, sweep.error, failed_at)

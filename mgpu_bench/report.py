@@ -1,0 +1,193 @@
+"""Tables and result files for comm sweeps: one table model, several renderers.
+
+Rows are built once (`comm_rows`); the terminal (rich), CSV and Markdown renderers only format.
+Stored figures are base units; display units are chosen here: us for time, GB/s (10^9 bytes/s,
+as nccl-tests prints) for bandwidth.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .comm import CommRun
+from .measurement import CommMeasurement
+from .sizes import format_bytes
+
+RESULT_SCHEMA = "mgpu-bench/result"
+RESULT_SCHEMA_VERSION = 1
+LARGE = 64 << 20  # the summary's "large sizes": >= 64 MiB, where busbw has settled
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    title: str
+    unit: str
+    fmt: str  # format spec for numbers
+
+
+COLUMNS = (
+    Column("size", "size", "B", ""),
+    Column("count", "count", "elts", "d"),
+    Column("dtype", "type", "", ""),
+    Column("redop", "redop", "", ""),
+    Column("placement", "place", "", ""),
+    Column("time_us", "time", "us", ".1f"),
+    Column("algbw", "algbw", "GB/s", ".2f"),
+    Column("busbw", "busbw", "GB/s", ".2f"),
+    Column("median_us", "median", "us", ".1f"),
+    Column("p99_us", "p99", "us", ".1f"),
+    Column("cov", "CoV", "%", ".1f"),
+    Column("wrong", "#wrong", "", "d"),
+)
+
+
+def row(m: CommMeasurement) -> dict:
+    """Display values of one measurement, in the COLUMNS' units."""
+    cov = m.cov
+    return {
+        "op": m.spec.op,
+        "size": m.spec.bytes,
+        "count": m.spec.count,
+        "dtype": m.spec.dtype,
+        "redop": m.spec.redop or "-",
+        "placement": "in" if m.spec.inplace else "out",
+        "time_us": m.time_s * 1e6,
+        "algbw": m.algbw / 1e9,
+        "busbw": m.busbw / 1e9,
+        "median_us": m.median_s * 1e6,
+        "p99_us": m.p99_s * 1e6,
+        "cov": None if cov is None else cov * 100,
+        "wrong": None if m.wrong is None else m.total_wrong,
+    }
+
+
+def _cell(col: Column, value) -> str:
+    if value is None:
+        return "n/a"
+    if col.key == "size":
+        return format_bytes(value)
+    if isinstance(value, float) and math.isnan(value):
+        return "n/a"
+    return format(value, col.fmt) if col.fmt else str(value)
+
+
+def summary(run: CommRun) -> list[dict]:
+    """Per op and placement: busbw at the largest size and the mean over sizes >= 64 MiB
+    (not nccl-tests' mean over all sizes, which small-message latency drags down)."""
+    out = []
+    keys = []
+    for m in run.measurements:
+        k = (m.spec.op, m.spec.inplace)
+        if k not in keys:
+            keys.append(k)
+    for op, inplace in keys:
+        ms = [m for m in run.measurements if m.spec.op == op and m.spec.inplace == inplace]
+        largest = max(ms, key=lambda m: m.spec.bytes)
+        large = [m.busbw for m in ms if m.spec.bytes >= LARGE]
+        out.append({
+            "op": op,
+            "placement": "in-place" if inplace else "out-of-place",
+            "largest_bytes": largest.spec.bytes,
+            "busbw_at_largest": largest.busbw,
+            "mean_busbw_large": sum(large) / len(large) if large else None,
+            "large_sizes": len(large),
+            "wrong": sum(m.total_wrong for m in ms),
+        })
+    return out
+
+
+def summary_lines(run: CommRun) -> list[str]:
+    lines = []
+    for s in summary(run):
+        mean = (f"mean {s['mean_busbw_large'] / 1e9:.2f} GB/s over {s['large_sizes']} sizes >= 64 MiB"
+                if s["mean_busbw_large"] is not None else "no size >= 64 MiB measured")
+        lines.append(
+            f"{s['op']} {s['placement']}: busbw {s['busbw_at_largest'] / 1e9:.2f} GB/s at "
+            f"{format_bytes(s['largest_bytes'])}; {mean}; {s['wrong']} wrong"
+        )
+    return lines
+
+
+def render_terminal(run: CommRun, console) -> None:
+    """Rich tables, one per op, readable at 100 columns."""
+    from rich.table import Table
+
+    for op in dict.fromkeys(m.spec.op for m in run.measurements):
+        ms = [m for m in run.measurements if m.spec.op == op]
+        title = f"{op}  ({run.nranks} ranks, {run.backend}, {', '.join(dict.fromkeys(run.devices))})"
+        table = Table(title=title, title_justify="left", pad_edge=False, box=None, header_style="bold")
+        for col in COLUMNS:
+            head = f"{col.title}\n{col.unit}" if col.unit and col.key != "size" else col.title
+            table.add_column(head, justify="left" if col.key in ("dtype", "redop", "placement") else "right")
+        for m in ms:
+            r = row(m)
+            style = "red" if r["wrong"] else None
+            table.add_row(*[_cell(c, r[c.key]) for c in COLUMNS], style=style)
+        console.print(table)
+        console.print()
+
+
+def render_csv(run: CommRun) -> str:
+    """One row per measurement, base units (bytes, seconds, bytes/s)."""
+    buf = io.StringIO()
+    fields = ["op", "bytes", "requested_bytes", "count", "dtype", "redop", "placement", "nranks", "backend",
+              "iters", "time_s", "algbw_Bps", "busbw_Bps", "median_s", "p99_s", "cov", "nsamples", "wrong"]
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    for m in run.measurements:
+        w.writerow({
+            "op": m.spec.op, "bytes": m.spec.bytes, "requested_bytes": m.spec.size, "count": m.spec.count,
+            "dtype": m.spec.dtype, "redop": m.spec.redop or "", "placement": m.spec.placement,
+            "nranks": m.spec.nranks, "backend": m.spec.backend, "iters": m.iters,
+            "time_s": f"{m.time_s:.9g}", "algbw_Bps": f"{m.algbw:.6g}", "busbw_Bps": f"{m.busbw:.6g}",
+            "median_s": f"{m.median_s:.9g}", "p99_s": f"{m.p99_s:.9g}",
+            "cov": "" if m.cov is None else f"{m.cov:.4g}", "nsamples": m.nsamples,
+            "wrong": "" if m.wrong is None else m.total_wrong,
+        })
+    return buf.getvalue()
+
+
+def result_document(run: CommRun, environment: dict, command: list[str] | None = None) -> dict:
+    """The versioned JSON document: schema, tool version, time, environment, measurements."""
+    from . import __version__
+
+    return {
+        "schema": RESULT_SCHEMA,
+        "schema_version": RESULT_SCHEMA_VERSION,
+        "tool_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "environment": environment,
+        "backend": run.backend,
+        "devices": run.devices,
+        "status": {"completed": run.stopped is None, "stopped": run.stopped, "message": run.stop_message},
+        "notes": run.notes,
+        "wall_seconds": run.wall_seconds,
+        "summary": summary(run),
+        "measurements": [m.to_dict() for m in run.measurements],
+    }
+
+
+def write_json(path: str | Path, document: dict) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(document, indent=1))
+    tmp.replace(p)
+
+
+def load_measurements(path: str | Path) -> tuple[dict, list[CommMeasurement]]:
+    """Reads a result file; raises ValueError on a schema it does not know."""
+    doc = json.loads(Path(path).read_text())
+    if doc.get("schema") != RESULT_SCHEMA:
+        raise ValueError(f"{path}: not an mgpu-bench result file")
+    if doc.get("schema_version") != RESULT_SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema version {doc.get('schema_version')} (this tool reads {RESULT_SCHEMA_VERSION})")
+    return doc, [CommMeasurement.from_dict(d) for d in doc["measurements"] if d.get("kind") == "comm"]

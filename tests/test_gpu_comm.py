@@ -1,0 +1,129 @@
+"""Native NCCL sweeps on real GPUs (run with `pytest -m gpu` on a machine with 2+ GPUs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mgpu_bench import _native, comm, ops
+from mgpu_bench.errors import CommTimeoutError, OutOfMemoryError
+from mgpu_bench.measurement import TimingOptions
+
+pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu(2)]
+
+QUICK = TimingOptions(iters=5, warmup_iters=2)
+
+
+@pytest.fixture(scope="module")
+def session():
+    s = _native.CommSession([0, 1], 2, 0, _native.nccl_unique_id(), 60.0)
+    yield s
+    del s
+
+
+def measure(session, op, dtype="fp32", size=1 << 20, inplace=False, redop="sum", **kw):
+    a = _native.MeasureArgs()
+    a.op, a.dtype, a.bytes, a.inplace, a.redop = op, dtype, size, inplace, redop
+    a.iters, a.warmup_iters = kw.pop("iters", 5), 2
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return session.measure(a)
+
+
+@pytest.mark.parametrize("dtype", ops.DTYPES)
+@pytest.mark.parametrize("op", ops.OP_ORDER)
+def test_every_op_and_dtype_is_exact(session, op, dtype):
+    placements = (False, True) if ops.OPS[op].inplace else (False,)
+    redops = ("sum", "max", "min", "avg") if ops.OPS[op].reduces else ("sum",)
+    for inplace in placements:
+        for redop in redops:
+            # An odd size: rounding and tails are exercised, not only round numbers.
+            r = measure(session, op, dtype, (1 << 20) + 4 * 3 + 1, inplace, redop)
+            assert r["wrong"] == [0, 0], (op, dtype, inplace, redop)
+            assert r["counts"] == ops.op_counts(op, (1 << 20) + 13, dtype, 2)
+            assert all(t > 0 for t in r["burst_seconds"])
+            assert r["samples"].shape[0] == 2 and r["samples"].shape[1] >= 1
+
+
+@pytest.mark.parametrize("op", ["allreduce", "allgather", "sendrecv"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_corrupted_element_is_counted(session, op, rank):
+    r = measure(session, op, corrupt_rank=rank)
+    assert r["wrong"][rank] >= 1
+    assert r["wrong"][1 - rank] == 0
+
+
+def test_graph_mode_matches_stream_mode_at_64MiB(session):
+    plain = measure(session, "allreduce", size=64 << 20, iters=20)
+    graph = measure(session, "allreduce", size=64 << 20, iters=20, graph=True)
+    assert graph["wrong"] == [0, 0]
+    t_plain, t_graph = max(plain["burst_seconds"]), max(graph["burst_seconds"])
+    assert abs(t_graph - t_plain) / t_plain < 0.10
+
+
+def test_auto_iterations_fill_min_time(session):
+    a = _native.MeasureArgs()
+    a.op, a.dtype, a.bytes, a.min_time_s = "allreduce", "fp32", 1 << 20, 0.02
+    r = session.measure(a)
+    assert r["iters"] >= 20
+    assert r["iters"] * max(r["burst_seconds"]) == pytest.approx(0.02, rel=0.5)
+    assert r["batch"] >= 1 and r["samples"].shape[1] == r["iters"] // r["batch"]
+
+
+def test_out_of_memory_leaves_the_session_usable(session):
+    free, _ = _native.mem_get_info(0)
+    with pytest.raises(OutOfMemoryError, match="out of device memory"):
+        measure(session, "allreduce", size=free)  # send + work buffers: 2x free
+    assert session.alive
+    assert measure(session, "allreduce")["wrong"] == [0, 0]
+
+
+def test_sweep_stops_at_oom_and_keeps_earlier_sizes(monkeypatch):
+    monkeypatch.setattr(comm, "check_memory", lambda *a: None)  # let the run reach the device limit
+    free, _ = _native.mem_get_info(0)
+    cfg = comm.CommConfig(ops=("allreduce",), dtype="fp32", redop="sum", sizes=(1 << 20, 4 << 20, free),
+                          inplace=(False,), timing=QUICK)
+    run = comm.run_comm(cfg)
+    assert run.stopped == "out_of_memory"
+    assert [m.spec.bytes for m in run.measurements] == [1 << 20, 4 << 20]
+    assert "2 measurement(s) kept" in run.stop_message
+
+
+def test_a_rank_that_never_arrives_times_out_with_abort():
+    # Three ranks announced, two present: initialisation can never finish.
+    with pytest.raises(CommTimeoutError, match="did not finish within 3"):
+        _native.CommSession([0, 1], 3, 0, _native.nccl_unique_id(), 3.0)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_sweep_writes_json_and_csv(tmp_path):
+    j, c = tmp_path / "r.json", tmp_path / "r.csv"
+    out = run_cli("--ops", "all", "--sizes", "1M,64M", "--json", str(j), "--csv", str(c))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(j.read_text())
+    assert doc["backend"] == "native" and doc["status"]["completed"]
+    kinds = {(m["spec"]["op"], m["spec"]["inplace"]) for m in doc["measurements"]}
+    assert ("alltoall", True) not in kinds and ("allreduce", True) in kinds
+    assert len(doc["measurements"]) == 2 * 13
+    assert doc["environment"]["env"].get("NCCL_NVLS_ENABLE") == "0"
+    assert len(c.read_text().strip().splitlines()) == 1 + 26
+    assert "busbw" in out.stdout and "allreduce out-of-place: busbw" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [(["--gpus", "1"], "at least 2 ranks"), (["--gpus", "0,7"], "GPU 7 does not exist"),
+     (["--sizes", "1T"], "free: lower the largest --sizes")],
+)
+def test_cli_bad_gpu_input_exits_2(args, words):
+    out = run_cli(*args)
+    assert out.returncode == 2
+    assert words in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import pytest
+
+from mgpu_bench import ops
+from mgpu_bench.errors import InputError
+
+
+def test_registry_holds_every_op_in_display_order():
+    assert tuple(ops.OPS) == ops.OP_ORDER
+    assert ops.OPS["allreduce"].reduces and not ops.OPS["allgather"].reduces
+    assert ops.OPS["broadcast"].rooted and ops.OPS["reduce"].rooted
+    assert not ops.OPS["alltoall"].inplace and ops.OPS["sendrecv"].inplace
+
+
+@pytest.mark.parametrize(
+    "op, n, factor",
+    [("allreduce", 2, 1.0), ("allreduce", 8, 1.75), ("allreduce", 4, 1.5), ("allgather", 8, 0.875),
+     ("reducescatter", 2, 0.5), ("alltoall", 4, 0.75), ("broadcast", 8, 1.0), ("reduce", 8, 1.0),
+     ("sendrecv", 8, 1.0)],
+)
+def test_busbw_factor_hand_computed(op, n, factor):
+    assert ops.busbw_factor(op, n) == pytest.approx(factor)
+
+
+# Hand-computed from nccl-tests' getCollByteCount rules.
+@pytest.mark.parametrize(
+    "op, size, dtype, n, expect",
+    [
+        ("allreduce", 1000, "fp32", 3, dict(bytes=1000, count=250, send_count=250, recv_count=250)),
+        ("allreduce", 1001, "fp32", 3, dict(bytes=1000, count=250, send_count=250, recv_count=250)),
+        ("allgather", 1000, "fp32", 3, dict(bytes=996, count=83, send_count=83, recv_count=249,
+                                            send_inplace_offset=83, recv_inplace_offset=0)),
+        ("reducescatter", 1000, "fp32", 3, dict(bytes=996, count=83, send_count=249, recv_count=83,
+                                                send_inplace_offset=0, recv_inplace_offset=83)),
+        ("alltoall", 1 << 20, "fp16", 3, dict(bytes=1048572, count=174762, send_count=524286,
+                                              recv_count=524286)),
+        ("broadcast", 7, "fp64", 2, dict(bytes=0, count=0)),
+        ("sendrecv", 64, "int8", 8, dict(bytes=64, count=64)),
+    ],
+)
+def test_op_counts(op, size, dtype, n, expect):
+    c = ops.op_counts(op, size, dtype, n)
+    for k, v in expect.items():
+        assert c[k] == v, k
+
+
+def test_buffer_bytes_counts_send_and_work_buffer():
+    # allgather 1 MiB fp32 over 2 ranks: 128K-element send, 256K-element work buffer.
+    assert ops.buffer_bytes("allgather", 1 << 20, "fp32", 2) == (1 << 19) + (1 << 20)
+
+
+def test_parse_ops():
+    assert ops.parse_ops("all") == list(ops.OP_ORDER)
+    assert ops.parse_ops("allreduce, all_gather,allreduce") == ["allreduce", "allgather"]
+    with pytest.raises(InputError, match="unknown op 'allsum'"):
+        ops.parse_ops("allsum")
+    with pytest.raises(InputError):
+        ops.parse_ops(",")
+
+
+def test_parse_dtype():
+    assert ops.parse_dtype("BF16") == "bf16"
+    assert ops.parse_dtype("float") == "fp32"
+    assert ops.parse_dtype("e5m2") == "fp8_e5m2"
+    with pytest.raises(InputError, match="unknown dtype"):
+        ops.parse_dtype("fp12")
