@@ -33,17 +33,18 @@ def measure(session, op, dtype="fp32", size=1 << 20, inplace=False, redop="sum",
     return session.measure(a)
 
 
+@pytest.mark.parametrize("size", [(1 << 20) + 13, (64 << 20) + 13])
 @pytest.mark.parametrize("dtype", ops.DTYPES)
 @pytest.mark.parametrize("op", ops.OP_ORDER)
-def test_every_op_and_dtype_is_exact(session, op, dtype):
+def test_every_op_and_dtype_is_exact(session, op, dtype, size):
     placements = (False, True) if ops.OPS[op].inplace else (False,)
     redops = ("sum", "max", "min", "avg") if ops.OPS[op].reduces else ("sum",)
     for inplace in placements:
         for redop in redops:
-            # An odd size: rounding and tails are exercised, not only round numbers.
-            r = measure(session, op, dtype, (1 << 20) + 4 * 3 + 1, inplace, redop)
+            # Odd sizes: rounding and tails are exercised, not only round numbers.
+            r = measure(session, op, dtype, size, inplace, redop)
             assert r["wrong"] == [0, 0], (op, dtype, inplace, redop)
-            assert r["counts"] == ops.op_counts(op, (1 << 20) + 13, dtype, 2)
+            assert r["counts"] == ops.op_counts(op, size, dtype, 2)
             assert all(t > 0 for t in r["burst_seconds"])
             assert r["samples"].shape[0] == 2 and r["samples"].shape[1] >= 1
 
@@ -106,7 +107,7 @@ def run_cli(*args):
 def test_cli_sweep_writes_json_and_csv(tmp_path):
     j, c = tmp_path / "r.json", tmp_path / "r.csv"
     out = run_cli("--ops", "all", "--sizes", "1M,64M", "--json", str(j), "--csv", str(c))
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0, out.stderr + out.stdout
     doc = json.loads(j.read_text())
     assert doc["backend"] == "native" and doc["status"]["completed"]
     kinds = {(m["spec"]["op"], m["spec"]["inplace"]) for m in doc["measurements"]}
