@@ -86,8 +86,11 @@ class CommSession {
   void set_timeout(double seconds) { m_timeout_s = seconds; }
   // Frees device buffers (not the communicators).
   void release_buffers();
-  // Aborts all communicators now (used on Ctrl-C); the session becomes unusable.
+  // Aborts all communicators now; the session becomes unusable.
   void abort();
+  // Called about every 0.1 s while waiting for the ranks; an exception it throws (the Python
+  // layer raises KeyboardInterrupt on Ctrl-C) aborts the communicators and propagates.
+  void set_interrupt_check(std::function<void()> fn) { m_interrupt_check = std::move(fn); }
 
  private:
   // Runs fn on every worker thread and waits, enforcing the timeout.
@@ -101,6 +104,7 @@ class CommSession {
   std::vector<std::unique_ptr<Worker>> m_workers;
   std::atomic<bool> m_abort_requested{false};
   std::atomic<bool> m_dead{false};
+  std::function<void()> m_interrupt_check;
 };
 
 std::string nccl_unique_id();

@@ -133,6 +133,12 @@ PYBIND11_MODULE(_native, m) {
            py::arg("devices"), py::arg("nranks"), py::arg("first_rank"), py::arg("unique_id"),
            py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
       .def("measure", [](CommSession& s, const MeasureArgs& a) {
+        // Ctrl-C while the ranks run: Python's handler raises KeyboardInterrupt here, the
+        // session aborts its communicators, and the interrupt reaches the caller.
+        s.set_interrupt_check([] {
+          py::gil_scoped_acquire gil;
+          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        });
         MeasureResult r;
         {
           py::gil_scoped_release release;

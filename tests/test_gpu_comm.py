@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -128,3 +130,18 @@ def test_cli_bad_gpu_input_exits_2(args, words):
     assert out.returncode == 2
     assert words in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_ctrl_c_mid_sweep_writes_what_was_measured(tmp_path):
+    j = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mgpu_bench.cli", "comm", "--ops", "allreduce", "--sizes", "1M-1G", "--min-time", "1",
+         "--json", str(j)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)  # start-up, then ~2 s per size (burst + sampled pass at 1 s each)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    doc = json.loads(j.read_text())
+    assert doc["status"]["stopped"] == "interrupted"
+    assert 1 <= len(doc["measurements"]) < 22
+    assert "interrupted at allreduce" in err

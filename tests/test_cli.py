@@ -1,0 +1,69 @@
+"""The CLI through click's CliRunner: help, and every bad input a user can type (exit code 2,
+one line naming the fix, no traceback)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from mgpu_bench.cli import cli
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_help_lists_comm_and_its_stopping_rule():
+    r = invoke("--help")
+    assert r.exit_code == 0 and "comm" in r.output
+    r = invoke("comm", "--help")
+    assert r.exit_code == 0
+    assert "--min-time" in r.output and "0.05 s" in r.output and "busbw = algbw x 2(n-1)/n" in r.output
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--sizes", "12Q"], "cannot read size '12Q'"),
+        (["--sizes", "1G-1M"], "ends below its start"),
+        (["--sizes", "1M-1G", "--factor", "0"], "--factor must be greater than 1"),
+        (["--sizes", "1M-1G", "--factor", "-3"], "--factor must be greater than 1"),
+        (["--sizes", "1M-1G", "--step", "-1"], "cannot read size '-1'"),
+        (["--ops", "allsum"], "unknown op 'allsum'"),
+        (["--dtype", "fp12"], "unknown dtype 'fp12'"),
+        (["--redop", "prod"], "unknown --redop 'prod'"),
+        (["--iters", "-1"], "--iters and --warmup-iters must be >= 0"),
+        (["--min-time", "0"], "--min-time > 0"),
+        (["--timeout", "0", "--sizes", "1K"], "--timeout must be positive"),
+        (["--nproc", "1", "--sizes", "1K"], "at least 2 ranks"),
+        (["--backend", "tpu"], "Invalid value for '--backend'"),
+        (["--bogus"], "No such option '--bogus'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, words):
+    r = invoke("comm", *args)
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1, r.output
+    assert lines[0].startswith("mgpu-bench: error: ") and words in lines[0]
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_gpu_requests_without_gpus_say_so(monkeypatch):
+    from mgpu_bench import comm
+
+    monkeypatch.setattr(comm, "visible_gpu_count", lambda: 0)
+    r = invoke("comm", "--gpus", "0,1", "--sizes", "1K")
+    assert r.exit_code == 2 and "no NVIDIA GPU is visible" in r.output
+    r = invoke("comm", "--graph", "--sizes", "1K")
+    assert r.exit_code == 2 and "--graph needs the native backend" in r.output
+
+
+def test_native_backend_without_a_driver_names_what_is_missing():
+    from mgpu_bench import _native
+
+    if _native.driver_version() != 0:
+        pytest.skip("a driver is present")
+    r = invoke("comm", "--backend", "native", "--sizes", "1K")
+    assert r.exit_code == 2
+    assert "no NVIDIA driver found" in r.output and "--backend torch" in r.output
