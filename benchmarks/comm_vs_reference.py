@@ -77,6 +77,20 @@ def main() -> None:
             print(f"| {op} | {size >> 20} MiB | {bw:.1f} | {anchor:.1f} | {100 * (bw - anchor) / anchor:+.1f}% | "
                   f"{tr_txt} | {m.total_wrong} |")
 
+    # 2b. The tool's own torch backend (torch.distributed + NCCL, one process per GPU): the
+    # framework's overhead beside the native figures.
+    tb = comm.run_comm(comm.CommConfig(ops=("allreduce", "allgather"), dtype="fp32", redop="sum",
+                                       sizes=(64 << 20, 1 << 30), inplace=(False,), backend="torch"))
+    print("\n| op | size | native busbw GB/s | --backend torch busbw GB/s | diff |")
+    print("|---|---|---|---|---|")
+    for m in tb.measurements:
+        nat = native.get((m.spec.op, m.spec.bytes))
+        if nat is not None:
+            print(f"| {m.spec.op} | {m.spec.bytes >> 20} MiB | {nat.busbw / 1e9:.1f} | {m.busbw / 1e9:.1f} | "
+                  f"{100 * (m.busbw - nat.busbw) / nat.busbw:+.1f}% |")
+    if tb.stopped:
+        print("torch backend stopped:", tb.stop_message)
+
     # 3. Small-message latency, 8 bytes, with and without CUDA graphs.
     lat = sweep(["allreduce"], [8])
     lat_graph = sweep(["allreduce"], [8], graph=True)

@@ -59,8 +59,8 @@ struct OpDesc {
   const char* name;
   bool reduces;  // takes a reduction operator
   bool rooted;   // has a root rank
-  bool inplace;  // has an in-place form (alltoall has none: its blocks would overwrite
-                 // data not yet sent)
+  bool inplace;  // has an in-place form (alltoall and sendrecv have none: received data
+                 // would overwrite data not yet sent)
   OpCounts (*counts)(size_t bytes, size_t type_size, int nranks);
   Expect (*expect)(int rank, int nranks, int root, const OpCounts& counts);
   ncclResult_t (*launch)(const LaunchArgs& a);

@@ -127,19 +127,18 @@ def _native_error_as_input() -> None:
 
 
 def check_dtype_support(cfg: CommConfig, backend: str, gpus: list[int]) -> None:
+    if cfg.dtype in FP8 and backend in ("native", "torch-nccl"):
+        reducing = [op for op in cfg.ops if OPS[op].reduces]
+        for g in gpus if reducing else []:
+            cc = tuple(_native.device_info(g)["compute_capability"])
+            if cc < (9, 0):
+                raise InputError(
+                    f"{cfg.dtype} reductions ({reducing[0]}) need compute capability 9.0+; "
+                    f"GPU {g} is {cc[0]}.{cc[1]}: use bf16, or ops that do not reduce"
+                )
     if backend == "native":
-        if cfg.dtype in FP8:
-            if not _native.HAVE_NCCL_FP8 or _native.nccl_version() < 22400:
-                raise InputError(f"{cfg.dtype} needs NCCL >= 2.24 (this build/run uses an older NCCL); use fp16 or bf16")
-            reducing = [op for op in cfg.ops if OPS[op].reduces]
-            if reducing:
-                for g in gpus:
-                    cc = tuple(_native.device_info(g)["compute_capability"])
-                    if cc < (9, 0):
-                        raise InputError(
-                            f"{cfg.dtype} reductions ({reducing[0]}) need compute capability 9.0+; "
-                            f"GPU {g} is {cc[0]}.{cc[1]}: use bf16, or ops that do not reduce"
-                        )
+        if cfg.dtype in FP8 and (not _native.HAVE_NCCL_FP8 or _native.nccl_version() < 22400):
+            raise InputError(f"{cfg.dtype} needs NCCL >= 2.24 (this build/run uses an older NCCL); use fp16 or bf16")
         return
     from .torch_backend import unsupported_reason
 
@@ -157,7 +156,7 @@ def plan(cfg: CommConfig, nranks: int) -> tuple[list[CommRequest], list[str]]:
     for op in cfg.ops:
         info = OPS[op]
         if True in cfg.inplace and not info.inplace:
-            notes.append(f"{op}: no in-place form (its blocks would overwrite data not yet sent); out-of-place only")
+            notes.append(f"{op}: no in-place form (received data would overwrite data not yet sent); out-of-place only")
         for size in cfg.sizes:
             c = op_counts(op, size, cfg.dtype, nranks)
             if c["count"] == 0:
@@ -244,7 +243,7 @@ def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
         if backend == "native":
             _run_native(run, cfg, gpus, progress)
         else:
-            _run_torch(run, cfg, progress)
+            _run_torch(run, cfg, gpus, progress)
     finally:
         run.wall_seconds = time.perf_counter() - t0
     return run
@@ -269,7 +268,7 @@ def _run_native(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progre
             del session  # communicators destroyed (or left aborted) here
 
 
-def _run_torch(run: CommRun, cfg: CommConfig, progress: ProgressFn | None) -> None:
+def _run_torch(run: CommRun, cfg: CommConfig, gpus: list[int], progress: ProgressFn | None) -> None:
     from .torch_backend import run_sweep
 
     device = "cuda" if run.backend == "torch-nccl" else "cpu"
@@ -284,7 +283,7 @@ def _run_torch(run: CommRun, cfg: CommConfig, progress: ProgressFn | None) -> No
     if progress:
         progress(0, len(run.requests), run.requests[0])
     sweep = run_sweep(run.requests, nproc=run.nranks, device=device, timing=cfg.timing,
-                      timeout_s=cfg.timeout_s, on_result=on_result)
+                      timeout_s=cfg.timeout_s, on_result=on_result, gpus=gpus or None)
     failed_at = run.requests[min(len(run.measurements), len(run.requests) - 1)]
     if sweep.interrupted:
         _stop(run, KeyboardInterrupt(), failed_at)

@@ -113,10 +113,10 @@ def test_cli_sweep_writes_json_and_csv(tmp_path):
     doc = json.loads(j.read_text())
     assert doc["backend"] == "native" and doc["status"]["completed"]
     kinds = {(m["spec"]["op"], m["spec"]["inplace"]) for m in doc["measurements"]}
-    assert ("alltoall", True) not in kinds and ("allreduce", True) in kinds
-    assert len(doc["measurements"]) == 2 * 13
+    assert ("alltoall", True) not in kinds and ("sendrecv", True) not in kinds and ("allreduce", True) in kinds
+    assert len(doc["measurements"]) == 2 * 12
     assert doc["environment"]["env"].get("NCCL_NVLS_ENABLE") == "0"
-    assert len(c.read_text().strip().splitlines()) == 1 + 26
+    assert len(c.read_text().strip().splitlines()) == 1 + 24
     assert "busbw" in out.stdout and "allreduce out-of-place: busbw" in out.stdout
 
 
@@ -145,3 +145,14 @@ def test_ctrl_c_mid_sweep_writes_what_was_measured(tmp_path):
     assert doc["status"]["stopped"] == "interrupted"
     assert 1 <= len(doc["measurements"]) < 22
     assert "interrupted at allreduce" in err
+
+
+def test_torch_backend_on_gpus_is_checked_and_comparable():
+    cfg = comm.CommConfig(ops=("allreduce", "allgather", "sendrecv"), dtype="bf16", redop="sum",
+                          sizes=(1 << 20, 64 << 20), backend="torch", timing=TimingOptions(min_time_s=0.02))
+    run = comm.run_comm(cfg)
+    assert run.backend == "torch-nccl" and run.stopped is None, run.stop_message
+    assert len(run.measurements) == 2 * 2 + 2 + 2  # sendrecv out-of-place only
+    assert run.total_wrong == 0
+    big = [m for m in run.measurements if m.spec.bytes == 64 << 20 and m.spec.op == "allreduce"]
+    assert all(m.busbw > 50e9 for m in big)  # NVLink, not a host path

@@ -10,7 +10,8 @@ def test_registry_holds_every_op_in_display_order():
     assert tuple(ops.OPS) == ops.OP_ORDER
     assert ops.OPS["allreduce"].reduces and not ops.OPS["allgather"].reduces
     assert ops.OPS["broadcast"].rooted and ops.OPS["reduce"].rooted
-    assert not ops.OPS["alltoall"].inplace and ops.OPS["sendrecv"].inplace
+    assert not ops.OPS["alltoall"].inplace and not ops.OPS["sendrecv"].inplace
+    assert all(ops.OPS[o].inplace for o in ("allreduce", "allgather", "reducescatter", "broadcast", "reduce"))
 
 
 @pytest.mark.parametrize(

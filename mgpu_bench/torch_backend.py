@@ -1,0 +1,599 @@
+"""The `torch` backend of `mgpu-bench comm`: the native core's sweep, run through torch.distributed.
+
+One process per rank, started with torch.multiprocessing (spawn): backend "gloo" on CPU
+processes (so the tool runs without GPUs) or "nccl" with one process per GPU (to show the
+framework's overhead beside the native figures). Each process runs the same loop as the native
+core's Worker::measure (csrc/comm_session.cpp) and writes the same data pattern
+(csrc/comm_data.cu), so the raw result dicts have the shape CommSession.measure returns and the
+caller builds CommMeasurement.from_raw the same way for both backends.
+
+Differences from the native core, forced by torch's API:
+- all_reduce, reduce and broadcast exist in torch only in place. An out-of-place request runs
+  them on the receive buffer, loaded from the send buffer before the warm-up and before the
+  check (copies that are not timed), so both placements time the same call for these ops.
+- CUDA graphs are not captured (TimingOptions.graph is refused).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import queue as queue_module
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .errors import CommTimeoutError, InputError, MgpuError, OutOfMemoryError
+from .measurement import CommRequest, TimingOptions
+from .ops import OPS, op_counts
+
+# Largest integer N such that every integer in [-N, N] is exact in the dtype (csrc/dtype.cpp).
+EXACT_LIMIT = {
+    "fp32": 2.0**24,
+    "fp16": 2048.0,
+    "bf16": 256.0,
+    "fp64": 2.0**53,
+    "int32": 2147483647.0,
+    "int8": 127.0,
+    "fp8_e4m3": 16.0,
+    "fp8_e5m2": 8.0,
+}
+
+# Relative spacing near 1 (2^-mantissa bits); 0 for integers (csrc/comm_data.cu, ulp()).
+ULP = {
+    "fp32": 2.0**-23,
+    "fp16": 2.0**-10,
+    "bf16": 2.0**-7,
+    "fp64": 2.0**-52,
+    "int32": 0.0,
+    "int8": 0.0,
+    "fp8_e4m3": 2.0**-3,
+    "fp8_e5m2": 2.0**-2,
+}
+
+TORCH_DTYPES = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp64": torch.float64,
+    "int32": torch.int32,
+    "int8": torch.int8,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+_REDOPS = {
+    "sum": dist.ReduceOp.SUM,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+    "avg": dist.ReduceOp.AVG,
+}
+
+# torch 2.13 renamed these (the old names warn); older releases have only the old ones.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+# torch's all_reduce, reduce and broadcast write into their input (see the module docstring).
+_INPUT_IS_OUTPUT = ("allreduce", "reduce", "broadcast")
+
+# Spawning the processes, importing torch and the rendezvous are not a request: they get at
+# least this long whatever timeout_s is.
+STARTUP_TIMEOUT_S = 120.0
+
+# Elements per slice when filling or checking, to bound the int64 index tensors (8 bytes each).
+_CHUNK = 1 << 22
+
+
+def unsupported_reason(op: str, dtype: str, redop: str | None, device: str) -> str | None:
+    """None if torch.distributed with this device's backend ("cpu": gloo, "cuda": nccl) runs
+    `op` on `dtype` with `redop`; otherwise a one-line reason that names the fix. Pure: starts
+    nothing.
+
+    What gloo does in torch 2.13 was found by trying every op, dtype and reduction
+    (tests/test_torch_backend.py runs the supported ones): every op on fp32, fp16, bf16, fp64,
+    int32 and int8 with sum, max and min; avg on the floating types; fp8 only through
+    point-to-point (sendrecv): its collectives fail with "Invalid scalar type". nccl (torch 2.11
+    with NCCL 2.28 on H200, tried) runs every op, dtype and reduction, fp8 included.
+    (sendrecv has no in-place form, as in the native core: on gloo a send starts only once its
+    peer has posted the receive, so a one-buffer ring always receives over data not yet sent.)
+    """
+    if device not in ("cpu", "cuda"):
+        return f"the torch backend runs on 'cpu' (gloo) or 'cuda' (nccl), not '{device}'"
+    if op not in OPS:
+        return f"unknown op '{op}'"
+    if dtype not in TORCH_DTYPES:
+        return f"unknown dtype '{dtype}'"
+    reduces = OPS[op].reduces
+    if reduces and (redop or "sum") not in _REDOPS:
+        return f"unknown reduction '{redop}': use sum, max, min or avg"
+    fp8 = dtype.startswith("fp8")
+    if device == "cpu":
+        if fp8 and op != "sendrecv":
+            return (f"gloo has no fp8 collectives (only point-to-point): use --backend native "
+                    f"for {op} on {dtype}, or another --dtype")
+        if reduces and redop == "avg" and dtype in ("int32", "int8"):
+            return f"gloo cannot average {dtype} tensors: use --redop sum or --backend native"
+        return None
+    if fp8 and reduces and _torch_nccl_version() < (2, 24, 0):
+        # Older NCCLs have no fp8 type: torch would reduce the bytes as uint8.
+        have = ".".join(map(str, _torch_nccl_version())) or "none"
+        return f"{dtype} reductions need NCCL >= 2.24 (torch's NCCL: {have}): use --backend native, or bf16"
+    return None
+
+
+def _torch_nccl_version() -> tuple[int, ...]:
+    """The NCCL this torch was built with, as (2, 28, 9); () when it has none (a CPU build)."""
+    try:
+        return tuple(torch.cuda.nccl.version())
+    except Exception:  # noqa: BLE001 - a CPU build of torch has no NCCL
+        return ()
+
+
+@dataclass
+class TorchSweep:
+    results: list[dict] = field(default_factory=list)  # raw dicts, request order, completed only
+    error: BaseException | None = None  # the first failure; None if every request completed
+    interrupted: bool = False  # Ctrl-C in the parent stopped the sweep
+
+
+# -- the data pattern (csrc/comm_data.cuh) --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pattern:
+    k: int  # values in [-k, k] (times scale); 0 selects the one-hot pattern
+    scale: int  # n for avg, 1 otherwise
+    nranks: int
+
+
+def make_pattern(dtype: str, op_reduces: bool, redop: str | None, nranks: int) -> Pattern:
+    """The C++ make_pattern: k so that every partial sum of n values is exact in the dtype."""
+    summing = op_reduces and redop in ("sum", "avg")
+    scale = nranks if (op_reduces and redop == "avg") else 1
+    denom = float(nranks if summing else 1) * scale
+    k = int(min(8.0, math.floor(EXACT_LIMIT[dtype] / denom)))
+    return Pattern(k=k, scale=scale, nranks=nranks)
+
+
+def _hash(i: torch.Tensor, r: int | torch.Tensor) -> torch.Tensor:
+    # int64 arithmetic: (i mod 2^32) * 1103515245 < 2^63, so nothing overflows before the mask.
+    return ((i & 0xFFFFFFFF) * 1103515245 + 12345 + r * 2246822519) & 0xFFFFFFFF
+
+
+def pattern_values(p: Pattern, rank: int | torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """v(rank, index) as int64 (every value is an integer); rank may be a tensor like index."""
+    if p.k == 0:
+        owner = (_hash(index, 0) >> 16) % p.nranks
+        return (owner == rank).to(torch.int64) * p.scale
+    return ((_hash(index, rank) >> 16) % (2 * p.k + 1) - p.k) * p.scale
+
+
+def _fill(buf: torch.Tensor, rank: int, p: Pattern) -> None:
+    for start in range(0, buf.numel(), _CHUNK):
+        n = min(_CHUNK, buf.numel() - start)
+        idx = torch.arange(start, start + n, dtype=torch.int64, device=buf.device)
+        buf[start:start + n].copy_(pattern_values(p, rank, idx).to(torch.float64).to(buf.dtype))
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What one rank's receive buffer must hold (csrc/op.hpp)."""
+
+    defined: bool = True  # False: unspecified on this rank (reduce on a non-root)
+    reduce: bool = False
+    from_rank: int = 0
+    chunk: int = 0
+    base: int = 0
+    count: int = 0
+
+
+def expect(op: str, rank: int, nranks: int, root: int, c: dict) -> Expect:
+    """The Expect rules of csrc/ops/*.cu."""
+    if op == "allreduce":
+        return Expect(reduce=True, count=c["recv_count"])
+    if op == "allgather":
+        return Expect(chunk=c["send_count"], count=c["recv_count"])
+    if op == "reducescatter":
+        return Expect(reduce=True, base=rank * c["recv_count"], count=c["recv_count"])
+    if op == "broadcast":
+        return Expect(from_rank=root, count=c["recv_count"])
+    if op == "reduce":
+        return Expect(defined=rank == root, reduce=True, count=c["recv_count"])
+    if op == "alltoall":
+        return Expect(chunk=c["count"], base=rank * c["count"], count=c["recv_count"])
+    if op == "sendrecv":
+        return Expect(from_rank=(rank - 1) % nranks, count=c["recv_count"])
+    raise InputError(f"unknown op '{op}'")
+
+
+def expected_values(e: Expect, p: Pattern, redop: str | None, index: torch.Tensor) -> torch.Tensor:
+    """The C++ expected(): float64 values for output positions `index`."""
+    if not e.reduce:
+        if e.chunk > 0:
+            return pattern_values(p, index // e.chunk, e.base + index % e.chunk).to(torch.float64)
+        return pattern_values(p, e.from_rank, e.base + index).to(torch.float64)
+    src = e.base + index
+    acc = pattern_values(p, 0, src).to(torch.float64)
+    for r in range(1, p.nranks):
+        v = pattern_values(p, r, src).to(torch.float64)
+        if redop == "max":
+            acc = torch.maximum(acc, v)
+        elif redop == "min":
+            acc = torch.minimum(acc, v)
+        else:
+            acc = acc + v
+    if redop == "avg":
+        acc = acc / p.nranks
+    return acc
+
+
+def count_wrong(out: torch.Tensor, e: Expect, p: Pattern, redop: str | None, dtype: str) -> int:
+    """Elements of `out` that differ from the expectation: exact, except 2 ulp (relative) for avg
+    on floating types; NaN always counts as wrong."""
+    tol_rel = 2.0 * ULP[dtype] if redop == "avg" else 0.0
+    wrong = 0
+    for start in range(0, e.count, _CHUNK):
+        n = min(_CHUNK, e.count - start)
+        idx = torch.arange(start, start + n, dtype=torch.int64, device=out.device)
+        want = expected_values(e, p, redop, idx)
+        got = out[start:start + n].to(torch.float64)
+        tol = tol_rel * want.abs().clamp(min=1.0)
+        wrong += int((~((got - want).abs() <= tol)).sum().item())
+    return wrong
+
+
+def _poison(buf: torch.Tensor) -> None:
+    buf.fill_(float("nan") if buf.dtype.is_floating_point else torch.iinfo(buf.dtype).max)
+
+
+# -- one measurement, in each process ------------------------------------------------------------
+
+
+class _CpuClock:
+    """Wall time; gloo calls return when done, so a timestamp after a call ends it."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def sync(self) -> None:
+        pass
+
+    @staticmethod
+    def seconds(a: float, b: float) -> float:
+        return b - a
+
+
+class _CudaClock:
+    """CUDA events on the current stream, which torch makes wait for each collective."""
+
+    def mark(self) -> torch.cuda.Event:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def sync(self) -> None:
+        torch.cuda.synchronize()
+
+    @staticmethod
+    def seconds(a: torch.cuda.Event, b: torch.cuda.Event) -> float:
+        return a.elapsed_time(b) * 1e-3  # elapsed_time is in ms
+
+
+def _agree_max(value: int, device: torch.device) -> int:
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _launcher(op: str, send: torch.Tensor, recv: torch.Tensor, redop: str | None, root: int,
+              rank: int, nranks: int) -> Callable[[], None]:
+    rop = _REDOPS.get(redop or "sum")
+    if op == "allreduce":
+        return lambda: dist.all_reduce(recv, op=rop)
+    if op == "reduce":
+        return lambda: dist.reduce(recv, dst=root, op=rop)
+    if op == "broadcast":
+        return lambda: dist.broadcast(recv, src=root)
+    if op == "allgather":
+        return lambda: _ALL_GATHER(recv, send)
+    if op == "reducescatter":
+        return lambda: _REDUCE_SCATTER(recv, send, op=rop)
+    if op == "alltoall":
+        return lambda: dist.all_to_all_single(recv, send)
+    if op == "sendrecv":
+        nxt, prev = (rank + 1) % nranks, (rank - 1) % nranks
+
+        def ring() -> None:
+            ops = [dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prev)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+        return ring
+    raise InputError(f"unknown op '{op}'")
+
+
+def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: TimingOptions) -> dict:
+    """Worker::measure, step for step; returns this rank's (burst, samples, wrong) and, on every
+    rank, the figures that were agreed (iters, batch) and its own warm-up estimate."""
+    op, dtype, redop, inplace, root = plan["op"], plan["dtype"], plan["redop"], plan["inplace"], plan["root"]
+    c = plan["counts"]
+    tdtype = TORCH_DTYPES[dtype]
+    on_cpu = device.type == "cpu"
+    clock = _CpuClock() if on_cpu else _CudaClock()
+
+    # 1. Buffers, agreed: if any rank is out of memory, every rank stops at this size.
+    work_count = max(c["send_count"], c["recv_count"])
+    ok = True
+    work = send = None
+    try:
+        work = torch.empty(work_count, dtype=tdtype, device=device)
+        send = work if inplace else torch.empty(c["send_count"], dtype=tdtype, device=device)
+    except (torch.OutOfMemoryError, MemoryError):
+        ok = False
+    except RuntimeError as exc:  # torch's CPU allocator says so in a plain RuntimeError
+        if "can't allocate memory" not in str(exc):
+            raise
+        ok = False
+    if _agree_max(0 if ok else 1, device) != 0:
+        work = send = None
+        need = (work_count + (0 if inplace else c["send_count"])) * tdtype.itemsize
+        raise OutOfMemoryError(
+            f"out of memory for {op} at {c['bytes']} bytes ({need} bytes of buffers per rank)"
+            f"{'' if not ok else ' on another rank'}")
+    if inplace:
+        send_view = work[c["send_inplace_offset"] * rank:][: c["send_count"]]
+        recv_view = work[c["recv_inplace_offset"] * rank:][: c["recv_count"]]
+    else:
+        send_view, recv_view = send, work[: c["recv_count"]]
+    load = op in _INPUT_IS_OUTPUT and not inplace  # the call's input is recv_view (docstring)
+    launch = _launcher(op, send_view, recv_view, redop, root, rank, nranks)
+    pattern = make_pattern(dtype, plan["reduces"], redop, nranks)
+    _fill(send_view, rank, pattern)
+    if load:
+        recv_view.copy_(send_view)
+
+    # 2. Warm-up; its later iterations give the per-iteration estimate.
+    warm = max(2, timing.warmup_iters)
+    launch()
+    w0 = clock.mark()
+    for _ in range(1, warm):
+        launch()
+    w1 = clock.mark()
+    clock.sync()
+    estimate = clock.seconds(w0, w1) / (warm - 1)
+
+    # 3. Iteration count: fixed, or enough to fill min_time at the slowest rank's estimate.
+    agreed = _agree_max(int(estimate * 1e9), device) * 1e-9
+    iters = timing.iters
+    if iters <= 0:
+        want = math.ceil(timing.min_time_s / agreed) if agreed > 0 else timing.max_iters
+        iters = int(min(max(want, timing.min_iters), timing.max_iters))
+    want_batch = math.ceil(timing.sample_target_s / agreed) if agreed > 0 else 1
+    batch = min(max(want_batch, 1), max(1, iters // 20))
+    nsamples = iters // batch
+
+    # 4. Burst: iters back to back, timed at its ends only.
+    if on_cpu:
+        dist.barrier()  # start together: the first call would otherwise absorb the skew
+    start = clock.mark()
+    for _ in range(iters):
+        launch()
+    end = clock.mark()
+    clock.sync()
+    burst = clock.seconds(start, end) / iters
+
+    # 5. Samples: nsamples * batch iterations, a timestamp after every batch.
+    if on_cpu:
+        dist.barrier()
+    marks = [clock.mark()]
+    for _ in range(nsamples):
+        for _ in range(batch):
+            launch()
+        marks.append(clock.mark())
+    clock.sync()
+    samples = [clock.seconds(marks[s], marks[s + 1]) / batch for s in range(nsamples)]
+
+    # 6. Check: poison the output, write known data, run once, count wrong elements.
+    wrong = 0
+    if timing.check:
+        _poison(work if inplace else recv_view)
+        _fill(send_view, rank, pattern)
+        if load:
+            recv_view.copy_(send_view)
+        launch()
+        clock.sync()
+        e = expect(op, rank, nranks, root, c)
+        if e.defined:
+            wrong = count_wrong(recv_view, e, pattern, redop, dtype)
+
+    return {"iters": iters, "batch": batch, "burst": burst, "samples": samples, "wrong": wrong,
+            "estimate": estimate}
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling (MgpuError subclasses do), else a RuntimeError saying it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _worker(rank: int, nranks: int, device_kind: str, gpu: int, port: int, plans: list[dict],
+            timing: TimingOptions, timeout_s: float, out: mp.Queue) -> None:
+    """One rank. Sends ("ready", rank), then rank 0 sends ("result", index, raw) per request;
+    any rank that fails sends ("error", rank, exception) and stops."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off unless asked for
+    try:
+        if device_kind == "cuda":
+            torch.cuda.set_device(gpu)
+            device, backend = torch.device("cuda", gpu), "nccl"
+        else:
+            device, backend = torch.device("cpu"), "gloo"
+        limit = timedelta(seconds=max(timeout_s, STARTUP_TIMEOUT_S))
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=limit)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=nranks, timeout=limit,
+                                device_id=device if device_kind == "cuda" else None)
+        out.put(("ready", rank))
+        for index, plan in enumerate(plans):
+            m = _measure(plan, rank, nranks, device, timing)
+            mine = (m["burst"], m["samples"], m["wrong"])
+            gathered = [None] * nranks if rank == 0 else None
+            dist.gather_object(mine, gathered, dst=0)
+            if rank == 0:
+                out.put(("result", index, {
+                    "counts": dict(plan["counts"]),
+                    "iters": m["iters"],
+                    "batch": m["batch"],
+                    "burst_seconds": [float(g[0]) for g in gathered],
+                    "samples": np.asarray([g[1] for g in gathered], dtype=float).reshape(nranks, -1),
+                    "wrong": [int(g[2]) for g in gathered],
+                    "warmup_seconds_per_iter": float(m["estimate"]),
+                }))
+        dist.destroy_process_group()
+    except BaseException as exc:  # noqa: BLE001 - everything goes to the parent
+        out.put(("error", rank, _portable(exc)))
+
+
+# -- the parent ------------------------------------------------------------------------------------
+
+
+def _describe(req: CommRequest) -> str:
+    redop = f" {req.redop}" if req.redop else ""
+    where = "in-place" if req.inplace else "out-of-place"
+    return f"{req.op} ({req.dtype}{redop}, {where}) at {req.size} bytes"
+
+
+def _plan(req: CommRequest, nproc: int, device: str) -> dict:
+    """What every process needs for one request (plain data: no native calls in the children)."""
+    reason = unsupported_reason(req.op, req.dtype, req.redop, device)
+    if reason:
+        raise InputError(reason)
+    info = OPS[req.op]
+    if req.inplace and not info.inplace:
+        raise InputError(f"{req.op} has no in-place form")
+    if info.rooted and not 0 <= req.root < nproc:
+        raise InputError(f"root {req.root} is not a rank of {nproc}")
+    if req.op == "sendrecv" and nproc == 1 and device == "cpu":
+        raise InputError("gloo cannot send to its own rank: sendrecv needs --nproc 2 or more")
+    return {
+        "op": req.op,
+        "dtype": req.dtype,
+        "redop": (req.redop or "sum") if info.reduces else None,
+        "inplace": req.inplace,
+        "root": req.root,
+        "reduces": info.reduces,
+        "counts": op_counts(req.op, req.size, req.dtype, nproc),
+    }
+
+
+def _stop(procs: list, graceful: bool) -> None:
+    """Joins every child; a child still running (after a grace period when `graceful`) is
+    terminated, then killed."""
+    procs = [p for p in procs if p.pid is not None]  # started ones only
+    if graceful:
+        deadline = time.monotonic() + 30.0
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def run_sweep(requests: list[CommRequest], *, nproc: int, device: str, timing: TimingOptions,
+              timeout_s: float, on_result: Callable[[int, dict], None] | None = None,
+              gpus: list[int] | None = None) -> TorchSweep:
+    """Runs `requests` in order on `nproc` processes ("cpu": gloo; "cuda": nccl, process r on
+    cuda:gpus[r], by default cuda:r). Each completed request's raw dict goes to on_result(index, raw) as soon as it is
+    done. A request that yields no result within timeout_s seconds stops the sweep with a
+    CommTimeoutError; a failing rank stops it with its exception; Ctrl-C stops it with
+    interrupted=True. The children are always gone when this returns."""
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"the torch backend runs on 'cpu' (gloo) or 'cuda' (nccl), not '{device}'")
+    if nproc < 1:
+        raise InputError(f"--nproc must be at least 1 (got {nproc})")
+    if device == "cuda" and nproc > torch.cuda.device_count():
+        raise InputError(f"{nproc} processes need {nproc} GPUs; {torch.cuda.device_count()} visible")
+    if timing.graph:
+        raise InputError("the torch backend does not capture CUDA graphs: drop --graph or use --backend native")
+    gpus = list(range(nproc)) if gpus is None else list(gpus)
+    if device == "cuda" and len(gpus) != nproc:
+        raise InputError(f"{nproc} processes but {len(gpus)} GPUs given")
+    plans = [_plan(req, nproc, device) for req in requests]
+    sweep = TorchSweep()
+    if not plans:
+        return sweep
+
+    ctx = mp.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=max(timeout_s, STARTUP_TIMEOUT_S)))
+    messages = ctx.Queue()
+    procs = [ctx.Process(target=_worker, daemon=True,
+                         args=(rank, nproc, device, gpus[rank] if device == "cuda" else -1, store.port, plans,
+                               timing, timeout_s, messages))
+             for rank in range(nproc)]
+    ready = 0
+    deadline = time.monotonic() + max(timeout_s, STARTUP_TIMEOUT_S)
+    died_at = None  # when a child was first seen dead without having reported an error
+    try:
+        for p in procs:
+            p.start()
+        while len(sweep.results) < len(plans) and sweep.error is None:
+            try:
+                msg = messages.get(timeout=0.1)
+            except queue_module.Empty:
+                now = time.monotonic()
+                current = requests[len(sweep.results)]
+                if now > deadline and ready < nproc:
+                    sweep.error = CommTimeoutError(
+                        f"torch backend: the {nproc} worker processes did not start and rendezvous "
+                        f"within {max(timeout_s, STARTUP_TIMEOUT_S):g} s; they were stopped")
+                elif now > deadline:
+                    sweep.error = CommTimeoutError(
+                        f"torch backend: {_describe(current)} did not finish within {timeout_s:g} s "
+                        f"(--timeout); the worker processes were stopped")
+                elif died_at is None and any(p.exitcode not in (None, 0) for p in procs):
+                    died_at = now  # its error message may still be on the way: wait a second
+                elif died_at is not None and now > died_at + 1.0:
+                    rank, code = next((r, p.exitcode) for r, p in enumerate(procs)
+                                      if p.exitcode not in (None, 0))
+                    sweep.error = MgpuError(
+                        f"torch backend: rank {rank} exited with code {code} during {_describe(current)}")
+                continue
+            if msg[0] == "ready":
+                ready += 1
+                if ready == nproc:
+                    deadline = time.monotonic() + timeout_s
+            elif msg[0] == "result":
+                sweep.results.append(msg[2])
+                deadline = time.monotonic() + timeout_s
+                if on_result is not None:
+                    on_result(msg[1], msg[2])
+            elif msg[0] == "error":
+                sweep.error = msg[2]
+    except KeyboardInterrupt:
+        sweep.interrupted = True
+    finally:
+        complete = sweep.error is None and not sweep.interrupted and len(sweep.results) == len(plans)
+        _stop(procs, graceful=complete)
+        messages.close()
+        messages.cancel_join_thread()
+        del store
+    return sweep
+
