@@ -11,7 +11,7 @@ import os
 import platform
 import socket
 
-from . import _native
+from . import _libs, _native
 from .errors import MgpuError
 
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "CUDA_", "NVSHMEM_")
@@ -88,6 +88,7 @@ def fingerprint(gpus: list[dict] | None = None) -> dict:
         "cuda_driver": _fmt_cuda(_native.driver_version()),
         "nvidia_driver": nvidia_driver_release(),
         "cublaslt": str(_native.cublaslt_version()),
+        "libraries": _libs.preload(),  # the exact NCCL and cuBLASLt files loaded
         "gpus": gpu_list() if gpus is None else gpus,
         "env": env_allowlist(),
     }

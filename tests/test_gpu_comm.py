@@ -152,7 +152,7 @@ def test_torch_backend_on_gpus_is_checked_and_comparable():
                           sizes=(1 << 20, 64 << 20), backend="torch", timing=TimingOptions(min_time_s=0.02))
     run = comm.run_comm(cfg)
     assert run.backend == "torch-nccl" and run.stopped is None, run.stop_message
-    assert len(run.measurements) == 2 * 2 + 2 + 2  # sendrecv out-of-place only
+    assert len(run.measurements) == 2 * 2 + 2 * 2 + 2  # sendrecv out-of-place only
     assert run.total_wrong == 0
     big = [m for m in run.measurements if m.spec.bytes == 64 << 20 and m.spec.op == "allreduce"]
     assert all(m.busbw > 50e9 for m in big)  # NVLink, not a host path
