@@ -3,6 +3,13 @@ one line naming the fix, no traceback)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 from click.testing import CliRunner
 
@@ -67,3 +74,45 @@ def test_native_backend_without_a_driver_names_what_is_missing():
     r = invoke("comm", "--backend", "native", "--sizes", "1K")
     assert r.exit_code == 2
     assert "no NVIDIA driver found" in r.output and "--backend torch" in r.output
+
+
+def test_gloo_sweep_end_to_end_writes_json_and_csv(tmp_path, monkeypatch):
+    """The whole command on 2 real CPU processes (torch.distributed with gloo)."""
+    from mgpu_bench import comm
+
+    monkeypatch.setattr(comm, "visible_gpu_count", lambda: 0)
+    j, c = tmp_path / "r.json", tmp_path / "r.csv"
+    r = invoke("comm", "--ops", "allreduce,sendrecv", "--sizes", "1K,4K,1001", "--min-time", "0.01",
+               "--json", str(j), "--csv", str(c))
+    assert r.exit_code == 0, r.output
+    assert "allreduce  (2 ranks, torch-gloo, cpu)" in r.output
+    assert "rounded down to 1000 B" in r.output  # 1001 bytes of fp32 -> 250 elements
+    doc = json.loads(j.read_text())
+    assert doc["schema"] == "mgpu-bench/result" and doc["backend"] == "torch-gloo"
+    assert doc["status"] == {"completed": True, "stopped": None, "message": None}
+    got = [(m["spec"]["op"], m["spec"]["bytes"], m["spec"]["inplace"]) for m in doc["measurements"]]
+    assert got == [("allreduce", 1024, False), ("allreduce", 1024, True), ("allreduce", 4096, False),
+                   ("allreduce", 4096, True), ("allreduce", 1000, False), ("allreduce", 1000, True),
+                   ("sendrecv", 1024, False), ("sendrecv", 4096, False), ("sendrecv", 1000, False)]
+    assert all(m["wrong"] == [0, 0] for m in doc["measurements"])
+    assert all(len(m["samples"]) == 2 for m in doc["measurements"])
+    assert len(c.read_text().strip().splitlines()) == 10
+    for key in ("host", "nccl", "torch", "gpus", "env", "libraries"):
+        assert key in doc["environment"]
+
+
+def test_ctrl_c_keeps_finished_sizes(tmp_path):
+    """A real SIGINT to a real process: exit 130, the sizes finished so far written."""
+    j = tmp_path / "r.json"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops", "allreduce",
+         "--sizes", "1K-1M", "--min-time", "0.5", "--json", str(j)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(10)  # start-up ~5 s, then ~1 s per size and placement: 22 would take ~22 s
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    doc = json.loads(j.read_text())
+    assert doc["status"]["stopped"] == "interrupted"
+    assert 1 <= len(doc["measurements"]) < 22
