@@ -66,6 +66,10 @@ struct OpDesc {
   ncclResult_t (*launch)(const LaunchArgs& a);
 };
 
+// Counts of ops whose size is one rank's whole buffer, sent and received alike (allreduce,
+// broadcast, reduce, sendrecv).
+OpCounts whole_buffer_counts(size_t bytes, size_t type_size, int nranks);
+
 const std::vector<const OpDesc*>& op_registry();
 const OpDesc& find_op(const std::string& name);  // throws std::invalid_argument
 

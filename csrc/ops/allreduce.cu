@@ -5,13 +5,6 @@
 namespace mgpu {
 namespace {
 
-OpCounts counts(size_t bytes, size_t type_size, int /*nranks*/) {
-  OpCounts c;
-  c.count = c.send_count = c.recv_count = bytes / type_size;
-  c.bytes = c.count * type_size;
-  return c;
-}
-
 Expect expect(int /*rank*/, int /*nranks*/, int /*root*/, const OpCounts& c) {
   Expect e;
   e.reduce = true;
@@ -23,7 +16,7 @@ ncclResult_t launch(const LaunchArgs& a) {
   return ncclAllReduce(a.send, a.recv, a.count, a.type, a.redop, a.comm, a.stream);
 }
 
-const OpDesc allreduce{"allreduce", true, false, true, counts, expect, launch};
+const OpDesc allreduce{"allreduce", true, false, true, whole_buffer_counts, expect, launch};
 MGPU_REGISTER_OP(allreduce);
 
 }  // namespace

@@ -4,13 +4,6 @@
 namespace mgpu {
 namespace {
 
-OpCounts counts(size_t bytes, size_t type_size, int /*nranks*/) {
-  OpCounts c;
-  c.count = c.send_count = c.recv_count = bytes / type_size;
-  c.bytes = c.count * type_size;
-  return c;
-}
-
 Expect expect(int /*rank*/, int /*nranks*/, int root, const OpCounts& c) {
   Expect e;
   e.from_rank = root;
@@ -22,7 +15,7 @@ ncclResult_t launch(const LaunchArgs& a) {
   return ncclBroadcast(a.send, a.recv, a.count, a.type, a.root, a.comm, a.stream);
 }
 
-const OpDesc broadcast{"broadcast", false, true, true, counts, expect, launch};
+const OpDesc broadcast{"broadcast", false, true, true, whole_buffer_counts, expect, launch};
 MGPU_REGISTER_OP(broadcast);
 
 }  // namespace
