@@ -32,7 +32,7 @@ struct MeasureArgs {
   int root = 0;
   int warmup_iters = 5;
   int iters = 0;  // 0: choose from min_time_s (agreed across all ranks: the max estimate wins)
-  double min_time_s = 0.05;
+  double min_time_s = 0.03;  // as mgpu_bench.measurement.TimingOptions
   int min_iters = 20;
   int max_iters = 10000;
   bool graph = false;

@@ -12,6 +12,7 @@ import sys
 import click
 
 from .errors import InputError
+from .measurement import TimingOptions
 
 EXIT_FAILED = 1
 EXIT_INPUT = 2
@@ -68,7 +69,7 @@ elements divisible by the rank count, and the rounding is printed.
 \b
 Stopping rule per size: max(2, --warmup-iters) warm-up iterations (the later ones give a
 per-iteration estimate, the slowest rank's wins), then --iters iterations, or by default
-enough to fill --min-time (0.05 s) at that estimate, at least 20 and at most 10000. The
+enough to fill --min-time (0.03 s) at that estimate, at least 20 and at most 10000. The
 burst is timed with CUDA events at its two ends only (time = burst / iterations, slowest
 rank: nccl-tests' time column); a second pass of the same length records an event every
 batch of iterations lasting >= 0.5 ms, which gives the median, p99 and CoV without event
@@ -102,7 +103,7 @@ x 1 (broadcast, reduce, sendrecv). GB/s = 10^9 bytes/s.
 @click.option("--nproc", default=2, show_default=True, type=int, help="Ranks for torch on CPU.")
 @click.option("--iters", default=0, type=int, help="Fixed timed iterations per size (default: by --min-time).")
 @click.option("--warmup-iters", default=5, show_default=True, type=int)
-@click.option("--min-time", default=0.05, show_default=True, type=float,
+@click.option("--min-time", default=TimingOptions.min_time_s, show_default=True, type=float,
               help="Seconds of timed iterations per size when --iters is not given.")
 @click.option("--graph", is_flag=True, help="Capture the timed iterations into CUDA graphs (native).")
 @click.option("--check/--no-check", default=True, show_default=True, help="Count wrong elements.")
@@ -120,7 +121,6 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
 
     from . import comm, ops, report
     from .env import fingerprint
-    from .measurement import TimingOptions
     from .sizes import parse_sizes
 
     op_names = ops.parse_ops(ops_text)

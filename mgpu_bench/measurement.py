@@ -176,7 +176,7 @@ class TimingOptions:
 
     warmup_iters: int = 5
     iters: int = 0  # 0: enough iterations to fill min_time_s, within [min_iters, max_iters]
-    min_time_s: float = 0.05
+    min_time_s: float = 0.03
     min_iters: int = 20
     max_iters: int = 10000
     sample_target_s: float = 0.5e-3  # each sample spans >= this much (see CommSession docs)

@@ -25,7 +25,9 @@ def test_help_lists_comm_and_its_stopping_rule():
     assert r.exit_code == 0 and "comm" in r.output
     r = invoke("comm", "--help")
     assert r.exit_code == 0
-    assert "--min-time" in r.output and "0.05 s" in r.output and "busbw = algbw x 2(n-1)/n" in r.output
+    from mgpu_bench.measurement import TimingOptions
+
+    assert f"--min-time ({TimingOptions.min_time_s:g} s)" in r.output and "busbw = algbw x 2(n-1)/n" in r.output
 
 
 @pytest.mark.parametrize(
