@@ -32,14 +32,45 @@ ncclRedOp_t parse_redop(const std::string& name) {
 
 }  // namespace
 
+// What the coordinator and the worker threads share. Owned jointly (shared_ptr) so that a
+// worker left behind stuck in the driver never touches freed memory.
+struct SessionShared {
+  std::mutex mu;
+  std::condition_variable cv;
+  int pending = 0;      // workers still running the current task
+  bool failed = false;  // a worker failed in a way that stops the others
+  std::atomic<bool> abort_requested{false};
+};
+
+namespace {
+
+// Out-of-memory is agreed by all ranks (each throws it) and an Aborted rank is a consequence;
+// any other error on one rank would leave the others waiting in a collective.
+bool stops_others(const std::exception_ptr& err) {
+  if (!err) return false;
+  try {
+    std::rethrow_exception(err);
+  } catch (const OutOfMemoryError&) {
+    return false;
+  } catch (const Aborted&) {
+    return false;
+  } catch (...) {
+    return true;
+  }
+}
+
+}  // namespace
+
 // One local rank: its thread, stream, communicator and buffers. Everything here is touched
 // only by its own thread, except `comm` by CommSession::abort_all_comms once the thread has
 // stopped polling (or is stuck inside NCCL, which ncclCommAbort exists to release).
 struct Worker {
+  size_t index = 0;  // position in the session: its slot in results
   int device = 0;
   int rank = 0;
   int nranks = 0;
-  const std::atomic<bool>* abort_requested = nullptr;
+  std::shared_ptr<SessionShared> shared;
+  const std::atomic<bool>* abort_requested = nullptr;  // &shared->abort_requested
 
   std::thread thread;
   std::mutex mu;
@@ -77,10 +108,17 @@ struct Worker {
       } catch (...) {
         err = std::current_exception();
       }
+      const bool fatal = stops_others(err);
+      if (fatal) shared->abort_requested = true;  // the other ranks stop polling at once
       lock.lock();
       error = err;
       busy = false;
-      cv.notify_all();
+      {
+        std::lock_guard<std::mutex> g(shared->mu);
+        --shared->pending;
+        shared->failed = shared->failed || fatal;
+      }
+      shared->cv.notify_all();
     }
   }
 
@@ -110,6 +148,7 @@ struct Worker {
   // background) polls the communicator until it is enqueued, fails, or the session aborts.
   void settle(ncclResult_t res, const char* what) {
     if (res == ncclSuccess) return;
+    if (abort_requested->load()) throw Aborted();  // the communicator may be gone already
     if (res != ncclInProgress) throw_nccl(res, comm, what, __FILE__, __LINE__);
     for (int polls = 0;; ++polls) {
       ncclResult_t st = ncclSuccess;
@@ -164,9 +203,16 @@ struct Worker {
     send_cap = recv_cap = 0;
   }
 
-  // Grows the buffers; false when the device is out of memory (the error is cleared).
+  // Grows the buffers (a zero size frees one); false when the device is out of memory (the
+  // error is cleared).
   bool ensure_buffers(size_t send_bytes, size_t recv_bytes) {
     auto grow = [](void** ptr, size_t* cap, size_t want) {
+      if (want == 0) {
+        if (*ptr) MGPU_CUDA_CHECK(cudaFree(*ptr));
+        *ptr = nullptr;
+        *cap = 0;
+        return true;
+      }
       if (want <= *cap && *ptr != nullptr) return true;
       if (*ptr) MGPU_CUDA_CHECK(cudaFree(*ptr));
       *ptr = nullptr;
@@ -239,15 +285,18 @@ void Worker::measure(const MeasureArgs& a, MeasureResult& out, size_t slot) {
   const ncclRedOp_t redop = parse_redop(a.redop);
   const OpCounts c = op.counts(a.bytes, ti.size, nranks);
   const size_t ts = ti.size;
-  const size_t work_bytes = std::max(c.send_count, c.recv_count) * ts;
+  // Out-of-place: a send and a receive buffer. In-place: one buffer holding both regions.
+  const size_t work_bytes = a.inplace ? std::max(c.send_count, c.recv_count) * ts
+                                      : c.recv_count * ts;
+  const size_t send_bytes = a.inplace ? 0 : c.send_count * ts;
 
   // 1. Buffers, agreed: if any rank is out of memory, every rank stops at this size.
-  const bool ok = ensure_buffers(c.send_count * ts, work_bytes);
+  const bool ok = ensure_buffers(send_bytes, work_bytes);
   if (agree_max(ok ? 0 : 1) != 0) {
     free_buffers();
     std::ostringstream os;
     os << "out of device memory for " << a.op << " at " << c.bytes << " bytes ("
-       << (c.send_count * ts + work_bytes) << " bytes of buffers per GPU)"
+       << (send_bytes + work_bytes) << " bytes of buffers per GPU)"
        << (ok ? " on another rank" : "");
     throw OutOfMemoryError(os.str(), static_cast<int>(cudaErrorMemoryAllocation));
   }
@@ -375,9 +424,7 @@ void Worker::measure(const MeasureArgs& a, MeasureResult& out, size_t slot) {
   // 6. Check: poison the output, write known data, run once, count wrong elements on the GPU.
   uint64_t wrong = 0;
   if (a.check) {
-    void* poisoned = a.inplace ? static_cast<void*>(work) : recv;
-    const size_t poison_bytes = a.inplace ? work_bytes : c.recv_count * ts;
-    MGPU_CUDA_CHECK(cudaMemsetAsync(poisoned, 0x7F, poison_bytes, stream));
+    MGPU_CUDA_CHECK(cudaMemsetAsync(recv, 0x7F, work_bytes, stream));
     fill_values(const_cast<void*>(la.send), ti.type, c.send_count, rank, pattern, stream);
     MGPU_CUDA_CHECK(cudaMemsetAsync(d_wrong, 0, sizeof(unsigned long long), stream));
     launch();
@@ -411,15 +458,21 @@ std::string nccl_unique_id() {
 }
 
 CommSession::CommSession(std::vector<int> devices, int nranks, int first_rank,
-                         const std::string& unique_id, double timeout_s)
+                         const std::string& unique_id, double timeout_s,
+                         std::function<void()> interrupt_check)
     : m_devices(std::move(devices)),
       m_nranks(nranks),
       m_first_rank(first_rank),
-      m_timeout_s(timeout_s) {
+      m_timeout_s(timeout_s),
+      m_shared(std::make_shared<SessionShared>()),
+      m_interrupt_check(std::move(interrupt_check)) {
   if (m_devices.empty()) throw std::invalid_argument("no devices given");
   if (nranks < 1 || first_rank < 0 ||
       first_rank + static_cast<int>(m_devices.size()) > nranks) {
     throw std::invalid_argument("ranks out of range");
+  }
+  if (!(timeout_s > 0) || timeout_s > 1e6) {
+    throw std::invalid_argument("the timeout must be between 0 and 1e6 seconds");
   }
   if (unique_id.size() != NCCL_UNIQUE_ID_BYTES) {
     throw std::invalid_argument("the NCCL unique id must be " +
@@ -429,45 +482,64 @@ CommSession::CommSession(std::vector<int> devices, int nranks, int first_rank,
   std::memcpy(id.internal, unique_id.data(), NCCL_UNIQUE_ID_BYTES);
   for (size_t i = 0; i < m_devices.size(); ++i) {
     auto w = std::make_unique<Worker>();
+    w->index = i;
     w->device = m_devices[i];
     w->rank = first_rank + static_cast<int>(i);
     w->nranks = nranks;
-    w->abort_requested = &m_abort_requested;
+    w->shared = m_shared;
+    w->abort_requested = &m_shared->abort_requested;
     Worker* raw = w.get();
     w->thread = std::thread([raw] { raw->loop(); });
     m_workers.push_back(std::move(w));
   }
   try {
-    run_on_all([&id](Worker& w) { w.init(id); }, "communicator initialisation");
+    run_on_all([id](Worker& w) { w.init(id); }, "communicator initialisation");
   } catch (...) {
-    m_dead = true;
-    for (auto& w : m_workers) {
-      {
-        std::lock_guard<std::mutex> lock(w->mu);
-        w->quit = true;
-      }
-      w->cv.notify_all();
-      if (w->busy) {
-        // Stuck inside ncclCommInitRank (a rank never arrived): leave the thread and its
-        // Worker behind; the caller reports the timeout and the process exits.
-        w->thread.detach();
-        (void)w.release();
-      } else {
-        w->thread.join();
-      }
-    }
-    m_workers.clear();
+    shutdown();
     throw;
   }
 }
 
-CommSession::~CommSession() {
-  if (!m_dead) {
-    try {
-      run_on_all([](Worker& w) { w.destroy(); }, "clean-up");
-    } catch (...) {
+CommSession::~CommSession() { shutdown(); }
+
+void CommSession::post(Worker& w, std::function<void(Worker&)> fn) {
+  {
+    std::lock_guard<std::mutex> g(m_shared->mu);
+    ++m_shared->pending;
+  }
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.task = std::move(fn);
+    w.has_task = true;
+    w.busy = true;
+    w.error = nullptr;
+  }
+  w.cv.notify_all();
+}
+
+bool CommSession::wait_idle(Clock::duration limit, int allowed) {
+  std::unique_lock<std::mutex> lk(m_shared->mu);
+  return m_shared->cv.wait_for(lk, limit, [&] { return m_shared->pending <= allowed; });
+}
+
+bool CommSession::is_busy(Worker& w) {
+  std::lock_guard<std::mutex> lock(w.mu);
+  return w.busy;
+}
+
+void CommSession::shutdown() noexcept {
+  m_interrupt_check = nullptr;
+  // Free every idle rank's buffers, events and stream, and its communicator unless aborted;
+  // a rank still stuck in the driver is left behind with its Worker (never freed).
+  int stuck = 0;
+  for (auto& w : m_workers) {
+    if (is_busy(*w)) {
+      ++stuck;
+    } else {
+      post(*w, [](Worker& x) { x.destroy(); });
     }
   }
+  wait_idle(std::chrono::seconds(10), stuck);
   for (auto& w : m_workers) {
     bool busy;
     {
@@ -478,11 +550,12 @@ CommSession::~CommSession() {
     w->cv.notify_all();
     if (busy) {
       w->thread.detach();
-      (void)w.release();  // a thread stuck in the driver still references it
+      (void)w.release();
     } else {
       w->thread.join();
     }
   }
+  m_workers.clear();
 }
 
 void CommSession::abort_all_comms() {
@@ -497,15 +570,16 @@ void CommSession::abort_all_comms() {
 
 void CommSession::abort() {
   if (m_dead) return;
-  m_abort_requested = true;
-  // Give polling ranks a moment to stop touching their communicators.
-  const auto grace = Clock::now() + std::chrono::seconds(2);
-  for (auto& w : m_workers) {
-    std::unique_lock<std::mutex> lock(w->mu);
-    w->cv.wait_until(lock, grace, [&] { return !w->busy; });
-  }
+  m_shared->abort_requested = true;
+  // Polling ranks stop touching their communicators within microseconds. A rank still busy
+  // after the grace period is blocked inside NCCL or CUDA; ncclCommAbort from this thread is
+  // what releases it (as PyTorch's watchdog does).
+  wait_idle(std::chrono::seconds(2));
+  bool releasing = false;  // a busy rank whose communicator exists: the abort releases it
+  for (auto& w : m_workers) releasing = releasing || (is_busy(*w) && w->comm != nullptr);
   abort_all_comms();
   m_dead = true;
+  if (releasing) wait_idle(std::chrono::seconds(10));
 }
 
 void CommSession::run_on_all(const std::function<void(Worker&)>& fn, const std::string& what) {
@@ -513,107 +587,102 @@ void CommSession::run_on_all(const std::function<void(Worker&)>& fn, const std::
     throw NcclError("the communicators were aborted after an earlier failure; start a new session",
                     static_cast<int>(ncclInvalidUsage));
   }
-  for (auto& w : m_workers) {
-    std::lock_guard<std::mutex> lock(w->mu);
-    w->task = fn;
-    w->has_task = true;
-    w->busy = true;
-    w->error = nullptr;
+  {
+    std::lock_guard<std::mutex> g(m_shared->mu);
+    m_shared->failed = false;
   }
-  for (auto& w : m_workers) w->cv.notify_all();
+  for (auto& w : m_workers) post(*w, fn);
 
+  // Wait until all ranks are done, one fails, the deadline passes, or (checked every 0.1 s)
+  // the user interrupts.
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(m_timeout_s));
-  // Wait in slices so that an interrupt (Ctrl-C) is seen within ~0.1 s even mid-measurement.
   bool timed_out = false;
-  for (auto& w : m_workers) {
-    for (;;) {
+  bool failed = false;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(m_shared->mu);
       const auto slice = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
-      {
-        std::unique_lock<std::mutex> lock(w->mu);
-        if (w->cv.wait_until(lock, slice, [&] { return !w->busy; })) break;
-      }
-      if (Clock::now() >= deadline) {
-        timed_out = true;
-        break;
-      }
-      if (m_interrupt_check) {
-        try {
-          m_interrupt_check();
-        } catch (...) {
-          abort();  // the interrupt wins; the communicators cannot be trusted mid-collective
-          throw;
-        }
+      m_shared->cv.wait_until(lk, slice,
+                              [&] { return m_shared->pending == 0 || m_shared->failed; });
+      failed = m_shared->failed;
+      if (m_shared->pending == 0 || failed) break;
+    }
+    if (Clock::now() >= deadline) {
+      timed_out = true;
+      break;
+    }
+    if (m_interrupt_check) {
+      try {
+        m_interrupt_check();
+      } catch (...) {
+        abort();  // the interrupt wins; the communicators cannot be trusted mid-collective
+        throw;
       }
     }
-    if (timed_out) break;
   }
 
-  // A failure on one rank (other than out-of-memory, which all ranks agree on) stops the rest.
-  std::exception_ptr first;
-  bool fatal = timed_out;
-  if (!timed_out) {
+  if (!failed && !timed_out) {
+    // All done; out-of-memory (agreed by every rank) is the one error that leaves the
+    // session usable.
     for (auto& w : m_workers) {
-      if (!w->error) continue;
-      try {
-        std::rethrow_exception(w->error);
-      } catch (const OutOfMemoryError&) {
-        if (!first) first = w->error;
-      } catch (const Aborted&) {
-        fatal = true;
-      } catch (...) {
-        fatal = true;
-        first = w->error;
-        break;
-      }
+      if (w->error) std::rethrow_exception(w->error);
     }
-  }
-  if (!fatal) {
-    if (first) std::rethrow_exception(first);
     return;
   }
-
-  // Stop every rank: polling ranks see the flag; ranks stuck inside NCCL are released by
-  // ncclCommAbort.
   abort();
-  const auto last = Clock::now() + std::chrono::seconds(10);
+  // The first rank's own error, if one reported it; else the timeout.
   for (auto& w : m_workers) {
-    std::unique_lock<std::mutex> lock(w->mu);
-    w->cv.wait_until(lock, last, [&] { return !w->busy; });
+    std::exception_ptr err;
+    {
+      std::lock_guard<std::mutex> lock(w->mu);
+      err = w->error;
+    }
+    if (stops_others(err)) std::rethrow_exception(err);
   }
-  if (timed_out) {
-    std::ostringstream os;
-    os << what << " did not finish within " << m_timeout_s
-       << " s (--timeout); the NCCL communicators were aborted";
-    throw TimeoutError(os.str(), static_cast<int>(ncclRemoteError));
-  }
-  if (first) std::rethrow_exception(first);
-  throw NcclError("aborted", static_cast<int>(ncclInternalError));
+  std::ostringstream os;
+  os << what << " did not finish within " << m_timeout_s
+     << " s (--timeout; raise it for long runs); the NCCL communicators were aborted";
+  throw TimeoutError(os.str(), static_cast<int>(ncclRemoteError));
 }
 
+namespace {
+
+// A measurement's inputs and outputs, owned by the task so that no worker ever writes into a
+// stack frame that is gone.
+struct MeasureState {
+  MeasureArgs args;
+  MeasureResult out;
+};
+
+}  // namespace
+
 MeasureResult CommSession::measure(const MeasureArgs& args) {
-  if (args.inplace && !find_op(args.op).inplace) {
+  const OpDesc& op = find_op(args.op);
+  if (args.inplace && !op.inplace) {
     throw std::invalid_argument(args.op + " has no in-place form");
   }
   dtype_info(args.dtype);
   parse_redop(args.redop);
-  MeasureResult out;
+  if (args.root < 0 || args.root >= m_nranks) {
+    throw std::invalid_argument("root " + std::to_string(args.root) + " is not a rank");
+  }
+  if (args.iters < 0 || args.min_iters < 1 || args.max_iters < args.min_iters ||
+      !(args.min_time_s > 0) || args.min_time_s > 1e4 || !(args.sample_target_s > 0)) {
+    throw std::invalid_argument(
+        "iteration rule out of range: need iters >= 0, 1 <= min_iters <= max_iters, "
+        "0 < min_time_s <= 1e4, sample_target_s > 0");
+  }
+  auto state = std::make_shared<MeasureState>();
+  state->args = args;
   const size_t n = m_workers.size();
-  out.burst_seconds.assign(n, 0.0);
-  out.samples.assign(n, {});
-  out.wrong.assign(n, 0);
-  std::vector<Worker*> order;
-  for (auto& w : m_workers) order.push_back(w.get());
+  state->out.burst_seconds.assign(n, 0.0);
+  state->out.samples.assign(n, {});
+  state->out.wrong.assign(n, 0);
   std::ostringstream what;
   what << args.op << " at " << args.bytes << " bytes";
-  run_on_all(
-      [&](Worker& w) {
-        const size_t slot = static_cast<size_t>(std::find(order.begin(), order.end(), &w) -
-                                                order.begin());
-        w.measure(args, out, slot);
-      },
-      what.str());
-  return out;
+  run_on_all([state](Worker& w) { w.measure(state->args, state->out, w.index); }, what.str());
+  return state->out;
 }
 
 void CommSession::release_buffers() {

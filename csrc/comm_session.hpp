@@ -8,6 +8,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -62,13 +63,17 @@ struct MeasureResult {
 };
 
 struct Worker;
+struct SessionShared;
 
 class CommSession {
  public:
   // devices: local CUDA devices, one rank each, global ranks first_rank, first_rank + 1, ...
   // unique_id: NCCL_UNIQUE_ID_BYTES bytes from nccl_unique_id() on one process.
+  // interrupt_check: called about every 0.1 s while waiting for the ranks (initialisation
+  // included); an exception it throws (the Python layer raises KeyboardInterrupt on Ctrl-C)
+  // aborts the communicators and propagates.
   CommSession(std::vector<int> devices, int nranks, int first_rank, const std::string& unique_id,
-              double timeout_s);
+              double timeout_s, std::function<void()> interrupt_check = {});
   ~CommSession();
   CommSession(const CommSession&) = delete;
   CommSession& operator=(const CommSession&) = delete;
@@ -88,21 +93,23 @@ class CommSession {
   void release_buffers();
   // Aborts all communicators now; the session becomes unusable.
   void abort();
-  // Called about every 0.1 s while waiting for the ranks; an exception it throws (the Python
-  // layer raises KeyboardInterrupt on Ctrl-C) aborts the communicators and propagates.
-  void set_interrupt_check(std::function<void()> fn) { m_interrupt_check = std::move(fn); }
 
  private:
   // Runs fn on every worker thread and waits, enforcing the timeout.
   void run_on_all(const std::function<void(Worker&)>& fn, const std::string& what);
+  void post(Worker& w, std::function<void(Worker&)> fn);
+  // Waits until at most `allowed` ranks are still running a task; false on timeout.
+  bool wait_idle(std::chrono::steady_clock::duration limit, int allowed = 0);
+  static bool is_busy(Worker& w);
   void abort_all_comms();
+  void shutdown() noexcept;
 
   std::vector<int> m_devices;
   int m_nranks;
   int m_first_rank;
   double m_timeout_s;
   std::vector<std::unique_ptr<Worker>> m_workers;
-  std::atomic<bool> m_abort_requested{false};
+  std::shared_ptr<SessionShared> m_shared;
   std::atomic<bool> m_dead{false};
   std::function<void()> m_interrupt_check;
 };

@@ -24,6 +24,13 @@ void raise_python(const char* name, const Error& e) {
   PyErr_SetObject(cls.ptr(), exc.ptr());
 }
 
+// Ctrl-C while the ranks run: Python's handler raises KeyboardInterrupt here, the session
+// aborts its communicators, and the interrupt reaches the caller.
+void interrupt_check() {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
+
 py::dict counts_dict(const OpCounts& c) {
   py::dict d;
   d["bytes"] = c.bytes;
@@ -129,16 +136,15 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("corrupt_rank", &MeasureArgs::corrupt_rank);
 
   py::class_<CommSession>(m, "CommSession")
-      .def(py::init<std::vector<int>, int, int, const std::string&, double>(),
+      .def(py::init([](std::vector<int> devices, int nranks, int first_rank,
+                       const std::string& unique_id, double timeout_s) {
+             py::gil_scoped_release release;
+             return std::make_unique<CommSession>(std::move(devices), nranks, first_rank,
+                                                  unique_id, timeout_s, interrupt_check);
+           }),
            py::arg("devices"), py::arg("nranks"), py::arg("first_rank"), py::arg("unique_id"),
-           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
+           py::arg("timeout_s"))
       .def("measure", [](CommSession& s, const MeasureArgs& a) {
-        // Ctrl-C while the ranks run: Python's handler raises KeyboardInterrupt here, the
-        // session aborts its communicators, and the interrupt reaches the caller.
-        s.set_interrupt_check([] {
-          py::gil_scoped_acquire gil;
-          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-        });
         MeasureResult r;
         {
           py::gil_scoped_release release;

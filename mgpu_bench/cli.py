@@ -7,7 +7,9 @@ after writing what was gathered.
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -17,6 +19,7 @@ from .measurement import TimingOptions
 EXIT_FAILED = 1
 EXIT_INPUT = 2
 EXIT_INTERRUPTED = 130
+MAX_ITERS = 1_000_000
 
 
 class _Group(click.Group):
@@ -120,7 +123,7 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
     from rich.console import Console
 
     from . import comm, ops, report
-    from .env import fingerprint
+    from .env import backend_versions, fingerprint
     from .sizes import parse_sizes
 
     op_names = ops.parse_ops(ops_text)
@@ -128,8 +131,12 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
     redop = redop.strip().lower()
     if redop not in ops.REDOPS:
         raise InputError(f"unknown --redop '{redop}': choose from {', '.join(ops.REDOPS)}")
-    if iters < 0 or warmup_iters < 0 or min_time <= 0:
-        raise InputError("--iters and --warmup-iters must be >= 0 and --min-time > 0")
+    if not (0 <= iters <= MAX_ITERS and 0 <= warmup_iters <= MAX_ITERS):
+        raise InputError(f"--iters and --warmup-iters must be between 0 and {MAX_ITERS}")
+    if not (0 < min_time <= 1e4):
+        raise InputError("--min-time must be a positive number of seconds (at most 1e4)")
+    for path in (json_path, csv_path):
+        _check_writable(path)
     if only_inplace and only_outofplace:
         placements = (False, True)
     elif only_inplace:
@@ -139,7 +146,7 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
     else:
         placements = (False, True)
     if sizes_text is None:
-        sizes_text = "1M-1G" if comm.visible_gpu_count() > 0 and backend != "torch" else "1K-4M"
+        sizes_text = "1M-1G" if comm.visible_gpu_count() > 0 else "1K-4M"
     sizes = parse_sizes(sizes_text, factor, step_text)
     cfg = comm.CommConfig(
         ops=tuple(op_names), dtype=dtype, redop=redop, sizes=tuple(sizes), inplace=placements,
@@ -152,7 +159,9 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
     err = Console(stderr=True)
     show_progress = err.is_terminal if progress is None else progress
 
+    environment = fingerprint()  # before the run: a device fault must not cost the results
     run = _run_with_progress(comm.run_comm, cfg, err, show_progress)
+    environment.update(backend_versions(run.backend))
 
     for note in run.notes:
         err.print(f"note: {note}", highlight=False)
@@ -162,11 +171,15 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
             out.print(line, highlight=False)
     out.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s wall, "
               f"communicator set-up included", highlight=False)
-    if json_path:
-        report.write_json(json_path, report.result_document(run, fingerprint(), sys.argv))
-    if csv_path:
-        with open(csv_path, "w", newline="") as fh:
-            fh.write(report.render_csv(run))
+    write_failed = False
+    for path, write in ((json_path, lambda p: report.write_json(p, report.result_document(run, environment, sys.argv))),
+                        (csv_path, lambda p: Path(p).write_text(report.render_csv(run)))):
+        if path:
+            try:
+                write(path)
+            except OSError as exc:
+                err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
+                write_failed = True
     if run.stopped:
         err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
         return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
@@ -174,7 +187,21 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
         err.print(f"mgpu-bench: {run.total_wrong} wrong element(s): the data did not arrive intact",
                   style="bold red", highlight=False)
         return EXIT_FAILED
-    return 0
+    return EXIT_FAILED if write_failed else 0
+
+
+def _check_writable(path: str | None) -> None:
+    """An output file must be creatable before hours of measurement depend on it."""
+    if not path:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{path} is a directory: give a file name")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"the folder of {path} does not exist: create it first")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise InputError(f"{path} is not writable")
 
 
 def _run_with_progress(fn, cfg, err_console, show: bool):

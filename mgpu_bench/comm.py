@@ -16,7 +16,7 @@ from . import _native
 from .errors import CommTimeoutError, InputError, MgpuError, NcclError, OutOfMemoryError
 from .measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
 from .ops import OPS, buffer_bytes, op_counts
-from .sizes import format_bytes
+from .sizes import format_bytes, format_gib
 
 BACKENDS = ("auto", "native", "torch")
 # Ops x dtypes the NCCL in use must support; fp8 needs NCCL >= 2.24, and its reductions sm_90+.
@@ -150,39 +150,73 @@ def check_dtype_support(cfg: CommConfig, backend: str, gpus: list[int]) -> None:
 
 
 def plan(cfg: CommConfig, nranks: int) -> tuple[list[CommRequest], list[str]]:
-    """Expand ops x sizes x placements; returns (requests, notes on rounding and skips)."""
+    """Expand ops x sizes x placements; returns (requests, notes on rounding and skips).
+    Sizes that round to the same bytes for an op are measured once."""
     requests: list[CommRequest] = []
     notes: list[str] = []
     for op in cfg.ops:
         info = OPS[op]
-        if True in cfg.inplace and not info.inplace:
-            notes.append(f"{op}: no in-place form (received data would overwrite data not yet sent); out-of-place only")
+        placements = [p for p in cfg.inplace if info.inplace or not p]
+        if len(placements) < len(cfg.inplace) or not placements:
+            notes.append(f"{op}: no in-place form (received data would overwrite data not yet sent); "
+                         f"{'out-of-place only' if placements else 'skipped: add --outofplace'}")
+        seen: set[int] = set()
         for size in cfg.sizes:
             c = op_counts(op, size, cfg.dtype, nranks)
             if c["count"] == 0:
                 notes.append(f"{op}: {format_bytes(size)} is below one {cfg.dtype} element per rank over {nranks} ranks; skipped")
                 continue
+            if c["bytes"] in seen:
+                notes.append(f"{op}: {size} B rounds to {c['bytes']} B, already measured; skipped")
+                continue
+            seen.add(c["bytes"])
             if c["bytes"] != size:
-                notes.append(f"{op}: {size} B rounded down to {c['bytes']} B (whole elements, divisible by {nranks} ranks)")
-            for inplace in cfg.inplace:
-                if inplace and not info.inplace:
-                    continue
+                rule = "whole elements" if c["count"] == c["send_count"] == c["recv_count"] else \
+                    f"whole elements, a multiple of {nranks} ranks"
+                notes.append(f"{op}: {size} B rounded down to {c['bytes']} B ({rule} of {cfg.dtype})")
+            for inplace in placements:
                 requests.append(CommRequest(op, cfg.dtype, cfg.redop if info.reduces else None, size, inplace))
     if not requests:
-        raise InputError("nothing to measure: every size is too small for the chosen ops and ranks")
+        raise InputError("nothing to measure: " + "; ".join(notes) if notes else "nothing to measure")
     return requests, notes
 
 
 def check_memory(requests: list[CommRequest], nranks: int, gpus: list[int]) -> None:
-    need = max(buffer_bytes(r.op, r.size, r.dtype, nranks) for r in requests)
-    worst = max(requests, key=lambda r: buffer_bytes(r.op, r.size, r.dtype, nranks))
-    for g in gpus:
-        free, _total = _native.mem_get_info(g)
-        if need > free:
-            raise InputError(
-                f"{worst.op} at {format_bytes(worst.size)} needs {format_bytes(need)} of buffers per GPU; "
-                f"GPU {g} has {format_bytes(free)} free: lower the largest --sizes"
-            )
+    """Refuses a sweep whose largest measurement cannot fit (bad input, exit code 2): in the
+    free memory of every GPU (native), or in the host's available memory (CPU ranks, all on
+    this host)."""
+    def need(r: CommRequest) -> int:
+        return buffer_bytes(r.op, r.size, r.dtype, nranks, r.inplace)
+
+    worst = max(requests, key=need)
+    if gpus:
+        for g in gpus:
+            free, _total = _native.mem_get_info(g)
+            if need(worst) > free:
+                raise InputError(
+                    f"{worst.op} at {format_bytes(worst.size)} needs {format_gib(need(worst))} of buffers per GPU; "
+                    f"GPU {g} has {format_gib(free)} free: lower the largest --sizes"
+                )
+        return
+    avail = host_available_memory()
+    total = need(worst) * nranks
+    if avail is not None and total > avail:
+        raise InputError(
+            f"{worst.op} at {format_bytes(worst.size)} needs {format_gib(total)} over {nranks} CPU ranks; "
+            f"this host has {format_gib(avail)} available: lower the largest --sizes"
+        )
+
+
+def host_available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes; None where there is none."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -220,7 +254,8 @@ def _stop(run: CommRun, exc: BaseException, req: CommRequest) -> None:
         return
     else:
         run.stopped = "nccl_error" if isinstance(exc, NcclError) else "error"
-    run.stop_message = f"stopped at {where}: {exc}; {len(run.measurements)} measurement(s) kept"
+    detail = str(exc) if isinstance(exc, MgpuError) else f"{type(exc).__name__}: {exc}"
+    run.stop_message = f"stopped at {where}: {detail}; {len(run.measurements)} measurement(s) kept"
 
 
 def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
@@ -228,15 +263,14 @@ def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
     `stopped` set and the measurements taken so far kept; they are not raised."""
     if not cfg.ops:
         raise InputError("no ops given")
-    if cfg.timeout_s <= 0:
-        raise InputError("--timeout must be positive")
+    if not (0 < cfg.timeout_s <= 1e6):
+        raise InputError("--timeout must be a positive number of seconds (at most 1e6)")
     backend, devices, gpus = resolve_backend(cfg)
     if cfg.timing.graph and backend != "native":
         raise InputError("--graph needs the native backend (CUDA graphs of NCCL calls); drop --graph for torch")
     check_dtype_support(cfg, backend, gpus)
     requests, notes = plan(cfg, len(devices))
-    if backend == "native":
-        check_memory(requests, len(devices), gpus)
+    check_memory(requests, len(devices), gpus if backend == "native" else [])
     run = CommRun(backend=backend, devices=devices, requests=requests, notes=notes)
     t0 = time.perf_counter()
     try:
@@ -261,7 +295,7 @@ def _run_native(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progre
             raw = session.measure(_native_args(req, cfg.timing))
             spec = _spec(req, raw["counts"], run.backend, run.devices, cfg.timing.graph)
             run.measurements.append(CommMeasurement.from_raw(spec, raw, cfg.timing.check))
-    except (MgpuError, KeyboardInterrupt) as exc:
+    except (Exception, KeyboardInterrupt) as exc:  # any fault: keep what was measured, say why
         _stop(run, exc, req)
     finally:
         if session is not None:

@@ -67,9 +67,30 @@ def gpu_list() -> list[dict]:
         return []
     out = []
     for i in range(n):
-        info = dict(_native.device_info(i))
+        try:
+            info = dict(_native.device_info(i))
+        except MgpuError as exc:  # a GPU that fails its query is recorded as such
+            out.append({"index": i, "error": str(exc)})
+            continue
         info["compute_capability"] = ".".join(str(x) for x in info["compute_capability"])
         out.append(info)
+    return out
+
+
+def backend_versions(backend: str) -> dict:
+    """What a torch backend ran on: torch's own NCCL, which may differ from the native one."""
+    if not backend.startswith("torch"):
+        return {}
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    out = {"torch_backend": backend}
+    try:
+        out["torch_nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+    except Exception:  # a CPU build of torch has no NCCL
+        pass
     return out
 
 

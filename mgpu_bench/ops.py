@@ -96,7 +96,9 @@ def op_counts(op: str, size: int, dtype: str, nranks: int) -> dict:
     return dict(_native.op_counts(op, size, dtype, nranks))
 
 
-def buffer_bytes(op: str, size: int, dtype: str, nranks: int) -> int:
-    """Device memory one rank needs for a measurement at `size` (send + work buffer)."""
+def buffer_bytes(op: str, size: int, dtype: str, nranks: int, inplace: bool) -> int:
+    """Device memory one rank needs for a measurement (the native core's rule): out-of-place a
+    send and a receive buffer, in-place one buffer holding both regions."""
     c = op_counts(op, size, dtype, nranks)
-    return (c["send_count"] + max(c["send_count"], c["recv_count"])) * dtype_size(dtype)
+    elems = max(c["send_count"], c["recv_count"]) if inplace else c["send_count"] + c["recv_count"]
+    return elems * dtype_size(dtype)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
 
 from .errors import InputError
+
+MAX_SIZE = 1 << 50  # 1 PiB: anything larger is a typo, not a buffer
+MAX_SIZES = 1000  # points in one sweep
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -15,9 +20,11 @@ def parse_size(text: str) -> int:
     m = _SIZE.match(text)
     if not m:
         raise InputError(f"cannot read size '{text}': write a byte count like 8, 1K, 64M or 1G")
-    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    value = Decimal(m.group(1)) * _UNITS[m.group(2).upper()]  # exact, unlike float
     if value != int(value):
         raise InputError(f"size '{text}' is not a whole number of bytes")
+    if value > MAX_SIZE:
+        raise InputError(f"size '{text}' is above 1 PiB: check the unit")
     return int(value)
 
 
@@ -28,8 +35,8 @@ def parse_sizes(spec: str, factor: float | None = None, step: str | None = None)
     spec = spec.strip()
     if factor is not None and step is not None:
         raise InputError("give either --factor or --step, not both")
-    if factor is not None and not factor > 1:
-        raise InputError(f"--factor must be greater than 1 (got {factor:g})")
+    if factor is not None and not (factor > 1 and math.isfinite(factor)):
+        raise InputError(f"--factor must be a finite number greater than 1 (got {factor:g})")
     if "-" in spec and "," not in spec:
         lo_text, _, hi_text = spec.partition("-")
         lo, hi = parse_size(lo_text), parse_size(hi_text)
@@ -42,6 +49,8 @@ def parse_sizes(spec: str, factor: float | None = None, step: str | None = None)
             inc = parse_size(step)
             if inc <= 0:
                 raise InputError(f"--step must be a positive byte count (got '{step}')")
+            if (hi - lo) // inc + 1 > MAX_SIZES:
+                raise InputError(f"--step {step} over {spec} gives more than {MAX_SIZES} sizes: use a larger step")
             size = lo
             while size <= hi:
                 sizes.append(size)
@@ -51,6 +60,8 @@ def parse_sizes(spec: str, factor: float | None = None, step: str | None = None)
             size = lo
             while size <= hi:
                 sizes.append(size)
+                if len(sizes) > MAX_SIZES:
+                    raise InputError(f"--factor {f:g} over {spec} gives more than {MAX_SIZES} sizes: use a larger factor")
                 size = max(size + 1, int(size * f))  # whole bytes, always increasing
         return sizes
     if step is not None or factor is not None:
@@ -60,13 +71,26 @@ def parse_sizes(spec: str, factor: float | None = None, step: str | None = None)
         raise InputError("--sizes is empty: give a range like 1M-1G or a list like 8,1K,64M")
     if any(s <= 0 for s in sizes):
         raise InputError("sizes must be above 0 bytes")
+    if len(sizes) > MAX_SIZES:
+        raise InputError(f"more than {MAX_SIZES} sizes in --sizes")
     return sizes
 
 
 def format_bytes(n: float) -> str:
-    """Binary units, as nccl-tests users read them: 1048576 -> '1 MiB'."""
+    """Binary units where exact, as nccl-tests users read them: 1048576 -> '1 MiB',
+    1536 -> '1.50 KiB'; a size that no unit writes exactly in two decimals stays in bytes
+    (67108860 -> '67108860 B'), so that a rounded size never looks like a round one."""
+    n = int(n)
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
-            v = n / scale
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.2f} {unit}"
-    return f"{int(n)} B"
+            if n % scale == 0:
+                return f"{n // scale} {unit}"
+            if (n * 100) % scale == 0:
+                return f"{n / scale:.2f} {unit}"
+            break
+    return f"{n} B"
+
+
+def format_gib(n: float) -> str:
+    """An amount of memory, approximately: 24107499520 -> '22.45 GiB'."""
+    return f"{n / (1 << 30):.2f} GiB"

@@ -432,7 +432,8 @@ def _worker(rank: int, nranks: int, device_kind: str, gpu: int, port: int, plans
     """One rank. Sends ("ready", rank), then rank 0 sends ("result", index, raw) per request;
     any rank that fails sends ("error", rank, exception) and stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off unless asked for
+    # The environment (NCCL_NVLS_ENABLE and the rest) is the parent's, as for the native
+    # backend, so that both measure the same NCCL configuration.
     try:
         if device_kind == "cuda":
             torch.cuda.set_device(gpu)

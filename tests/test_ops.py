@@ -46,9 +46,12 @@ def test_op_counts(op, size, dtype, n, expect):
         assert c[k] == v, k
 
 
-def test_buffer_bytes_counts_send_and_work_buffer():
-    # allgather 1 MiB fp32 over 2 ranks: 128K-element send, 256K-element work buffer.
-    assert ops.buffer_bytes("allgather", 1 << 20, "fp32", 2) == (1 << 19) + (1 << 20)
+def test_buffer_bytes_follow_the_placement():
+    # allgather 1 MiB fp32 over 2 ranks: 128K-element input, 256K-element output.
+    assert ops.buffer_bytes("allgather", 1 << 20, "fp32", 2, inplace=False) == (1 << 19) + (1 << 20)
+    assert ops.buffer_bytes("allgather", 1 << 20, "fp32", 2, inplace=True) == 1 << 20
+    # reducescatter 1 MiB over 4 ranks out-of-place: the whole input plus a quarter of it.
+    assert ops.buffer_bytes("reducescatter", 1 << 20, "fp32", 4, inplace=False) == (1 << 20) + (1 << 18)
 
 
 def test_parse_ops():
