@@ -290,6 +290,11 @@ void Worker::measure(const MeasureArgs& a, MeasureResult& out, size_t slot) {
                                       : c.recv_count * ts;
   const size_t send_bytes = a.inplace ? 0 : c.send_count * ts;
 
+  if (a.fail_rank == rank) {
+    throw CudaError("injected failure on rank " + std::to_string(rank) + " (test hook)",
+                    static_cast<int>(cudaErrorUnknown));
+  }
+
   // 1. Buffers, agreed: if any rank is out of memory, every rank stops at this size.
   const bool ok = ensure_buffers(send_bytes, work_bytes);
   if (agree_max(ok ? 0 : 1) != 0) {

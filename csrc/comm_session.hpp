@@ -42,6 +42,9 @@ struct MeasureArgs {
   // Test hook: this global rank overwrites the first element of its output after the checked
   // call, so tests can prove a corruption is counted. -1: off.
   int corrupt_rank = -1;
+  // Test hook: this global rank fails before its first collective, so tests can prove that
+  // the other ranks stop at once and that rank's error is the one reported. -1: off.
+  int fail_rank = -1;
 };
 
 struct MeasureResult {

@@ -133,7 +133,8 @@ PYBIND11_MODULE(_native, m) {
       .def_readwrite("graph", &MeasureArgs::graph)
       .def_readwrite("check", &MeasureArgs::check)
       .def_readwrite("sample_target_s", &MeasureArgs::sample_target_s)
-      .def_readwrite("corrupt_rank", &MeasureArgs::corrupt_rank);
+      .def_readwrite("corrupt_rank", &MeasureArgs::corrupt_rank)
+      .def_readwrite("fail_rank", &MeasureArgs::fail_rank);
 
   py::class_<CommSession>(m, "CommSession")
       .def(py::init([](std::vector<int> devices, int nranks, int first_rank,

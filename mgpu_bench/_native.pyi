@@ -37,6 +37,7 @@ class MeasureArgs:
     check: bool
     sample_target_s: float
     corrupt_rank: int
+    fail_rank: int
     def __init__(self) -> None: ...
 
 class CommSession:

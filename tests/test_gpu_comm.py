@@ -11,7 +11,7 @@ import time
 import pytest
 
 from mgpu_bench import _native, comm, ops
-from mgpu_bench.errors import CommTimeoutError, OutOfMemoryError
+from mgpu_bench.errors import CommTimeoutError, CudaError, NcclError, OutOfMemoryError
 from mgpu_bench.measurement import TimingOptions
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu(2)]
@@ -95,10 +95,33 @@ def test_sweep_stops_at_oom_and_keeps_earlier_sizes(monkeypatch):
     assert "2 measurement(s) kept" in run.stop_message
 
 
-def test_a_rank_that_never_arrives_times_out_with_abort():
-    # Three ranks announced, two present: initialisation can never finish.
-    with pytest.raises(CommTimeoutError, match="did not finish within 3"):
+@pytest.mark.parametrize("rank", [0, 1])
+def test_one_failing_rank_stops_the_others_at_once_with_its_error(rank):
+    s = _native.CommSession([0, 1], 2, 0, _native.nccl_unique_id(), 60.0)
+    t0 = time.monotonic()
+    with pytest.raises(CudaError, match=f"injected failure on rank {rank}"):
+        measure(s, "allreduce", fail_rank=rank)
+    assert time.monotonic() - t0 < 5  # not the 60 s timeout
+    assert not s.alive
+    with pytest.raises(NcclError, match="aborted after an earlier failure"):
+        measure(s, "allreduce")
+    del s
+    fresh = _native.CommSession([0, 1], 2, 0, _native.nccl_unique_id(), 60.0)
+    assert measure(fresh, "allreduce")["wrong"] == [0, 0]
+
+
+def test_a_rank_that_never_arrives_ends_in_an_error_not_a_hang():
+    # Three ranks announced, two present: initialisation can never finish. Either NCCL gives
+    # up first (seen on 2x H200 with NCCL 2.28: ncclInternalError from one rank, reported at
+    # once) or the session's timeout aborts (CommTimeoutError, a NcclError).
+    t0 = time.monotonic()
+    with pytest.raises(NcclError) as info:
         _native.CommSession([0, 1], 3, 0, _native.nccl_unique_id(), 3.0)
+    assert time.monotonic() - t0 < 20
+    if isinstance(info.value, CommTimeoutError):
+        assert "did not finish within 3" in str(info.value)
+    else:
+        assert "ncclCommInitRank" in str(info.value)
 
 
 def run_cli(*args):
