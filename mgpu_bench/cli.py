@@ -168,7 +168,7 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
     if run.measurements:
         report.render_terminal(run, out)
         for line in report.summary_lines(run):
-            out.print(line, highlight=False)
+            out.print(line, highlight=False, soft_wrap=True)  # one line each, for grep
     out.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s wall, "
               f"communicator set-up included", highlight=False)
     write_failed = False

@@ -128,3 +128,14 @@ def test_ctrl_c_keeps_finished_sizes(tmp_path):
     doc = json.loads(j.read_text())
     assert doc["status"]["stopped"] == "interrupted"
     assert 1 <= len(doc["measurements"]) < 22
+
+
+def test_summary_lines_are_not_wrapped(tmp_path, monkeypatch):
+    from mgpu_bench import comm
+
+    monkeypatch.setattr(comm, "visible_gpu_count", lambda: 0)
+    r = invoke("comm", "--ops", "reducescatter", "--sizes", "64M", "--outofplace", "--iters", "2",
+               "--warmup-iters", "1")
+    assert r.exit_code == 0, r.output
+    (line,) = [ln for ln in r.output.splitlines() if ln.startswith("reducescatter out-of-place: busbw")]
+    assert line.endswith("0 wrong")
