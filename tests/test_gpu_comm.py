@@ -192,4 +192,6 @@ def test_sample_median_agrees_with_the_burst_at_8_bytes(session, graph):
     burst = max(r["burst_seconds"])
     median = float(np.median(r["samples"].max(axis=0)))
     assert r["batch"] > 1
-    assert abs(median - burst) / burst < 0.15, (median, burst)
+    # Stream mode: within 10%. Graph mode: each replay of a batch graph costs a few tens of us
+    # (seen: median 6.2 vs 5.4 us at 8 B on H200), so within 25%.
+    assert abs(median - burst) / burst < (0.25 if graph else 0.10), (median, burst)
