@@ -10,6 +10,7 @@
 #include "device.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
+#include "links.hpp"
 #include "op.hpp"
 
 namespace py = pybind11;
@@ -116,6 +117,39 @@ PYBIND11_MODULE(_native, m) {
   m.def("cublaslt_version", &cublaslt_version);
   m.def("nccl_unique_id", [] { return py::bytes(nccl_unique_id()); });
   m.def("_raise_library_error", &raise_library_error, py::arg("library"));
+
+  m.def("can_access_peer", &can_access_peer, py::arg("a"), py::arg("b"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("links_copy", [](int src, int dst, size_t bytes, const std::string& engine,
+                         bool bidirectional, int warmup, int iters) {
+    CopyArgs a;
+    a.src = src;
+    a.dst = dst;
+    a.bytes = bytes;
+    a.engine = engine;
+    a.bidirectional = bidirectional;
+    a.warmup = warmup;
+    a.iters = iters;
+    CopyResult r;
+    {
+      py::gil_scoped_release release;
+      r = measure_copy(a);
+    }
+    py::dict d;
+    d["seconds"] = r.seconds;
+    d["peer_access"] = r.peer_access;
+    return d;
+  }, py::arg("src"), py::arg("dst"), py::arg("bytes"), py::arg("engine"),
+     py::arg("bidirectional"), py::arg("warmup"), py::arg("iters"),
+     "Seconds per copy of `bytes` from GPU src to GPU dst (both ways at once if bidirectional).");
+  m.def("links_read_latency", &measure_read_latency, py::arg("reader"), py::arg("owner"),
+        py::arg("span_bytes"), py::arg("loads"), py::arg("iters"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Seconds per dependent 4-byte load by GPU reader from GPU owner's memory.");
+  m.def("links_host_copy", &measure_host_copy, py::arg("device"), py::arg("bytes"),
+        py::arg("to_device"), py::arg("warmup"), py::arg("iters"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Seconds per pinned-host <-> device copy of `bytes`.");
 
   py::class_<MeasureArgs>(m, "MeasureArgs")
       .def(py::init<>())

@@ -56,6 +56,7 @@ def cli() -> None:
 
     \b
     mgpu-bench comm --sizes 1M-1G     collective bus bandwidth (NCCL), checked
+    mgpu-bench links                  GPU-to-GPU and host copy bandwidth, latency, the slow pair
     """
 
 
@@ -202,6 +203,60 @@ def _check_writable(path: str | None) -> None:
         raise InputError(f"the folder of {path} does not exist: create it first")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise InputError(f"{path} is not writable")
+
+
+@cli.command("links")
+@click.option("--gpus", default=None, help="N for the first N GPUs, or indices 0,1 [default: all visible].")
+@click.option("--size", "size_text", default="256M", show_default=True, help="Bytes per copy (K/M/G = 1024^n).")
+@click.option("--iters", default=10, show_default=True, type=int, help="Timed copies per figure (median reported).")
+@click.option("--warmup", default=3, show_default=True, type=int, help="Untimed copies first.")
+@click.option("--engines", default="ce,sm", show_default=True, help="ce (copy engines), sm (a kernel reading peer memory).")
+@click.option("--latency/--no-latency", default=True, show_default=True, help="Dependent-read latency per pair.")
+@click.option("--host/--no-host", default=True, show_default=True, help="Pinned host <-> GPU copies per GPU.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the result document.")
+def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_path) -> int:
+    """GPU-to-GPU copy bandwidth and latency for every ordered pair, host copies per GPU, and
+    the slow pair or GPU named (each pair against the node's median: robust z-score below -3
+    and 10% below the median; needs 3 pairs or more).
+
+    \b
+    GB/s = 10^9 bytes/s, per direction: a bidirectional copy moves --size each way.
+    """
+    from rich.console import Console
+
+    from . import links, report
+    from .env import fingerprint
+    from .sizes import parse_size
+
+    size = parse_size(size_text)
+    engine_list = tuple(e.strip() for e in engines.split(",") if e.strip())
+    if not (1 <= iters <= MAX_ITERS and 0 <= warmup <= MAX_ITERS):
+        raise InputError(f"--iters must be between 1 and {MAX_ITERS}, --warmup between 0 and {MAX_ITERS}")
+    _check_writable(json_path)
+    gpu_list = links.gpus_or_error(gpus)
+    out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
+    environment = fingerprint()
+    try:
+        run = links.run_links(gpu_list, size=size, iters=iters, warmup=warmup, engines=engine_list,
+                              latency=latency, host=host)
+    except KeyboardInterrupt:
+        click.echo("mgpu-bench: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    for line in links.findings(run):
+        out.print(f"finding: {line}", highlight=False, soft_wrap=True)
+    links.render(run, out)
+    out.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s; one ordered pair took "
+              f"{run.per_pair_seconds:.2f} s, so 8 GPUs (56 pairs) would take about {run.estimate_seconds(8):.0f} s",
+              highlight=False, soft_wrap=True)
+    if json_path:
+        doc = {"schema": report.RESULT_SCHEMA, "schema_version": report.RESULT_SCHEMA_VERSION,
+               "command": sys.argv, "environment": environment, **links.document(run)}
+        try:
+            report.write_json(json_path, doc)
+        except OSError as exc:
+            click.echo(f"mgpu-bench: could not write {json_path}: {exc.strerror or exc}", err=True)
+            return EXIT_FAILED
+    return 0
 
 
 def _run_with_progress(fn, cfg, err_console, show: bool):

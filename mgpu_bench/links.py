@@ -1,0 +1,261 @@
+"""`mgpu-bench links`: GPU-to-GPU and host-to-GPU copy bandwidth and latency, per pair, with
+the outlier named.
+
+Every ordered pair (src, dst) is measured with the copy engines (cudaMemcpyPeerAsync) and with
+SMs (a kernel on dst reading src's memory over the peer mapping), one direction and both at
+once; plus the latency of a dependent 4-byte read from the peer's memory, and pinned host to
+device / device to host copies per GPU. Each figure is the median of `iters` copies.
+Localisation compares each pair with the node's own median (robust z-score: deviation over
+1.4826 x the median absolute deviation), so one slow link stands out whatever the hardware.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from . import _native
+from .errors import InputError, MgpuError
+
+ENGINES = ("ce", "sm")
+# A pair is an outlier when it is this many robust standard deviations below the median and
+# at least OUTLIER_DROP below it in relative terms (so that a very tight node with a MAD of
+# ~0 does not flag 1% differences).
+OUTLIER_Z = 3.0
+OUTLIER_DROP = 0.10
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    kind: str  # "copy", "latency" (dst reads src's memory) or "host"
+    src: int  # GPU index
+    dst: int | None  # GPU index; None for host copies
+    engine: str | None = None  # "ce" or "sm" for copies
+    bidirectional: bool = False
+    direction: str | None = None  # "h2d" or "d2h" for host copies
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    spec: LinkSpec
+    seconds: tuple[float, ...]  # per copy, or per dependent load for latency
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def bandwidth(self) -> float:
+        """bytes/s per direction: bytes / median copy time (a bidirectional copy moves `bytes`
+        each way in that time)."""
+        return self.spec.bytes / self.median_s
+
+    @property
+    def total_bandwidth(self) -> float:
+        """bytes/s over both directions for a bidirectional copy, else the bandwidth."""
+        return self.bandwidth * (2 if self.spec.bidirectional else 1)
+
+    def to_dict(self) -> dict:
+        return {"kind": "link", "spec": asdict(self.spec), "seconds": list(self.seconds)}
+
+
+@dataclass
+class LinksRun:
+    gpus: list[int]
+    measurements: list[LinkMeasurement] = field(default_factory=list)
+    peer_access: dict[tuple[int, int], bool] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    per_pair_seconds: float = 0.0  # wall time of one ordered pair's measurements (median)
+    host_seconds: float = 0.0  # wall time of all host copies
+
+    def estimate_seconds(self, ngpus: int) -> float:
+        """Wall time of the same run on `ngpus` GPUs: ordered pairs x the measured time of one
+        pair, plus host copies per GPU (pairs are measured one at a time)."""
+        per_gpu_host = self.host_seconds / len(self.gpus) if self.gpus else 0.0
+        return ngpus * (ngpus - 1) * self.per_pair_seconds + ngpus * per_gpu_host
+
+    def copies(self, engine: str, bidirectional: bool) -> dict[tuple[int, int], LinkMeasurement]:
+        return {(m.spec.src, m.spec.dst): m for m in self.measurements
+                if m.spec.kind == "copy" and m.spec.engine == engine and m.spec.bidirectional == bidirectional}
+
+    def latencies(self) -> dict[tuple[int, int], LinkMeasurement]:
+        return {(m.spec.src, m.spec.dst): m for m in self.measurements if m.spec.kind == "latency"}
+
+    def host(self, direction: str) -> dict[int, LinkMeasurement]:
+        return {m.spec.src: m for m in self.measurements if m.spec.kind == "host" and m.spec.direction == direction}
+
+
+ProgressFn = Callable[[int, int, str], None]
+
+
+def run_links(gpus: list[int], *, size: int = 256 << 20, iters: int = 10, warmup: int = 3,
+              engines: tuple[str, ...] = ENGINES, latency: bool = True, host: bool = True,
+              progress: ProgressFn | None = None) -> LinksRun:
+    """Measures every ordered pair of `gpus`. A pair without peer access gets copy-engine
+    figures only (the driver stages them through host memory) and a note."""
+    if len(gpus) < 2 and not host:
+        raise InputError("links needs 2 GPUs or more (or host copies)")
+    if size < 16 or iters < 1 or warmup < 0:
+        raise InputError("--size must be >= 16 bytes, --iters >= 1, --warmup >= 0")
+    bad = [e for e in engines if e not in ENGINES]
+    if bad:
+        raise InputError(f"unknown engine '{bad[0]}': choose from {', '.join(ENGINES)}")
+    run = LinksRun(gpus=list(gpus))
+    pairs = [(a, b) for a in gpus for b in gpus if a != b]
+    steps = len(pairs) + (len(gpus) if host else 0)
+    t0 = time.perf_counter()
+    pair_walls = []
+    for i, (a, b) in enumerate(pairs):
+        if progress:
+            progress(i, steps, f"GPU {a} -> GPU {b}")
+        tp = time.perf_counter()
+        peer = bool(_native.can_access_peer(a, b))
+        run.peer_access[(a, b)] = peer
+        if not peer:
+            run.notes.append(f"GPU {a} -> GPU {b}: no peer access; copies go through host memory, SM copies skipped")
+        for engine in engines:
+            if engine == "sm" and not peer:
+                continue
+            for bidir in (False, True):
+                r = _native.links_copy(a, b, size, engine, bidir, warmup, iters)
+                spec = LinkSpec("copy", a, b, engine, bidir, None, size // 16 * 16)
+                run.measurements.append(LinkMeasurement(spec, tuple(r["seconds"])))
+        if latency and peer:
+            # GPU b reads GPU a's memory: the latency of the a -> b direction of the link.
+            t = _native.links_read_latency(b, a, 64 << 20, 5000, 5)
+            run.measurements.append(LinkMeasurement(LinkSpec("latency", a, b), tuple(t)))
+        pair_walls.append(time.perf_counter() - tp)
+    th = time.perf_counter()
+    if host:
+        for j, g in enumerate(gpus):
+            if progress:
+                progress(len(pairs) + j, steps, f"host <-> GPU {g}")
+            for direction in ("h2d", "d2h"):
+                t = _native.links_host_copy(g, size, direction == "h2d", warmup, iters)
+                run.measurements.append(LinkMeasurement(LinkSpec("host", g, None, direction=direction, bytes=size), tuple(t)))
+    run.host_seconds = time.perf_counter() - th
+    run.wall_seconds = time.perf_counter() - t0
+    run.per_pair_seconds = statistics.median(pair_walls) if pair_walls else 0.0
+    return run
+
+
+def robust_z(values: dict, key_value: Callable = lambda m: m) -> dict:
+    """(x - median) / (1.4826 * MAD) per key; 0 for all when the MAD is 0."""
+    xs = {k: key_value(v) for k, v in values.items()}
+    if len(xs) < 3:
+        return {k: 0.0 for k in xs}
+    med = statistics.median(xs.values())
+    mad = statistics.median(abs(x - med) for x in xs.values())
+    if mad == 0:
+        return {k: 0.0 for k in xs}
+    return {k: (x - med) / (1.4826 * mad) for k, x in xs.items()}
+
+
+def outliers(run: LinksRun) -> list[dict]:
+    """Pairs well below the node's median, per engine and direction mode, and the GPU they
+    share when one GPU is in most of them."""
+    found = []
+    for engine in ENGINES:
+        for bidir in (False, True):
+            copies = run.copies(engine, bidir)
+            if len(copies) < 3:
+                continue
+            z = robust_z(copies, lambda m: m.bandwidth)
+            med = statistics.median(m.bandwidth for m in copies.values())
+            for (a, b), m in copies.items():
+                if z[(a, b)] < -OUTLIER_Z and m.bandwidth < (1 - OUTLIER_DROP) * med:
+                    found.append({"src": a, "dst": b, "engine": engine, "bidirectional": bidir,
+                                  "bandwidth": m.bandwidth, "node_median": med, "z": z[(a, b)]})
+    return found
+
+
+def findings(run: LinksRun, theory: Callable[[int, int], float | None] | None = None) -> list[str]:
+    """One line per finding: slow pairs (named GPU when shared), missing peer access, and,
+    given a per-direction theory function, each copy-engine figure against it."""
+    out = [n for n in run.notes]
+    slow = outliers(run)
+    if slow:
+        counts: dict[int, int] = {}
+        for s in slow:
+            counts[s["src"]] = counts.get(s["src"], 0) + 1
+            counts[s["dst"]] = counts.get(s["dst"], 0) + 1
+        worst, n = max(counts.items(), key=lambda kv: kv[1])
+        if n > 1 and n >= len(slow) * 0.6:
+            out.append(f"GPU {worst} is in {n} of {len(slow)} slow pairs: check its links (NVLink down, fewer "
+                       f"active links, downgraded PCIe)")
+        for s in slow:
+            out.append(f"GPU {s['src']} -> GPU {s['dst']} ({s['engine']}, "
+                       f"{'both directions' if s['bidirectional'] else 'one direction'}): "
+                       f"{s['bandwidth'] / 1e9:.1f} GB/s vs node median {s['node_median'] / 1e9:.1f} GB/s")
+    return out
+
+
+def document(run: LinksRun) -> dict:
+    return {
+        "gpus": run.gpus,
+        "peer_access": [{"src": a, "dst": b, "ok": ok} for (a, b), ok in run.peer_access.items()],
+        "notes": run.notes,
+        "wall_seconds": run.wall_seconds,
+        "per_pair_seconds": run.per_pair_seconds,
+        "host_seconds": run.host_seconds,
+        "estimated_seconds_8_gpus": run.estimate_seconds(8),
+        "outliers": outliers(run),
+        "measurements": [m.to_dict() for m in run.measurements],
+    }
+
+
+def render(run: LinksRun, console) -> None:
+    """Matrices (rows: source GPU, columns: destination) of GB/s per direction, latency in us,
+    and the host copies."""
+    from rich.table import Table
+
+    g = run.gpus
+
+    def matrix(title: str, cells: dict[tuple[int, int], str]) -> None:
+        t = Table(title=title, title_justify="left", box=None, pad_edge=False)
+        t.add_column("src \\ dst")
+        for b in g:
+            t.add_column(f"GPU {b}", justify="right")
+        for a in g:
+            t.add_row(f"GPU {a}", *[("-" if a == b else cells.get((a, b), "n/a")) for b in g])
+        console.print(t)
+        console.print()
+
+    for engine, label in (("ce", "copy engine"), ("sm", "SM kernel")):
+        for bidir in (False, True):
+            copies = run.copies(engine, bidir)
+            if copies:
+                what = "both directions at once, GB/s per direction" if bidir else "one direction, GB/s"
+                matrix(f"{label} copies, {what}", {k: f"{m.bandwidth / 1e9:.1f}" for k, m in copies.items()})
+    lat = run.latencies()
+    if lat:
+        matrix("dependent 4-byte read of the source's memory by the destination, us",
+               {k: f"{m.median_s * 1e6:.2f}" for k, m in lat.items()})
+    h2d, d2h = run.host("h2d"), run.host("d2h")
+    if h2d:
+        t = Table(title="pinned host memory <-> GPU, GB/s", title_justify="left", box=None, pad_edge=False)
+        t.add_column("GPU")
+        t.add_column("host -> GPU", justify="right")
+        t.add_column("GPU -> host", justify="right")
+        for x in g:
+            t.add_row(f"GPU {x}", f"{h2d[x].bandwidth / 1e9:.1f}" if x in h2d else "n/a",
+                      f"{d2h[x].bandwidth / 1e9:.1f}" if x in d2h else "n/a")
+        console.print(t)
+        console.print()
+
+
+def gpus_or_error(spec: str | None) -> list[int]:
+    from .comm import parse_gpus, visible_gpu_count
+
+    n = visible_gpu_count()
+    if n == 0:
+        try:
+            _native.device_count()
+        except MgpuError as exc:
+            raise InputError(f"links needs NVIDIA GPUs: {str(exc).split(' [', 1)[0]}") from None
+        raise InputError("links needs NVIDIA GPUs: none visible")
+    return parse_gpus(spec, n)
