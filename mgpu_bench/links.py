@@ -216,7 +216,8 @@ def render(run: LinksRun, console) -> None:
     g = run.gpus
 
     def matrix(title: str, cells: dict[tuple[int, int], str]) -> None:
-        t = Table(title=title, title_justify="left", box=None, pad_edge=False)
+        console.print(title, highlight=False, soft_wrap=True)  # a table's title would wrap to its width
+        t = Table(box=None, pad_edge=False)
         t.add_column("src \\ dst")
         for b in g:
             t.add_column(f"GPU {b}", justify="right")
@@ -237,7 +238,8 @@ def render(run: LinksRun, console) -> None:
                {k: f"{m.median_s * 1e6:.2f}" for k, m in lat.items()})
     h2d, d2h = run.host("h2d"), run.host("d2h")
     if h2d:
-        t = Table(title="pinned host memory <-> GPU, GB/s", title_justify="left", box=None, pad_edge=False)
+        console.print("pinned host memory <-> GPU, GB/s", highlight=False, soft_wrap=True)
+        t = Table(box=None, pad_edge=False)
         t.add_column("GPU")
         t.add_column("host -> GPU", justify="right")
         t.add_column("GPU -> host", justify="right")
