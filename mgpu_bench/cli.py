@@ -57,6 +57,7 @@ def cli() -> None:
     \b
     mgpu-bench comm --sizes 1M-1G     collective bus bandwidth (NCCL), checked
     mgpu-bench links                  GPU-to-GPU and host copy bandwidth, latency, the slow pair
+    mgpu-bench topo                   GPUs, NVLinks, PCIe, NICs as data, with findings
     """
 
 
@@ -203,6 +204,32 @@ def _check_writable(path: str | None) -> None:
         raise InputError(f"the folder of {path} does not exist: create it first")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise InputError(f"{path} is not writable")
+
+
+@cli.command("topo")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the snapshot (the data behind the view) as JSON.")
+def topo_command(json_path) -> int:
+    """The node as data: GPUs, NVLinks, PCIe links (current vs maximum), the path between
+    every pair of GPUs (as nvidia-smi topo -m names it), InfiniBand/RoCE ports; findings on
+    top. Without NVIDIA GPUs it says so and shows the host part."""
+    import json as _json
+
+    from rich.console import Console
+
+    from . import topo
+
+    _check_writable(json_path)
+    snapshot = topo.collect()
+    out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
+    topo.render(snapshot, out)
+    if json_path:
+        try:
+            Path(json_path).write_text(_json.dumps(snapshot, indent=1))
+        except OSError as exc:
+            click.echo(f"mgpu-bench: could not write {json_path}: {exc.strerror or exc}", err=True)
+            return EXIT_FAILED
+    return 0
 
 
 @cli.command("links")

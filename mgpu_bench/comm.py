@@ -46,6 +46,7 @@ class CommRun:
     requests: list[CommRequest]
     measurements: list[CommMeasurement] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    theory: object | None = None  # theory.RingTheory for the ranks, when the topology is known
     stopped: str | None = None  # None, "out_of_memory", "nccl_error", "timeout", "interrupted"
     stop_message: str | None = None
     wall_seconds: float = 0.0
@@ -219,6 +220,15 @@ def host_available_memory() -> int | None:
     return None
 
 
+def ring_theory_for(gpus: list[int]):
+    """The ring's per-direction theory for these CUDA devices (see mgpu_bench.theory)."""
+    from . import theory, topo
+
+    snapshot = topo.collect()
+    devices = [(g, str(_native.device_info(g)["pci_bus_id"])) for g in gpus]
+    return theory.ring_theory(snapshot, devices)
+
+
 # -- running ---------------------------------------------------------------------------------
 
 ProgressFn = Callable[[int, int, CommRequest], None]
@@ -271,7 +281,8 @@ def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
     check_dtype_support(cfg, backend, gpus)
     requests, notes = plan(cfg, len(devices))
     check_memory(requests, len(devices), gpus if backend == "native" else [])
-    run = CommRun(backend=backend, devices=devices, requests=requests, notes=notes)
+    run = CommRun(backend=backend, devices=devices, requests=requests, notes=notes,
+                  theory=ring_theory_for(gpus) if gpus else None)
     t0 = time.perf_counter()
     try:
         if backend == "native":

@@ -41,6 +41,7 @@ COLUMNS = (
     Column("time_us", "time", "us", ".1f"),
     Column("algbw", "algbw", "GB/s", ".2f"),
     Column("busbw", "busbw", "GB/s", ".2f"),
+    Column("theory", "busbw", "%theo", ".0f"),
     Column("median_us", "median", "us", ".1f"),
     Column("p99_us", "p99", "us", ".1f"),
     Column("cov", "CoV", "%", ".1f"),
@@ -48,7 +49,13 @@ COLUMNS = (
 )
 
 
-def row(m: CommMeasurement) -> dict:
+def pct_theory(m: CommMeasurement, theory) -> float | None:
+    """busbw as a percentage of the ring's per-direction theory (mgpu_bench.theory)."""
+    bw = getattr(theory, "bandwidth", None)
+    return 100.0 * m.busbw / bw if bw else None
+
+
+def row(m: CommMeasurement, theory=None) -> dict:
     """Display values of one measurement, in the COLUMNS' units."""
     cov = m.cov
     return {
@@ -61,6 +68,7 @@ def row(m: CommMeasurement) -> dict:
         "time_us": m.time_s * 1e6,
         "algbw": m.algbw / 1e9,
         "busbw": m.busbw / 1e9,
+        "theory": pct_theory(m, theory),
         "median_us": m.median_s * 1e6,
         "p99_us": m.p99_s * 1e6,
         "cov": None if cov is None else cov * 100,
@@ -127,26 +135,33 @@ def render_terminal(run: CommRun, console) -> None:
             head = f"{col.title}\n{col.unit}" if col.unit and col.key != "size" else col.title
             table.add_column(head, justify="left" if col.key in ("dtype", "redop", "placement") else "right")
         for m in ms:
-            r = row(m)
+            r = row(m, run.theory)
             style = "red" if r["wrong"] else None
             table.add_row(*[_cell(c, r[c.key]) for c in COLUMNS], style=style)
         console.print(table)
         console.print()
+    if run.theory is not None:
+        t = run.theory
+        practical = f"; NCCL rings reach about {t.practical / 1e9:.0f} GB/s (80%)" if t.practical else ""
+        console.print(f"theory: {t.summary}{practical}", highlight=False, soft_wrap=True)
 
 
 def render_csv(run: CommRun) -> str:
     """One row per measurement, base units (bytes, seconds, bytes/s)."""
     buf = io.StringIO()
     fields = ["op", "bytes", "requested_bytes", "count", "dtype", "redop", "placement", "nranks", "backend",
-              "iters", "time_s", "algbw_Bps", "busbw_Bps", "median_s", "p99_s", "cov", "nsamples", "wrong"]
+              "iters", "time_s", "algbw_Bps", "busbw_Bps", "theory_Bps", "pct_theory", "median_s", "p99_s", "cov", "nsamples", "wrong"]
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
+    theory_bw = getattr(run.theory, "bandwidth", None)
     for m in run.measurements:
         w.writerow({
             "op": m.spec.op, "bytes": m.spec.bytes, "requested_bytes": m.spec.size, "count": m.spec.count,
             "dtype": m.spec.dtype, "redop": m.spec.redop or "", "placement": m.spec.placement,
             "nranks": m.spec.nranks, "backend": m.spec.backend, "iters": m.iters,
             "time_s": f"{m.time_s:.9g}", "algbw_Bps": f"{m.algbw:.6g}", "busbw_Bps": f"{m.busbw:.6g}",
+            "theory_Bps": "" if theory_bw is None else f"{theory_bw:.6g}",
+            "pct_theory": "" if theory_bw is None else f"{100 * m.busbw / theory_bw:.4g}",
             "median_s": f"{m.median_s:.9g}", "p99_s": f"{m.p99_s:.9g}",
             "cov": "" if m.cov is None else f"{m.cov:.4g}", "nsamples": m.nsamples,
             "wrong": "" if m.wrong is None else m.total_wrong,
@@ -171,6 +186,7 @@ def result_document(run: CommRun, environment: dict, command: list[str] | None =
         "notes": run.notes,
         "wall_seconds": run.wall_seconds,
         "summary": summary(run),
+        "theory": run.theory.to_dict() if run.theory is not None else None,
         "measurements": [m.to_dict() for m in run.measurements],
     }
 

@@ -1,0 +1,112 @@
+"""What a collective's bus bandwidth should reach on the path its data takes.
+
+The model: NCCL's ring visits the ranks in order and every hop carries the same traffic, so
+the ring runs at the speed of its slowest hop. A hop's rate, per direction:
+- GPUs joined by NVLink (directly, or both through NVSwitches): active links x the per-link
+  rate of their NVLink generation (hardware.json; nominal, e.g. 25 GB/s for NVLink 4);
+- otherwise PCIe: the lower of the two GPUs' maximum generation x width (hardware.json, after
+  line encoding), whatever switch or host bridge lies between;
+- across nodes (not modelled yet): the NIC rate.
+busbw is set against that figure ("% of theory"). NCCL's ring protocols reach about 80% of it
+after protocol overhead (shared/ANCHORS.md: 360-370 GB/s of 450 on 8x H100/H200 at >= 1 GiB),
+the practical ceiling drawn beside the theory. Algorithms that are not rings (NVLS, CollNet)
+move less data than the ring formula assumes, so their busbw can exceed the link rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from . import hardware
+
+PRACTICAL_RING_SHARE = 0.80  # shared/ANCHORS.md, NCCL ring protocols at >= 1 GiB
+
+
+@dataclass(frozen=True)
+class Hop:
+    src: int  # CUDA device index
+    dst: int
+    kind: str  # "nvlink", "pcie" or "unknown"
+    bandwidth: float | None  # bytes/s per direction
+    detail: str  # "NVLink 4 x18", "PCIe Gen5 x16 via PHB", or why it is unknown
+
+
+@dataclass(frozen=True)
+class RingTheory:
+    bandwidth: float | None  # bytes/s per direction: the slowest hop; None when unknown
+    hops: tuple[Hop, ...]
+
+    @property
+    def bottleneck(self) -> Hop | None:
+        known = [h for h in self.hops if h.bandwidth is not None]
+        return min(known, key=lambda h: h.bandwidth) if len(known) == len(self.hops) and known else None
+
+    @property
+    def practical(self) -> float | None:
+        return None if self.bandwidth is None else self.bandwidth * PRACTICAL_RING_SHARE
+
+    @property
+    def summary(self) -> str:
+        b = self.bottleneck
+        if b is None or self.bandwidth is None:
+            unknown = [h.detail for h in self.hops if h.bandwidth is None]
+            return "theory unknown: " + (unknown[0] if unknown else "no hops")
+        return f"{b.detail}: {self.bandwidth / 1e9:.1f} GB/s per direction"
+
+    def to_dict(self) -> dict:
+        return {"bandwidth": self.bandwidth, "practical": self.practical, "summary": self.summary,
+                "hops": [asdict(h) for h in self.hops]}
+
+
+def _by_bus(snapshot: dict) -> dict[str, dict]:
+    return {g["pci_bus_id"]: g for g in snapshot.get("gpus", []) if g.get("pci_bus_id")}
+
+
+def _norm(bus: str) -> str:
+    from .topo import normalize_bus_id
+
+    return normalize_bus_id(bus) or bus
+
+
+def hop(snapshot: dict, a_bus: str, b_bus: str, a: int, b: int) -> Hop:
+    """The hop from the GPU at PCI bus id a_bus (CUDA index a) to b_bus (b)."""
+    gpus = _by_bus(snapshot)
+    ga, gb = gpus.get(_norm(a_bus)), gpus.get(_norm(b_bus))
+    if ga is None or gb is None:
+        return Hop(a, b, "unknown", None, "GPU not in the topology snapshot (NVML unavailable?)")
+    pair = next((p for p in snapshot.get("pairs", []) if p["src"] == ga["index"] and p["dst"] == gb["index"]), None)
+    links = pair["nvlinks"] if pair else 0
+    if links:
+        versions = {ln.get("version") for ln in ga.get("nvlinks", []) if ln.get("active")}
+        versions.discard(None)
+        if len(versions) != 1:
+            return Hop(a, b, "unknown", None, f"NVLink x{links} of unknown generation")
+        gen = str(versions.pop()).split(".")[0]  # NVML reports "4.0"
+        try:
+            rate = hardware.nvlink_rate(int(gen)).value
+        except Exception:  # a generation the database does not know
+            return Hop(a, b, "unknown", None, f"NVLink {gen} x{links}: generation not in hardware.json")
+        via = " via NVSwitch" if pair.get("via_nvswitch") else ""
+        return Hop(a, b, "nvlink", links * rate, f"NVLink {gen} x{links}{via}")
+    caps = []
+    for g in (ga, gb):
+        pcie = g.get("pcie") or {}
+        gen, width = pcie.get("max_gen"), pcie.get("max_width")
+        if not gen or not width:
+            return Hop(a, b, "unknown", None, f"PCIe capability of GPU {g['index']} unknown")
+        caps.append((hardware.pcie_rate(int(gen), int(width)).value, int(gen), int(width)))
+    rate, gen, width = min(caps)
+    where = f" via {pair['pcie_path']}" if pair and pair.get("pcie_path") else ""
+    return Hop(a, b, "pcie", rate, f"PCIe Gen{gen} x{width}{where}")
+
+
+def ring_theory(snapshot: dict | None, devices: list[tuple[int, str]]) -> RingTheory:
+    """devices: (CUDA index, PCI bus id) per rank in rank order."""
+    if snapshot is None or not snapshot.get("gpus"):
+        reason = (snapshot or {}).get("nvml", {}).get("error") or "no topology (NVML unavailable)"
+        return RingTheory(None, tuple(Hop(a, b, "unknown", None, reason) for (a, _), (b, _) in
+                                      zip(devices, devices[1:] + devices[:1])))
+    hops = tuple(hop(snapshot, ab, bb, a, b) for (a, ab), (b, bb) in zip(devices, devices[1:] + devices[:1]))
+    known = [h.bandwidth for h in hops]
+    bw = min(known) if hops and all(x is not None for x in known) else None
+    return RingTheory(bw, hops)

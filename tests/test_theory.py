@@ -1,0 +1,68 @@
+"""The ring theory model on topology snapshots: NVLink, PCIe, unknown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mgpu_bench import theory
+
+FIXTURE = Path(__file__).with_name("fixtures") / "topo_2x_h200.json"
+
+
+def gpu(index, bus, links=0, version="4.0", max_gen=5, max_width=16):
+    return {"index": index, "pci_bus_id": bus, "pcie": {"max_gen": max_gen, "max_width": max_width},
+            "nvlinks": [{"link": i, "active": True, "version": version} for i in range(links)]}
+
+
+def snapshot(gpus, nvlinks=0, pcie_path="SYS", via_switch=False):
+    pairs = [{"src": a["index"], "dst": b["index"], "nvlinks": nvlinks, "via_nvswitch": via_switch,
+              "pcie_path": pcie_path} for a in gpus for b in gpus if a is not b]
+    return {"gpus": gpus, "pairs": pairs, "nvml": {"available": True}}
+
+
+def test_nvlink_pair_is_links_times_the_per_link_rate():
+    snap = snapshot([gpu(0, "0000:18:00.0", 18), gpu(1, "0000:2a:00.0", 18)], nvlinks=18)
+    t = theory.ring_theory(snap, [(0, "0000:18:00.0"), (1, "0000:2A:00.0")])
+    assert t.bandwidth == pytest.approx(450e9)
+    assert t.practical == pytest.approx(360e9)
+    assert t.summary == "NVLink 4 x18: 450.0 GB/s per direction"
+
+
+def test_pcie_pair_takes_the_slower_endpoint():
+    snap = snapshot([gpu(0, "0000:18:00.0", max_gen=5), gpu(1, "0000:2a:00.0", max_gen=4)], pcie_path="PHB")
+    t = theory.ring_theory(snap, [(0, "0000:18:00.0"), (1, "0000:2a:00.0")])
+    assert t.bandwidth == pytest.approx(16 * 1.969e9, rel=0.01)
+    assert t.hops[0].detail == "PCIe Gen4 x16 via PHB"
+
+
+def test_ring_runs_at_its_slowest_hop():
+    g = [gpu(i, f"0000:0{i}:00.0", 18) for i in range(3)]
+    snap = snapshot(g, nvlinks=18)
+    for p in snap["pairs"]:
+        if {p["src"], p["dst"]} == {1, 2}:
+            p["nvlinks"] = 12
+    t = theory.ring_theory(snap, [(i, f"0000:0{i}:00.0") for i in range(3)])
+    assert t.bandwidth == pytest.approx(12 * 25e9)
+    assert t.bottleneck.detail == "NVLink 4 x12"
+
+
+def test_unknown_without_topology_or_generation():
+    t = theory.ring_theory({"gpus": [], "nvml": {"error": "nvmlInit failed"}}, [(0, "a"), (1, "b")])
+    assert t.bandwidth is None and "nvmlInit failed" in t.summary
+    snap = snapshot([gpu(0, "0000:18:00.0", 2, version=None), gpu(1, "0000:2a:00.0", 2, version=None)], nvlinks=2)
+    t = theory.ring_theory(snap, [(0, "0000:18:00.0"), (1, "0000:2a:00.0")])
+    assert t.bandwidth is None and "unknown generation" in t.summary
+
+
+def test_real_2x_h200_snapshot():
+    """A snapshot captured with `mgpu-bench topo --json` on the 2x H200 machine."""
+    if not FIXTURE.exists():
+        pytest.skip("fixture not captured")
+    snap = json.loads(FIXTURE.read_text())
+    devices = [(g["index"], g["pci_bus_id"]) for g in snap["gpus"]]
+    t = theory.ring_theory(snap, devices)
+    assert t.bandwidth == pytest.approx(450e9)
+    assert [h.detail for h in t.hops] == ["NVLink 4 x18", "NVLink 4 x18"]
