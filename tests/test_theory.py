@@ -65,4 +65,5 @@ def test_real_2x_h200_snapshot():
     devices = [(g["index"], g["pci_bus_id"]) for g in snap["gpus"]]
     t = theory.ring_theory(snap, devices)
     assert t.bandwidth == pytest.approx(450e9)
-    assert [h.detail for h in t.hops] == ["NVLink 4 x18", "NVLink 4 x18"]
+    # The VM's two GPUs sit on an NVSwitch board: NVML reports the links' far end as a switch.
+    assert [h.detail for h in t.hops] == ["NVLink 4 x18 via NVSwitch"] * 2

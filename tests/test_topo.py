@@ -632,3 +632,16 @@ def test_cpulists_round_trip():
 ])
 def test_pcie_path(a, b, numa, path):
     assert topo.pcie_path(a, b, *numa, numa_nodes=2) == path
+
+
+def test_captured_2x_h200_snapshot_has_no_findings_and_nv18():
+    """`mgpu-bench topo --json` as captured on the 2x H200 machine (2026-11-29)."""
+    import json
+    from pathlib import Path
+
+    snap = json.loads((Path(__file__).with_name("fixtures") / "topo_2x_h200.json").read_text())
+    assert [g["name"] for g in snap["gpus"]] == ["NVIDIA H200", "NVIDIA H200"]
+    assert all(p["path"] == "NV18" for p in snap["pairs"])
+    assert all(ln["version"] == "4.0" and ln["rate_Bps"] == 26562000000.0
+               for g in snap["gpus"] for ln in g["nvlinks"])
+    assert topo.findings(snap) == []

@@ -1,0 +1,45 @@
+"""Facts NCCL states about itself in its INFO log (NCCL_DEBUG=INFO): which transport joins
+each pair of ranks, and environment settings it applied.
+
+Lines look like (NCCL 2.28, seen on 2x H200):
+    host:pid:tid [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/direct pointer
+    host:pid:tid [1] NCCL INFO NCCL_NVLS_ENABLE set by environment to 0.
+The transport word is what follows "via": P2P (NVLink or PCIe peer to peer, with its mode:
+direct pointer, CUMEM, IPC, read), SHM (through host memory), NET (the network), COLLNET.
+Per-call algorithm and protocol are not in the INFO log of a release build.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+_CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : (\d+)\[\d+\] -> (\d+)\[\d+\] via (\S+?)(?:/(.*))?$")
+_ENV = re.compile(r"NCCL INFO (NCCL_\w+) set by environment to (.*?)\.?$")
+
+
+def transports(log: str) -> dict[tuple[int, int], Counter]:
+    """(src rank, dst rank) -> Counter of transport words over channels, e.g. {"P2P": 24}."""
+    out: dict[tuple[int, int], Counter] = {}
+    for line in log.splitlines():
+        m = _CHANNEL.search(line.strip())
+        if m:
+            out.setdefault((int(m.group(1)), int(m.group(2))), Counter())[m.group(3)] += 1
+    return out
+
+
+def env_settings(log: str) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in (_ENV.search(line.strip()) for line in log.splitlines()) if m}
+
+
+def transport_findings(log: str, nvlink_pairs: set[tuple[int, int]]) -> list[str]:
+    """A pair the topology joins by NVLink (or any pair within a node, given here) whose
+    channels do not all use P2P: traffic through host memory (SHM) or the network."""
+    out = []
+    for (a, b), counts in sorted(transports(log).items()):
+        other = {k: v for k, v in counts.items() if k != "P2P"}
+        if (a, b) in nvlink_pairs and other:
+            words = ", ".join(f"{k} on {v} channel(s)" for k, v in sorted(other.items()))
+            out.append(f"rank {a} -> rank {b}: NCCL uses {words} where NVLink allows P2P "
+                       f"(P2P disabled? NCCL_P2P_DISABLE / NCCL_P2P_LEVEL, or peer access off)")
+    return out

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from mgpu_bench import nccl_log
+
+LOG = (Path(__file__).with_name("fixtures") / "nccl_info_2x_h200.log").read_text()
+
+
+def test_transports_from_a_real_2x_h200_log():
+    """NCCL 2.28.3's INFO log of `mgpu-bench comm --ops all` on 2x H200 (NV18)."""
+    t = nccl_log.transports(LOG)
+    assert set(t) == {(0, 1), (1, 0)}
+    assert all(set(c) == {"P2P"} for c in t.values())
+    assert sum(sum(c.values()) for c in t.values()) == 112
+    assert nccl_log.env_settings(LOG)["NCCL_NVLS_ENABLE"] == "0"
+    assert nccl_log.transport_findings(LOG, {(0, 1), (1, 0)}) == []
+
+
+def test_shared_memory_where_nvlink_exists_is_a_finding():
+    log = "\n".join([
+        "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct",
+        "h:1:2 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via SHM/direct/direct",
+        "h:1:3 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM/read",
+    ])
+    (f,) = nccl_log.transport_findings(log, {(0, 1), (1, 0)})
+    assert f.startswith("rank 0 -> rank 1: NCCL uses SHM on 2 channel(s) where NVLink allows P2P")
