@@ -165,6 +165,8 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
     run = _run_with_progress(comm.run_comm, cfg, err, show_progress)
     environment.update(backend_versions(run.backend))
 
+    for finding in run.findings:
+        out.print(f"finding: {finding}", highlight=False, soft_wrap=True, style="bold yellow")
     for note in run.notes:
         err.print(f"note: {note}", highlight=False)
     if run.measurements:

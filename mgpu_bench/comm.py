@@ -47,6 +47,9 @@ class CommRun:
     measurements: list[CommMeasurement] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     theory: object | None = None  # theory.RingTheory for the ranks, when the topology is known
+    topology: dict | None = None  # the topo snapshot behind the theory
+    transports: dict | None = None  # "src->dst" ranks -> {transport: channels}, from NCCL's log
+    findings: list[str] = field(default_factory=list)  # printed at the top
     stopped: str | None = None  # None, "out_of_memory", "nccl_error", "timeout", "interrupted"
     stop_message: str | None = None
     wall_seconds: float = 0.0
@@ -221,12 +224,28 @@ def host_available_memory() -> int | None:
 
 
 def ring_theory_for(gpus: list[int]):
-    """The ring's per-direction theory for these CUDA devices (see mgpu_bench.theory)."""
+    """(theory.RingTheory for these CUDA devices, the topo snapshot behind it)."""
     from . import theory, topo
 
     snapshot = topo.collect()
     devices = [(g, str(_native.device_info(g)["pci_bus_id"])) for g in gpus]
-    return theory.ring_theory(snapshot, devices)
+    return theory.ring_theory(snapshot, devices), snapshot
+
+
+def nvlink_rank_pairs(snapshot: dict | None, gpus: list[int]) -> set[tuple[int, int]]:
+    """Ordered rank pairs (rank = position in `gpus`) that NVLink joins, per the snapshot."""
+    from .topo import normalize_bus_id
+
+    if not snapshot:
+        return set()
+    nvml_index = {g["pci_bus_id"]: g["index"] for g in snapshot.get("gpus", [])}
+    rank_of = {}
+    for r, g in enumerate(gpus):
+        bus = normalize_bus_id(str(_native.device_info(g)["pci_bus_id"]))
+        if bus in nvml_index:
+            rank_of[nvml_index[bus]] = r
+    return {(rank_of[p["src"]], rank_of[p["dst"]]) for p in snapshot.get("pairs", [])
+            if p.get("nvlinks") and p["src"] in rank_of and p["dst"] in rank_of}
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -281,8 +300,9 @@ def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
     check_dtype_support(cfg, backend, gpus)
     requests, notes = plan(cfg, len(devices))
     check_memory(requests, len(devices), gpus if backend == "native" else [])
-    run = CommRun(backend=backend, devices=devices, requests=requests, notes=notes,
-                  theory=ring_theory_for(gpus) if gpus else None)
+    run = CommRun(backend=backend, devices=devices, requests=requests, notes=notes)
+    if gpus:
+        run.theory, run.topology = ring_theory_for(gpus)
     t0 = time.perf_counter()
     try:
         if backend == "native":
@@ -295,9 +315,12 @@ def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
 
 
 def _run_native(run: CommRun, cfg: CommConfig, gpus: list[int], progress: ProgressFn | None) -> None:
+    from . import nccl_log
+
     n = len(gpus)
     req = run.requests[0]
     session = None
+    capture = nccl_log.Capture()
     try:
         session = _native.CommSession(gpus, n, 0, _native.nccl_unique_id(), cfg.timeout_s)
         for i, req in enumerate(run.requests):
@@ -311,6 +334,22 @@ def _run_native(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progre
     finally:
         if session is not None:
             del session  # communicators destroyed (or left aborted) here
+        _read_transports(run, capture, gpus)
+
+
+def _read_transports(run: CommRun, capture, gpus: list[int]) -> None:
+    """NCCL's own account of the transports, set against what the topology allows."""
+    from . import nccl_log
+
+    if capture.path is None:
+        run.notes.append(capture.reason)
+        return
+    log = capture.read()
+    capture.close()
+    found = nccl_log.transports(log)
+    run.transports = {f"{a}->{b}": dict(c) for (a, b), c in sorted(found.items())}
+    run.findings += nccl_log.transport_findings(log, nvlink_rank_pairs(run.topology, gpus))
+    run.notes += [f"NCCL warning: {w}" for w in nccl_log.warnings_in(log)]
 
 
 def _run_torch(run: CommRun, cfg: CommConfig, gpus: list[int], progress: ProgressFn | None) -> None:

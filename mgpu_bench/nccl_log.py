@@ -28,6 +28,11 @@ def transports(log: str) -> dict[tuple[int, int], Counter]:
     return out
 
 
+def warnings_in(log: str) -> list[str]:
+    """NCCL's WARN lines (they go to the log file while it is captured)."""
+    return [line.split("NCCL WARN", 1)[1].strip() for line in log.splitlines() if "NCCL WARN" in line]
+
+
 def env_settings(log: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in (_ENV.search(line.strip()) for line in log.splitlines()) if m}
 
@@ -43,3 +48,50 @@ def transport_findings(log: str, nvlink_pairs: set[tuple[int, int]]) -> list[str
             out.append(f"rank {a} -> rank {b}: NCCL uses {words} where NVLink allows P2P "
                        f"(P2P disabled? NCCL_P2P_DISABLE / NCCL_P2P_LEVEL, or peer access off)")
     return out
+
+
+class Capture:
+    """Has NCCL write its INFO log of initialisation and transports (not of every call) to a
+    temporary file, so that the transports can be read back after the run. Only when the user
+    has not set NCCL_DEBUG (their settings win) and only once per process (NCCL reads its
+    debug settings once). NCCL's warnings go to that file too: the caller shows them
+    (warnings_in)."""
+
+    _used = False
+
+    def __init__(self) -> None:
+        import os
+        import tempfile
+
+        self.path: str | None = None
+        self.reason: str | None = None
+        if "NCCL_DEBUG" in os.environ or "NCCL_DEBUG_FILE" in os.environ:
+            self.reason = "NCCL_DEBUG is set by the environment: transports not captured"
+        elif Capture._used:
+            self.reason = "NCCL was already initialised in this process: transports not captured"
+        else:
+            Capture._used = True
+            fd, self.path = tempfile.mkstemp(prefix="mgpu-bench-nccl-", suffix=".log")
+            os.close(fd)
+            os.environ["NCCL_DEBUG"] = "INFO"
+            os.environ["NCCL_DEBUG_SUBSYS"] = os.environ.get("NCCL_DEBUG_SUBSYS", "INIT,P2P,NET,ENV")
+            os.environ["NCCL_DEBUG_FILE"] = self.path
+
+    def read(self) -> str:
+        if not self.path:
+            return ""
+        try:
+            with open(self.path, errors="replace") as fh:
+                return fh.read()
+        except OSError:
+            return ""
+
+
+    def close(self) -> None:
+        import os
+
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass

@@ -144,6 +144,9 @@ def render_terminal(run: CommRun, console) -> None:
         t = run.theory
         practical = f"; NCCL rings reach about {t.practical / 1e9:.0f} GB/s (80%)" if t.practical else ""
         console.print(f"theory: {t.summary}{practical}", highlight=False, soft_wrap=True)
+    if run.transports:
+        parts = [f"{pair} " + ", ".join(f"{k} x{v}" for k, v in c.items()) for pair, c in run.transports.items()]
+        console.print(f"NCCL transports (ranks, channels): {'; '.join(parts)}", highlight=False, soft_wrap=True)
 
 
 def render_csv(run: CommRun) -> str:
@@ -187,6 +190,9 @@ def result_document(run: CommRun, environment: dict, command: list[str] | None =
         "wall_seconds": run.wall_seconds,
         "summary": summary(run),
         "theory": run.theory.to_dict() if run.theory is not None else None,
+        "findings": run.findings,
+        "transports": run.transports,
+        "topology": run.topology,
         "measurements": [m.to_dict() for m in run.measurements],
     }
 

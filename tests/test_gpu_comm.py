@@ -140,6 +140,11 @@ def test_cli_sweep_writes_json_and_csv(tmp_path):
     assert ("alltoall", True) not in kinds and ("sendrecv", True) not in kinds and ("allreduce", True) in kinds
     assert len(doc["measurements"]) == 2 * 12
     assert doc["environment"]["env"].get("NCCL_NVLS_ENABLE") == "0"
+    # The ring's theory from the topology, and NCCL's own account of its transports.
+    assert doc["theory"]["bandwidth"] > 0 and doc["theory"]["hops"][0]["kind"] == "nvlink"
+    assert doc["transports"]["0->1"].get("P2P", 0) > 0 and doc["transports"]["1->0"].get("P2P", 0) > 0
+    assert doc["findings"] == []
+    assert "%theo" in out.stdout and "NCCL transports (ranks, channels): 0->1 P2P x" in out.stdout
     assert len(c.read_text().strip().splitlines()) == 1 + 24
     assert "busbw" in out.stdout and "allreduce out-of-place: busbw" in out.stdout
 
