@@ -323,6 +323,7 @@ def _run_native(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progre
     capture = nccl_log.Capture()
     try:
         session = _native.CommSession(gpus, n, 0, _native.nccl_unique_id(), cfg.timeout_s)
+        capture.release_environment()  # NCCL has read it
         for i, req in enumerate(run.requests):
             if progress:
                 progress(i, len(run.requests), req)
@@ -347,6 +348,8 @@ def _read_transports(run: CommRun, capture, gpus: list[int]) -> None:
     log = capture.read()
     capture.close()
     found = nccl_log.transports(log)
+    if not found:
+        run.notes.append(f"NCCL's log named no transports ({len(log.splitlines())} lines read)")
     run.transports = {f"{a}->{b}": dict(c) for (a, b), c in sorted(found.items())}
     run.findings += nccl_log.transport_findings(log, nvlink_rank_pairs(run.topology, gpus))
     run.notes += [f"NCCL warning: {w}" for w in nccl_log.warnings_in(log)]

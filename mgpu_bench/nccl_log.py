@@ -73,9 +73,18 @@ class Capture:
             Capture._used = True
             fd, self.path = tempfile.mkstemp(prefix="mgpu-bench-nccl-", suffix=".log")
             os.close(fd)
-            os.environ["NCCL_DEBUG"] = "INFO"
-            os.environ["NCCL_DEBUG_SUBSYS"] = os.environ.get("NCCL_DEBUG_SUBSYS", "INIT,P2P,NET,ENV")
-            os.environ["NCCL_DEBUG_FILE"] = self.path
+            self._set = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": self.path}
+            if "NCCL_DEBUG_SUBSYS" not in os.environ:
+                self._set["NCCL_DEBUG_SUBSYS"] = "INIT,P2P,SHM,NET,ENV"
+            os.environ.update(self._set)
+
+    def release_environment(self) -> None:
+        """Takes the variables out of os.environ again once NCCL has read them (it does at its
+        first initialisation), so that child processes do not inherit them."""
+        import os
+
+        for key in getattr(self, "_set", {}):
+            os.environ.pop(key, None)
 
     def read(self) -> str:
         if not self.path:
@@ -90,6 +99,7 @@ class Capture:
     def close(self) -> None:
         import os
 
+        self.release_environment()
         if self.path:
             try:
                 os.unlink(self.path)

@@ -25,3 +25,25 @@ def test_shared_memory_where_nvlink_exists_is_a_finding():
     ])
     (f,) = nccl_log.transport_findings(log, {(0, 1), (1, 0)})
     assert f.startswith("rank 0 -> rank 1: NCCL uses SHM on 2 channel(s) where NVLink allows P2P")
+
+
+def test_capture_sets_nccl_debug_only_until_released(monkeypatch):
+    import os
+
+    for k in ("NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(nccl_log.Capture, "_used", False)
+    c = nccl_log.Capture()
+    assert os.environ["NCCL_DEBUG"] == "INFO" and os.environ["NCCL_DEBUG_FILE"] == c.path
+    c.release_environment()
+    assert "NCCL_DEBUG" not in os.environ and "NCCL_DEBUG_FILE" not in os.environ
+    assert nccl_log.Capture().reason.startswith("NCCL was already initialised")
+    c.close()
+    assert not os.path.exists(c.path)
+
+
+def test_capture_respects_the_users_nccl_debug(monkeypatch):
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    monkeypatch.setattr(nccl_log.Capture, "_used", False)
+    c = nccl_log.Capture()
+    assert c.path is None and "set by the environment" in c.reason
