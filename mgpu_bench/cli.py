@@ -118,10 +118,13 @@ x 1 (broadcast, reduce, sendrecv). GB/s = 10^9 bytes/s.
               help="Write the versioned result document (raw samples included).")
 @click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False),
               help="Write one row per measurement, base units.")
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="Write busbw-vs-size PNGs with the theory line, a self-contained HTML page and a "
+                   "Markdown summary into this folder.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr [default: when a terminal].")
 def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, only_inplace, only_outofplace,
                  gpus, backend, nproc, iters, warmup_iters, min_time, graph, check, timeout, json_path,
-                 csv_path, progress) -> int:
+                 csv_path, report_dir, progress) -> int:
     from rich.console import Console
 
     from . import comm, ops, report
@@ -139,6 +142,7 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
         raise InputError("--min-time must be a positive number of seconds (at most 1e4)")
     for path in (json_path, csv_path):
         _check_writable(path)
+    _check_report_dir(report_dir)
     if only_inplace and only_outofplace:
         placements = (False, True)
     elif only_inplace:
@@ -177,7 +181,8 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
               f"communicator set-up included", highlight=False)
     write_failed = False
     for path, write in ((json_path, lambda p: report.write_json(p, report.result_document(run, environment, sys.argv))),
-                        (csv_path, lambda p: Path(p).write_text(report.render_csv(run)))):
+                        (csv_path, lambda p: Path(p).write_text(report.render_csv(run))),
+                        (report_dir, lambda p: _write_comm_report(run, p, environment) if run.measurements else None)):
         if path:
             try:
                 write(path)
@@ -194,6 +199,25 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
     return EXIT_FAILED if write_failed else 0
 
 
+def _write_comm_report(run, out_dir, environment) -> None:
+    from .comm_report import write_report
+
+    write_report(run, out_dir, environment)
+
+
+def _check_report_dir(path: str | None) -> None:
+    if not path:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise InputError(f"--report {path} is a file: give a folder")
+    parent = p if p.exists() else (p.parent if str(p.parent) else Path("."))
+    if not parent.is_dir():
+        raise InputError(f"the folder above {path} does not exist: create it first")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"{path} is not writable")
+
+
 def _check_writable(path: str | None) -> None:
     """An output file must be creatable before hours of measurement depend on it."""
     if not path:
@@ -206,6 +230,31 @@ def _check_writable(path: str | None) -> None:
         raise InputError(f"the folder of {path} does not exist: create it first")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise InputError(f"{path} is not writable")
+
+
+@cli.command("report")
+@click.argument("result", type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for the PNGs, report.html and summary.md.")
+def report_command(result, out_dir) -> int:
+    """Renders a stored comm result file (from --json) as PNGs, HTML and Markdown again."""
+    import json as _json
+
+    from .comm_report import run_from_document, write_report
+
+    _check_report_dir(out_dir)
+    try:
+        doc = _json.loads(Path(result).read_text())
+    except OSError as exc:
+        raise InputError(f"cannot read {result}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise InputError(f"{result} is not JSON: give a file written by mgpu-bench comm --json") from None
+    if doc.get("schema") != "mgpu-bench/result" or "measurements" not in doc or "backend" not in doc:
+        raise InputError(f"{result} is not an mgpu-bench comm result: give a file written by --json")
+    paths = write_report(run_from_document(doc), out_dir, doc.get("environment", {}))
+    for p in paths:
+        click.echo(str(p))
+    return 0
 
 
 @cli.command("topo")

@@ -49,9 +49,17 @@ COLUMNS = (
 )
 
 
+def theory_dict(theory) -> dict | None:
+    """A run's theory as stored: theory.RingTheory at run time, its dict once loaded."""
+    if theory is None or isinstance(theory, dict):
+        return theory
+    return theory.to_dict()
+
+
 def pct_theory(m: CommMeasurement, theory) -> float | None:
     """busbw as a percentage of the ring's per-direction theory (mgpu_bench.theory)."""
-    bw = getattr(theory, "bandwidth", None)
+    t = theory_dict(theory)
+    bw = t.get("bandwidth") if t else None
     return 100.0 * m.busbw / bw if bw else None
 
 
@@ -140,10 +148,10 @@ def render_terminal(run: CommRun, console) -> None:
             table.add_row(*[_cell(c, r[c.key]) for c in COLUMNS], style=style)
         console.print(table)
         console.print()
-    if run.theory is not None:
-        t = run.theory
-        practical = f"; NCCL rings reach about {t.practical / 1e9:.0f} GB/s (80%)" if t.practical else ""
-        console.print(f"theory: {t.summary}{practical}", highlight=False, soft_wrap=True)
+    t = theory_dict(run.theory)
+    if t is not None:
+        practical = f"; NCCL rings reach about {t['practical'] / 1e9:.0f} GB/s (80%)" if t.get("practical") else ""
+        console.print(f"theory: {t['summary']}{practical}", highlight=False, soft_wrap=True)
     if run.transports:
         parts = [f"{pair} " + ", ".join(f"{k} x{v}" for k, v in c.items()) for pair, c in run.transports.items()]
         console.print(f"NCCL transports (ranks, channels): {'; '.join(parts)}", highlight=False, soft_wrap=True)
@@ -156,7 +164,7 @@ def render_csv(run: CommRun) -> str:
               "iters", "time_s", "algbw_Bps", "busbw_Bps", "theory_Bps", "pct_theory", "median_s", "p99_s", "cov", "nsamples", "wrong"]
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
-    theory_bw = getattr(run.theory, "bandwidth", None)
+    theory_bw = (theory_dict(run.theory) or {}).get("bandwidth")
     for m in run.measurements:
         w.writerow({
             "op": m.spec.op, "bytes": m.spec.bytes, "requested_bytes": m.spec.size, "count": m.spec.count,
@@ -189,7 +197,7 @@ def result_document(run: CommRun, environment: dict, command: list[str] | None =
         "notes": run.notes,
         "wall_seconds": run.wall_seconds,
         "summary": summary(run),
-        "theory": run.theory.to_dict() if run.theory is not None else None,
+        "theory": theory_dict(run.theory),
         "findings": run.findings,
         "transports": run.transports,
         "topology": run.topology,

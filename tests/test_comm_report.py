@@ -1,0 +1,71 @@
+"""comm reports from stored results (a real 2x H200 result file and topology snapshot)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mgpu_bench import comm_report, theory
+from mgpu_bench.cli import cli
+
+FIX = Path(__file__).with_name("fixtures")
+
+
+@pytest.fixture()
+def run():
+    doc = json.loads((FIX / "comm_2x_h200.json").read_text())
+    snap = json.loads((FIX / "topo_2x_h200.json").read_text())
+    r = comm_report.run_from_document(doc)
+    r.theory = theory.ring_theory(snap, [(g["index"], g["pci_bus_id"]) for g in snap["gpus"]]).to_dict()
+    return r
+
+
+def test_report_files_are_written_and_self_contained(run, tmp_path):
+    env = {"host": "<script>alert(1)</script>", "gpus": [{"name": "NVIDIA H200"}], "env": {"NCCL_X": "a&b"}}
+    paths = comm_report.write_report(run, tmp_path / "rep", env)
+    names = sorted(p.name for p in paths)
+    assert names == sorted([f"busbw_{op}.png" for op in ("allreduce", "allgather", "reducescatter", "alltoall",
+                                                           "broadcast", "sendrecv")] + ["report.html", "summary.md"])
+    for p in paths:
+        if p.suffix == ".png":
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert page.count("src='data:image/png;base64,") == 6
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "NCCL_X=a&amp;b" in page
+    assert "NVLink 4 x18 via NVSwitch: 450.0 GB/s per direction" in page
+
+
+def test_markdown_summary_sets_busbw_against_theory(run):
+    md = comm_report.markdown(run, {"host": "h", "gpus": [{"name": "NVIDIA H200"}]})
+    # allreduce 1 GiB busbw 330.8 GB/s over 450 GB/s = 74%
+    assert "| allreduce | out-of-place | 330.8 GB/s at 1 GiB | 300.2 GB/s | 74% | 0 |" in md
+    assert "- theory: NVLink 4 x18 via NVSwitch: 450.0 GB/s per direction" in md
+
+
+def test_report_command_renders_a_stored_file(tmp_path):
+    r = CliRunner().invoke(cli, ["report", str(FIX / "comm_2x_h200.json"), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "out" / "report.html").exists()
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda d: d / "missing.json", "cannot read"),
+    (lambda d: (d / "x.json").write_text("not json") and d / "x.json", "is not JSON"),
+    (lambda d: (d / "y.json").write_text("{}") and d / "y.json", "not an mgpu-bench comm result"),
+])
+def test_report_command_bad_input(tmp_path, make, words):
+    r = CliRunner().invoke(cli, ["report", str(make(tmp_path)), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and words in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_report_folder_must_be_creatable(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    r = CliRunner().invoke(cli, ["comm", "--report", str(f), "--sizes", "1K"])
+    assert r.exit_code == 2 and "is a file" in r.output
+    r = CliRunner().invoke(cli, ["comm", "--report", str(tmp_path / "a" / "b"), "--sizes", "1K"])
+    assert r.exit_code == 2 and "does not exist" in r.output
