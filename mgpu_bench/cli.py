@@ -320,15 +320,20 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
     except KeyboardInterrupt:
         click.echo("mgpu-bench: interrupted", err=True)
         return EXIT_INTERRUPTED
-    for line in links.findings(run):
+    from . import topo
+
+    snapshot = topo.collect()
+    hops = links.pair_theory(snapshot, gpu_list)
+    for line in links.findings(run, hops, topo.findings(snapshot)):
         out.print(f"finding: {line}", highlight=False, soft_wrap=True)
-    links.render(run, out)
+    links.render(run, out, hops)
     out.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s; one ordered pair took "
               f"{run.per_pair_seconds:.2f} s, so 8 GPUs (56 pairs) would take about {run.estimate_seconds(8):.0f} s",
               highlight=False, soft_wrap=True)
     if json_path:
         doc = {"schema": report.RESULT_SCHEMA, "schema_version": report.RESULT_SCHEMA_VERSION,
-               "command": sys.argv, "environment": environment, **links.document(run)}
+               "command": sys.argv, "environment": environment, "topology": snapshot,
+               **links.document(run, hops)}
         try:
             report.write_json(json_path, doc)
         except OSError as exc:

@@ -11,6 +11,7 @@ Localisation compares each pair with the node's own median (robust z-score: devi
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -173,10 +174,38 @@ def outliers(run: LinksRun) -> list[dict]:
     return found
 
 
-def findings(run: LinksRun, theory: Callable[[int, int], float | None] | None = None) -> list[str]:
-    """One line per finding: slow pairs (named GPU when shared), missing peer access, and,
-    given a per-direction theory function, each copy-engine figure against it."""
+# A copy-engine copy below this share of the link's per-direction theory is a finding (H200
+# pairs reach 87%: benchmarks/RESULTS.md; published H100/H200 pairwise copies about 88%).
+LOW_SHARE_OF_THEORY = 0.70
+
+
+def pair_theory(snapshot: dict | None, gpus: list[int]) -> dict[tuple[int, int], object]:
+    """theory.Hop per ordered pair of CUDA devices: NVLink links x rate, or PCIe."""
+    from . import theory
+
+    bus = {g: str(_native.device_info(g)["pci_bus_id"]) for g in gpus}
+    return {(a, b): theory.hop(snapshot or {}, bus[a], bus[b], a, b) for a in gpus for b in gpus if a != b}
+
+
+def _causes(gpu: int, topo_findings: list[dict]) -> list[str]:
+    """What the topology's findings say about `gpu` (subjects "GPU 5", "GPU 0 <-> GPU 5").
+    The topology counts GPUs as NVML does; with CUDA_DEVICE_ORDER=PCI_BUS_ID both agree."""
+    pattern = re.compile(rf"\bGPU {gpu}\b")
+    return [f["message"] for f in topo_findings if pattern.search(f.get("subject", ""))]
+
+
+def findings(run: LinksRun, hops: dict | None = None, topo_findings: list[dict] | None = None) -> list[str]:
+    """One line per finding: copies far below the link theory (given per-pair hops), slow
+    pairs against the node's median (the GPU named when it is in most of them, with what the
+    topology says about it), missing peer access."""
     out = [n for n in run.notes]
+    topo_findings = topo_findings or []
+    for (a, b), m in sorted(run.copies("ce", False).items()):
+        h = (hops or {}).get((a, b))
+        bw = getattr(h, "bandwidth", None)
+        if bw and m.bandwidth < LOW_SHARE_OF_THEORY * bw:
+            out.append(f"GPU {a} -> GPU {b}: {m.bandwidth / 1e9:.1f} GB/s, {100 * m.bandwidth / bw:.0f}% of "
+                       f"{h.detail} ({bw / 1e9:.0f} GB/s per direction); copies reach about 87% on a healthy link")
     slow = outliers(run)
     if slow:
         counts: dict[int, int] = {}
@@ -185,8 +214,10 @@ def findings(run: LinksRun, theory: Callable[[int, int], float | None] | None = 
             counts[s["dst"]] = counts.get(s["dst"], 0) + 1
         worst, n = max(counts.items(), key=lambda kv: kv[1])
         if n > 1 and n >= len(slow) * 0.6:
-            out.append(f"GPU {worst} is in {n} of {len(slow)} slow pairs: check its links (NVLink down, fewer "
-                       f"active links, downgraded PCIe)")
+            causes = _causes(worst, topo_findings)
+            why = ("; the topology says: " + "; ".join(causes)) if causes else \
+                " (check for an NVLink down, fewer active links, a downgraded PCIe link)"
+            out.append(f"GPU {worst} is in {n} of {len(slow)} slow pairs{why}")
         for s in slow:
             out.append(f"GPU {s['src']} -> GPU {s['dst']} ({s['engine']}, "
                        f"{'both directions' if s['bidirectional'] else 'one direction'}): "
@@ -194,8 +225,10 @@ def findings(run: LinksRun, theory: Callable[[int, int], float | None] | None = 
     return out
 
 
-def document(run: LinksRun) -> dict:
+def document(run: LinksRun, hops: dict | None = None) -> dict:
     return {
+        "theory": [{"src": a, "dst": b, "bandwidth": h.bandwidth, "detail": h.detail}
+                   for (a, b), h in sorted((hops or {}).items())],
         "gpus": run.gpus,
         "peer_access": [{"src": a, "dst": b, "ok": ok} for (a, b), ok in run.peer_access.items()],
         "notes": run.notes,
@@ -208,7 +241,7 @@ def document(run: LinksRun) -> dict:
     }
 
 
-def render(run: LinksRun, console) -> None:
+def render(run: LinksRun, console, hops: dict | None = None) -> None:
     """Matrices (rows: source GPU, columns: destination) of GB/s per direction, latency in us,
     and the host copies."""
     from rich.table import Table
@@ -232,6 +265,12 @@ def render(run: LinksRun, console) -> None:
             if copies:
                 what = "both directions at once, GB/s per direction" if bidir else "one direction, GB/s"
                 matrix(f"{label} copies, {what}", {k: f"{m.bandwidth / 1e9:.1f}" for k, m in copies.items()})
+    ce = run.copies("ce", False)
+    if ce and hops and any(getattr(h, "bandwidth", None) for h in hops.values()):
+        cells = {k: (f"{100 * m.bandwidth / hops[k].bandwidth:.0f}%" if getattr(hops.get(k), "bandwidth", None)
+                     else "n/a") for k, m in ce.items()}
+        details = sorted({h.detail for h in hops.values()})
+        matrix(f"copy engine, one direction, % of the link's per-direction theory ({'; '.join(details)})", cells)
     lat = run.latencies()
     if lat:
         matrix("dependent 4-byte read of the source's memory by the destination, us",

@@ -106,3 +106,20 @@ def test_real_pairs_on_nvlink():
     assert all(0 < m.median_s < 20e-6 for m in lat.values())
     assert all(m.bandwidth > 10e9 for m in run.host("h2d").values())
     assert run.estimate_seconds(8) > 0
+
+
+def test_a_copy_far_below_the_link_theory_is_a_finding():
+    from mgpu_bench.theory import Hop
+
+    run = synthetic({(0, 1): 393.4, (1, 0): 250.0})
+    hops = {(0, 1): Hop(0, 1, "nvlink", 450e9, "NVLink 4 x18"), (1, 0): Hop(1, 0, "nvlink", 450e9, "NVLink 4 x18")}
+    (f,) = links.findings(run, hops)
+    assert f.startswith("GPU 1 -> GPU 0: 250.0 GB/s, 56% of NVLink 4 x18 (450 GB/s per direction)")
+
+
+def test_the_named_gpu_gets_the_topologys_explanation():
+    run = synthetic(eight_gpus(slow_gpu=5))
+    topo_findings = [{"severity": "warning", "subject": "GPU 5", "message": "GPU 5 has 16 active NVLinks, its peers 18"},
+                     {"severity": "warning", "subject": "GPU 15", "message": "not this one"}]
+    text = links.findings(run, None, topo_findings)
+    assert text[0] == "GPU 5 is in 14 of 14 slow pairs; the topology says: GPU 5 has 16 active NVLinks, its peers 18"
