@@ -49,6 +49,8 @@ class CommRun:
     theory: object | None = None  # theory.RingTheory for the ranks, when the topology is known
     topology: dict | None = None  # the topo snapshot behind the theory
     transports: dict | None = None  # "src->dst" ranks -> {transport: channels}, from NCCL's log
+    # "op@bytes" -> "Algorithm/Protocol" NCCL's tuning model rates fastest (a model, not a trace)
+    algorithms: dict[str, str] | None = None
     findings: list[str] = field(default_factory=list)  # printed at the top
     stopped: str | None = None  # None, "out_of_memory", "nccl_error", "timeout", "interrupted"
     stop_message: str | None = None
@@ -353,6 +355,39 @@ def _read_transports(run: CommRun, capture, gpus: list[int]) -> None:
     run.transports = {f"{a}->{b}": dict(c) for (a, b), c in sorted(found.items())}
     run.findings += nccl_log.transport_findings(log, nvlink_rank_pairs(run.topology, gpus))
     run.notes += [f"NCCL warning: {w}" for w in nccl_log.warnings_in(log)]
+    table = nccl_log.tuning_table(log)
+    if table:
+        run.algorithms = {}
+        for m in run.measurements:
+            algo = nccl_log.predicted_algorithm(table, m.spec.op, m.spec.bytes)
+            if algo:
+                run.algorithms[f"{m.spec.op}@{m.spec.bytes}"] = algo
+    run.findings += explain_above_theory(run)
+
+
+def explain_above_theory(run: CommRun) -> list[str]:
+    """busbw above the link theory is never printed bare: say whether NCCL's model picks an
+    algorithm the ring formula overstates (NVLS, CollNet), or that the theory must be wrong."""
+    from . import nccl_log
+    from .report import theory_dict
+    from .sizes import format_bytes
+
+    t = theory_dict(run.theory)
+    if not t or not t.get("bandwidth"):
+        return []
+    out = []
+    for m in run.measurements:
+        if m.busbw <= t["bandwidth"]:
+            continue
+        algo = (run.algorithms or {}).get(f"{m.spec.op}@{m.spec.bytes}")
+        what = f"{m.spec.op} {format_bytes(m.spec.bytes)} {m.spec.placement}: busbw {m.busbw / 1e9:.1f} GB/s " \
+               f"is above the link theory {t['bandwidth'] / 1e9:.0f} GB/s"
+        if nccl_log.overstating(algo):
+            out.append(f"{what}: NCCL's model picks {algo}, whose in-switch reduction moves less data than the "
+                       f"ring busbw formula assumes")
+        else:
+            out.append(f"{what} with no in-switch algorithm in NCCL's model: check the theory ({t['summary']})")
+    return out
 
 
 def _run_torch(run: CommRun, cfg: CommConfig, gpus: list[int], progress: ProgressFn | None) -> None:

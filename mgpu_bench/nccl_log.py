@@ -75,7 +75,7 @@ class Capture:
             os.close(fd)
             self._set = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": self.path}
             if "NCCL_DEBUG_SUBSYS" not in os.environ:
-                self._set["NCCL_DEBUG_SUBSYS"] = "INIT,P2P,SHM,NET,ENV"
+                self._set["NCCL_DEBUG_SUBSYS"] = "INIT,P2P,SHM,NET,ENV,TUNING"
             os.environ.update(self._set)
 
     def release_environment(self) -> None:
@@ -105,3 +105,64 @@ class Capture:
                 os.unlink(self.path)
             except OSError:
                 pass
+
+
+# NCCL's tuning table (NCCL_DEBUG_SUBSYS=TUNING, printed at initialisation): per collective,
+# algorithm and protocol, "latency us / bandwidth GB/s" of its cost model, for example
+#   NCCL INFO   Algorithm   |     Tree     |     Ring     | ...
+#   NCCL INFO   Protocol    | LL | LL128 | Simple | LL | LL128 | Simple | ...
+#   NCCL INFO     AllReduce | 8.0/ 61.1 | 16.5/ 180.6 | ...
+_COLLS = {"allreduce": "AllReduce", "allgather": "AllGather", "reducescatter": "ReduceScatter",
+          "broadcast": "Broadcast", "reduce": "Reduce"}
+_ROW = re.compile(r"NCCL INFO\s+(\S[\w ]*?)\s*\|(.*)\|\s*$")
+
+
+def tuning_table(log: str) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """(collective, algorithm, protocol) -> (latency us, bandwidth GB/s), from the first rank
+    that printed the table."""
+    table: dict[tuple[str, str, str], tuple[float, float]] = {}
+    algos: list[str] = []
+    protos: list[str] = []
+    rank = None
+    for line in log.splitlines():
+        m = _ROW.search(line)
+        if not m:
+            continue
+        r = re.search(r"\[(\d+)\] NCCL INFO", line)
+        if rank is None and r:
+            rank = r.group(1)
+        if r and r.group(1) != rank:
+            continue
+        name, cells = m.group(1).strip(), [c.strip() for c in m.group(2).split("|")]
+        if name == "Algorithm":
+            algos = [c for c in cells for _ in range(3)]
+        elif name == "Protocol":
+            protos = cells
+        elif "/" in cells[0] and algos and len(cells) == len(algos):
+            for algo, proto, cell in zip(algos, protos, cells):
+                lat, bw = (float(x) for x in cell.split("/"))
+                table[(name, algo, proto)] = (lat, bw)
+    return table
+
+
+def predicted_algorithm(table: dict, op: str, nbytes: int) -> str | None:
+    """The algorithm/protocol NCCL's cost model rates fastest for `op` at `nbytes` (its size
+    convention: the whole buffer for allgather and reducescatter, as nccl-tests' size column):
+    time = latency + bytes / bandwidth over the entries with a bandwidth. A model, not a trace:
+    NCCL applies further corrections, and a tuner plugin or NCCL_ALGO/NCCL_PROTO can override."""
+    coll = _COLLS.get(op)
+    if coll is None:
+        return None
+    best = None
+    for (c, algo, proto), (lat, bw) in table.items():
+        if c != coll or bw <= 0:
+            continue
+        t = lat + nbytes / (bw * 1e3)  # us: GB/s = 1e3 bytes/us
+        if best is None or t < best[0]:
+            best = (t, f"{algo}/{proto}")
+    return best[1] if best else None
+
+
+def overstating(algorithm: str | None) -> bool:
+    """Algorithms whose traffic the ring busbw formula overstates (in-switch reduction)."""
+    return bool(algorithm) and algorithm.split("/")[0].startswith(("NVLS", "CollNet"))

@@ -152,9 +152,30 @@ def render_terminal(run: CommRun, console) -> None:
     if t is not None:
         practical = f"; NCCL rings reach about {t['practical'] / 1e9:.0f} GB/s (80%)" if t.get("practical") else ""
         console.print(f"theory: {t['summary']}{practical}", highlight=False, soft_wrap=True)
+    if run.algorithms:
+        for op in dict.fromkeys(m.spec.op for m in run.measurements):
+            spans = _algorithm_spans(run, op)
+            if spans:
+                console.print(f"{op}: NCCL's tuning model picks {spans} (its cost model, not a trace)",
+                              highlight=False, soft_wrap=True)
     if run.transports:
         parts = [f"{pair} " + ", ".join(f"{k} x{v}" for k, v in c.items()) for pair, c in run.transports.items()]
         console.print(f"NCCL transports (ranks, channels): {'; '.join(parts)}", highlight=False, soft_wrap=True)
+
+
+def _algorithm_spans(run: CommRun, op: str) -> str:
+    """'Ring/LL 1 MiB-4 MiB, Ring/Simple 8 MiB-1 GiB' over the measured sizes of `op`."""
+    sizes = sorted({m.spec.bytes for m in run.measurements if m.spec.op == op})
+    spans: list[list] = []
+    for b in sizes:
+        algo = (run.algorithms or {}).get(f"{op}@{b}")
+        if algo is None:
+            continue
+        if spans and spans[-1][0] == algo:
+            spans[-1][2] = b
+        else:
+            spans.append([algo, b, b])
+    return ", ".join(f"{a} {format_bytes(lo)}" + (f"-{format_bytes(hi)}" if hi != lo else "") for a, lo, hi in spans)
 
 
 def render_csv(run: CommRun) -> str:
@@ -200,6 +221,7 @@ def result_document(run: CommRun, environment: dict, command: list[str] | None =
         "theory": theory_dict(run.theory),
         "findings": run.findings,
         "transports": run.transports,
+        "algorithms_modelled": run.algorithms,
         "topology": run.topology,
         "measurements": [m.to_dict() for m in run.measurements],
     }

@@ -69,3 +69,27 @@ def test_report_folder_must_be_creatable(tmp_path):
     assert r.exit_code == 2 and "is a file" in r.output
     r = CliRunner().invoke(cli, ["comm", "--report", str(tmp_path / "a" / "b"), "--sizes", "1K"])
     assert r.exit_code == 2 and "does not exist" in r.output
+
+
+def test_busbw_above_theory_is_explained_never_bare(run):
+    from mgpu_bench import comm, nccl_log
+
+    log = (FIX / "nccl_info_2x_h200.log").read_text()
+    table = nccl_log.tuning_table(log)
+    run.algorithms = {f"{m.spec.op}@{m.spec.bytes}": nccl_log.predicted_algorithm(table, m.spec.op, m.spec.bytes)
+                      for m in run.measurements if m.spec.op != "alltoall" and m.spec.op != "sendrecv"}
+    assert comm.explain_above_theory(run) == []  # all below 450 GB/s on this machine
+    run.theory = dict(run.theory, bandwidth=300e9, summary="a made-up 300 GB/s link")
+    text = comm.explain_above_theory(run)
+    assert any(t.startswith("allreduce 1 GiB out-of-place: busbw 330.8 GB/s is above the link theory 300 GB/s "
+                            "with no in-switch algorithm") for t in text)
+    run.algorithms["allreduce@1073741824"] = "NVLS/Simple"
+    assert any("NCCL's model picks NVLS/Simple" in t for t in comm.explain_above_theory(run))
+
+
+def test_algorithm_spans_group_sizes(run):
+    from mgpu_bench import report
+
+    run.algorithms = {"allreduce@1048576": "Ring/LL128", "allreduce@67108864": "Ring/Simple",
+                      "allreduce@1073741824": "Ring/Simple"}
+    assert report._algorithm_spans(run, "allreduce") == "Ring/LL128 1 MiB, Ring/Simple 64 MiB-1 GiB"

@@ -144,6 +144,7 @@ def test_cli_sweep_writes_json_and_csv(tmp_path):
     assert doc["theory"]["bandwidth"] > 0 and doc["theory"]["hops"][0]["kind"] == "nvlink"
     assert doc["transports"]["0->1"].get("P2P", 0) > 0 and doc["transports"]["1->0"].get("P2P", 0) > 0
     assert doc["findings"] == []
+    assert doc["algorithms_modelled"]["allreduce@67108864"].startswith("Ring/")  # NCCL's model, NVLS off
     assert "%theo" in out.stdout and "NCCL transports (ranks, channels): 0->1 P2P x" in out.stdout
     assert len(c.read_text().strip().splitlines()) == 1 + 24
     assert "busbw" in out.stdout and "allreduce out-of-place: busbw" in out.stdout

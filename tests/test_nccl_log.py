@@ -47,3 +47,21 @@ def test_capture_respects_the_users_nccl_debug(monkeypatch):
     monkeypatch.setattr(nccl_log.Capture, "_used", False)
     c = nccl_log.Capture()
     assert c.path is None and "set by the environment" in c.reason
+
+
+def test_tuning_table_from_the_real_log():
+    t = nccl_log.tuning_table(LOG)
+    assert t[("AllReduce", "Ring", "Simple")] == (15.2, 360.0)
+    assert t[("AllReduce", "Tree", "LL")] == (8.0, 61.1)
+    assert t[("AllGather", "Ring", "LL128")] == (15.9, 662.4)
+    assert t[("AllReduce", "NVLS", "Simple")] == (0.0, 0.0)  # NCCL_NVLS_ENABLE=0: no NVLS
+
+
+def test_predicted_algorithm_by_size():
+    t = nccl_log.tuning_table(LOG)
+    # Latency wins for tiny messages (Ring/LL 7.8 us), bandwidth for large ones (Ring/Simple).
+    assert nccl_log.predicted_algorithm(t, "allreduce", 8) == "Ring/LL"
+    assert nccl_log.predicted_algorithm(t, "allreduce", 1 << 30) == "Ring/Simple"
+    assert nccl_log.predicted_algorithm(t, "alltoall", 1 << 20) is None
+    assert not nccl_log.overstating("Ring/Simple")
+    assert nccl_log.overstating("NVLS/Simple") and nccl_log.overstating("CollNetDirect/Simple")
