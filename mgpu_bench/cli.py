@@ -292,7 +292,9 @@ def topo_command(json_path) -> int:
 @click.option("--latency/--no-latency", default=True, show_default=True, help="Dependent-read latency per pair.")
 @click.option("--host/--no-host", default=True, show_default=True, help="Pinned host <-> GPU copies per GPU.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the result document.")
-def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_path) -> int:
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="Write GPU x GPU heatmap PNGs into this folder.")
+def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_path, report_dir) -> int:
     """GPU-to-GPU copy bandwidth and latency for every ordered pair, host copies per GPU, and
     the slow pair or GPU named (each pair against the node's median: robust z-score below -3
     and 10% below the median; needs 3 pairs or more).
@@ -311,6 +313,7 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
     if not (1 <= iters <= MAX_ITERS and 0 <= warmup <= MAX_ITERS):
         raise InputError(f"--iters must be between 1 and {MAX_ITERS}, --warmup between 0 and {MAX_ITERS}")
     _check_writable(json_path)
+    _check_report_dir(report_dir)
     gpu_list = links.gpus_or_error(gpus)
     out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
     environment = fingerprint()
@@ -330,6 +333,8 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
     out.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s; one ordered pair took "
               f"{run.per_pair_seconds:.2f} s, so 8 GPUs (56 pairs) would take about {run.estimate_seconds(8):.0f} s",
               highlight=False, soft_wrap=True)
+    if report_dir:
+        links.write_report(run, report_dir)
     if json_path:
         doc = {"schema": report.RESULT_SCHEMA, "schema_version": report.RESULT_SCHEMA_VERSION,
                "command": sys.argv, "environment": environment, "topology": snapshot,

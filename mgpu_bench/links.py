@@ -300,3 +300,61 @@ def gpus_or_error(spec: str | None) -> list[int]:
             raise InputError(f"links needs NVIDIA GPUs: {str(exc).split(' [', 1)[0]}") from None
         raise InputError("links needs NVIDIA GPUs: none visible")
     return parse_gpus(spec, n)
+
+
+def heatmap_png(run: LinksRun, engine: str, bidirectional: bool) -> bytes | None:
+    """A GPU x GPU heatmap (rows source, columns destination) of GB/s per direction."""
+    copies = run.copies(engine, bidirectional)
+    if not copies:
+        return None
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    g = run.gpus
+    grid = np.full((len(g), len(g)), np.nan)
+    for (a, b), m in copies.items():
+        grid[g.index(a), g.index(b)] = m.bandwidth / 1e9
+    fig, ax = plt.subplots(figsize=(1.2 + 0.7 * len(g), 1.0 + 0.6 * len(g)), dpi=110)
+    try:
+        im = ax.imshow(grid, cmap="viridis")
+        ax.set_xticks(range(len(g)), [f"GPU {x}" for x in g], rotation=45)
+        ax.set_yticks(range(len(g)), [f"GPU {x}" for x in g])
+        ax.set_xlabel("destination")
+        ax.set_ylabel("source")
+        mid = (np.nanmin(grid) + np.nanmax(grid)) / 2
+        for i in range(len(g)):
+            for j in range(len(g)):
+                if not np.isnan(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=7,
+                            color="k" if grid[i, j] > mid else "w")
+        what = "both directions at once" if bidirectional else "one direction"
+        ax.set_title(f"{'copy engine' if engine == 'ce' else 'SM kernel'}, {what}, GB/s", fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def write_report(run: LinksRun, out_dir) -> list:
+    """links_<engine>_<uni|bi>.png heatmaps into out_dir (created if its parent exists)."""
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(exist_ok=True)
+    written = []
+    for engine in ENGINES:
+        for bidir in (False, True):
+            png = heatmap_png(run, engine, bidir)
+            if png:
+                p = out / f"links_{engine}_{'bi' if bidir else 'uni'}.png"
+                p.write_bytes(png)
+                written.append(p)
+    return written

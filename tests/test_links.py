@@ -123,3 +123,9 @@ def test_the_named_gpu_gets_the_topologys_explanation():
                      {"severity": "warning", "subject": "GPU 15", "message": "not this one"}]
     text = links.findings(run, None, topo_findings)
     assert text[0] == "GPU 5 is in 14 of 14 slow pairs; the topology says: GPU 5 has 16 active NVLinks, its peers 18"
+
+
+def test_heatmaps_are_written(tmp_path):
+    run = synthetic(eight_gpus(slow_gpu=5))
+    (p,) = links.write_report(run, tmp_path / "rep")
+    assert p.name == "links_ce_uni.png" and p.read_bytes()[:4] == b"\x89PNG"
