@@ -17,7 +17,6 @@ Differences from the native core, forced by torch's API:
 from __future__ import annotations
 
 import math
-import os
 import pickle
 import queue as queue_module
 import signal
