@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-_CHANNEL = re.compile(r"NCCL INFO Channel \d+/\d+ : (\d+)\[\d+\] -> (\d+)\[\d+\] via (\S+?)(?:/(.*))?$")
+# "Channel 00/0 : ..." in NCCL 2.28; older releases print "Channel 00 : ...".
+_CHANNEL = re.compile(r"NCCL INFO Channel \d+(?:/\d+)? : (\d+)\[\d+\] -> (\d+)\[\d+\] via (\S+?)(?:/(.*))?$")
 _ENV = re.compile(r"NCCL INFO (NCCL_\w+) set by environment to (.*?)\.?$")
 
 

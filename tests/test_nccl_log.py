@@ -22,9 +22,11 @@ def test_shared_memory_where_nvlink_exists_is_a_finding():
         "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct",
         "h:1:2 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via SHM/direct/direct",
         "h:1:3 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM/read",
+        "h:1:3 [1] NCCL INFO Channel 01 : 1[1] -> 0[0] via NET/Socket/0",  # the older format
     ])
-    (f,) = nccl_log.transport_findings(log, {(0, 1), (1, 0)})
-    assert f.startswith("rank 0 -> rank 1: NCCL uses SHM on 2 channel(s) where NVLink allows P2P")
+    f0, f1 = nccl_log.transport_findings(log, {(0, 1), (1, 0)})
+    assert f0.startswith("rank 0 -> rank 1: NCCL uses SHM on 2 channel(s) where NVLink allows P2P")
+    assert f1.startswith("rank 1 -> rank 0: NCCL uses NET on 1 channel(s)")
 
 
 def test_capture_sets_nccl_debug_only_until_released(monkeypatch):
