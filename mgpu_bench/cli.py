@@ -69,7 +69,9 @@ _COMM_HELP = """Collective bandwidth sweeps: time, algbw and busbw per size, che
 Sizes mean what nccl-tests' size column means: the per-rank buffer for allreduce,
 broadcast, reduce and sendrecv; the whole gathered output for allgather; the whole input
 for reducescatter; the whole per-rank buffer for alltoall. They are rounded down to whole
-elements divisible by the rank count, and the rounding is printed.
+elements (for allgather, reducescatter and alltoall, to a multiple of the rank count), and
+the rounding is printed. alltoall and sendrecv run out-of-place only: with one buffer,
+received data would overwrite data not yet sent.
 
 \b
 Stopping rule per size: max(2, --warmup-iters) warm-up iterations (the later ones give a
