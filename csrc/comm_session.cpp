@@ -690,8 +690,4 @@ MeasureResult CommSession::measure(const MeasureArgs& args) {
   return state->out;
 }
 
-void CommSession::release_buffers() {
-  run_on_all([](Worker& w) { w.free_buffers(); }, "buffer release");
-}
-
 }  // namespace mgpu

@@ -92,8 +92,6 @@ class CommSession {
   const std::vector<int>& devices() const { return m_devices; }
   double timeout() const { return m_timeout_s; }
   void set_timeout(double seconds) { m_timeout_s = seconds; }
-  // Frees device buffers (not the communicators).
-  void release_buffers();
   // Aborts all communicators now; the session becomes unusable.
   void abort();
 

@@ -203,8 +203,6 @@ PYBIND11_MODULE(_native, m) {
         return d;
       }, py::arg("args"),
       "Runs one measurement on every local rank (GIL released); raw seconds, no statistics.")
-      .def("release_buffers", &CommSession::release_buffers,
-           py::call_guard<py::gil_scoped_release>())
       .def("abort", &CommSession::abort, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("alive", &CommSession::alive)
       .def_property_readonly("nranks", &CommSession::nranks)

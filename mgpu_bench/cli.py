@@ -325,10 +325,10 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
     except KeyboardInterrupt:
         click.echo("mgpu-bench: interrupted", err=True)
         return EXIT_INTERRUPTED
-    from . import topo
+    from . import theory, topo
 
     snapshot = topo.collect()
-    hops = links.pair_theory(snapshot, gpu_list)
+    hops = theory.pair_hops(snapshot, gpu_list)
     for line in links.findings(run, hops, topo.findings(snapshot)):
         out.print(f"finding: {line}", highlight=False, soft_wrap=True)
     links.render(run, out, hops)

@@ -230,24 +230,15 @@ def ring_theory_for(gpus: list[int]):
     from . import theory, topo
 
     snapshot = topo.collect()
-    devices = [(g, str(_native.device_info(g)["pci_bus_id"])) for g in gpus]
-    return theory.ring_theory(snapshot, devices), snapshot
+    return theory.ring_theory(snapshot, theory.cuda_devices(gpus)), snapshot
 
 
 def nvlink_rank_pairs(snapshot: dict | None, gpus: list[int]) -> set[tuple[int, int]]:
     """Ordered rank pairs (rank = position in `gpus`) that NVLink joins, per the snapshot."""
-    from .topo import normalize_bus_id
+    from . import theory
 
-    if not snapshot:
-        return set()
-    nvml_index = {g["pci_bus_id"]: g["index"] for g in snapshot.get("gpus", [])}
-    rank_of = {}
-    for r, g in enumerate(gpus):
-        bus = normalize_bus_id(str(_native.device_info(g)["pci_bus_id"]))
-        if bus in nvml_index:
-            rank_of[nvml_index[bus]] = r
-    return {(rank_of[p["src"]], rank_of[p["dst"]]) for p in snapshot.get("pairs", [])
-            if p.get("nvlinks") and p["src"] in rank_of and p["dst"] in rank_of}
+    return {(gpus.index(a), gpus.index(b)) for (a, b), h in theory.pair_hops(snapshot, gpus).items()
+            if h.kind == "nvlink"}
 
 
 # -- running ---------------------------------------------------------------------------------

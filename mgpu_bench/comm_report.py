@@ -109,7 +109,7 @@ def page(run: CommRun, environment: dict, images: dict[str, bytes]) -> str:
         for m in run.measurements:
             if m.spec.op == op:
                 r = report.row(m, run.theory)
-                body.append("<tr>" + "".join(f"<td>{e(report._cell(c, r[c.key]))}</td>" for c in cols) + "</tr>")
+                body.append("<tr>" + "".join(f"<td>{e(report.format_cell(c, r[c.key]))}</td>" for c in cols) + "</tr>")
         body.append("</table>")
     notes = "".join(f"<li>{e(n)}</li>" for n in run.notes)
     style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse;"

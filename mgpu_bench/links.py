@@ -179,14 +179,6 @@ def outliers(run: LinksRun) -> list[dict]:
 LOW_SHARE_OF_THEORY = 0.70
 
 
-def pair_theory(snapshot: dict | None, gpus: list[int]) -> dict[tuple[int, int], object]:
-    """theory.Hop per ordered pair of CUDA devices: NVLink links x rate, or PCIe."""
-    from . import theory
-
-    bus = {g: str(_native.device_info(g)["pci_bus_id"]) for g in gpus}
-    return {(a, b): theory.hop(snapshot or {}, bus[a], bus[b], a, b) for a in gpus for b in gpus if a != b}
-
-
 def _causes(gpu: int, topo_findings: list[dict]) -> list[str]:
     """What the topology's findings say about `gpu` (subjects "GPU 5", "GPU 0 <-> GPU 5").
     The topology counts GPUs as NVML does; with CUDA_DEVICE_ORDER=PCI_BUS_ID both agree."""

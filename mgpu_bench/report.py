@@ -84,7 +84,8 @@ def row(m: CommMeasurement, theory=None) -> dict:
     }
 
 
-def _cell(col: Column, value) -> str:
+def format_cell(col: Column, value) -> str:
+    """One value as a renderer shows it, in its column's unit."""
     if value is None:
         return "n/a"
     if col.key == "size":
@@ -145,7 +146,7 @@ def render_terminal(run: CommRun, console) -> None:
         for m in ms:
             r = row(m, run.theory)
             style = "red" if r["wrong"] else None
-            table.add_row(*[_cell(c, r[c.key]) for c in COLUMNS], style=style)
+            table.add_row(*[format_cell(c, r[c.key]) for c in COLUMNS], style=style)
         console.print(table)
         console.print()
     t = theory_dict(run.theory)

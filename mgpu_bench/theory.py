@@ -110,3 +110,16 @@ def ring_theory(snapshot: dict | None, devices: list[tuple[int, str]]) -> RingTh
     known = [h.bandwidth for h in hops]
     bw = min(known) if hops and all(x is not None for x in known) else None
     return RingTheory(bw, hops)
+
+
+def cuda_devices(gpus: list[int]) -> list[tuple[int, str]]:
+    """(CUDA index, PCI bus id) for each device, the key that ties CUDA to NVML's numbering."""
+    from . import _native
+
+    return [(g, str(_native.device_info(g)["pci_bus_id"])) for g in gpus]
+
+
+def pair_hops(snapshot: dict | None, gpus: list[int]) -> dict[tuple[int, int], Hop]:
+    """The hop for every ordered pair of CUDA devices: NVLink links x rate, or PCIe."""
+    bus = dict(cuda_devices(gpus))
+    return {(a, b): hop(snapshot or {}, bus[a], bus[b], a, b) for a in gpus for b in gpus if a != b}
