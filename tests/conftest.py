@@ -25,3 +25,19 @@ def pytest_collection_modifyitems(config, items):
                 count = _gpu_count()
             if count < need:
                 item.add_marker(pytest.mark.skip(reason=f"needs {need} NVIDIA GPU(s), {count} visible"))
+
+
+def interrupt_comm(args: list[str], after_s: float, env: dict | None = None):
+    """Runs `mgpu-bench comm ARGS` in a real process, sends SIGINT after `after_s` seconds and
+    returns (exit code, stderr)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", "comm", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    return proc.returncode, err

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 from click.testing import CliRunner
 
+from conftest import interrupt_comm
 from mgpu_bench.cli import cli
 
 
@@ -117,14 +114,10 @@ def test_ctrl_c_keeps_finished_sizes(tmp_path):
     """A real SIGINT to a real process: exit 130, the sizes finished so far written."""
     j = tmp_path / "r.json"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops", "allreduce",
-         "--sizes", "1K-1M", "--min-time", "0.5", "--json", str(j)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(10)  # start-up ~5 s, then ~1 s per size and placement: 22 would take ~22 s
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    # start-up ~5 s, then ~1 s per size and placement: all 22 would take ~22 s
+    rc, err = interrupt_comm(["--backend", "torch", "--ops", "allreduce", "--sizes", "1K-1M", "--min-time", "0.5",
+                              "--json", str(j)], 10, env)
+    assert rc == 130, err
     doc = json.loads(j.read_text())
     assert doc["status"]["stopped"] == "interrupted"
     assert 1 <= len(doc["measurements"]) < 22

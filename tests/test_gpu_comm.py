@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import interrupt_comm
 from mgpu_bench import _native, comm, ops
 from mgpu_bench.errors import CommTimeoutError, CudaError, NcclError, OutOfMemoryError
 from mgpu_bench.measurement import TimingOptions
@@ -164,13 +164,9 @@ def test_cli_bad_gpu_input_exits_2(args, words):
 
 def test_ctrl_c_mid_sweep_writes_what_was_measured(tmp_path):
     j = tmp_path / "r.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mgpu_bench.cli", "comm", "--ops", "allreduce", "--sizes", "1M-1G", "--min-time", "1",
-         "--json", str(j)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)  # start-up, then ~2 s per size (burst + sampled pass at 1 s each)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    # start-up, then ~2 s per size (burst + sampled pass at 1 s each)
+    rc, err = interrupt_comm(["--ops", "allreduce", "--sizes", "1M-1G", "--min-time", "1", "--json", str(j)], 8)
+    assert rc == 130, err
     doc = json.loads(j.read_text())
     assert doc["status"]["stopped"] == "interrupted"
     assert 1 <= len(doc["measurements"]) < 22
