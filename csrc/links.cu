@@ -10,82 +10,11 @@
 #include <random>
 #include <stdexcept>
 
+#include "cuda_util.hpp"
 #include "errors.hpp"
 
 namespace mgpu {
 namespace {
-
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int dev) {
-    MGPU_CUDA_CHECK(cudaGetDevice(&m_prev));
-    MGPU_CUDA_CHECK(cudaSetDevice(dev));
-  }
-  ~ScopedDevice() { MGPU_CUDA_WARN(cudaSetDevice(m_prev)); }
-
- private:
-  int m_prev = 0;
-};
-
-class DeviceBuffer {
- public:
-  DeviceBuffer(int dev, size_t bytes) : m_dev(dev) {
-    ScopedDevice on(dev);
-    MGPU_CUDA_CHECK(cudaMalloc(&m_ptr, std::max<size_t>(bytes, 16)));
-    MGPU_CUDA_CHECK(cudaMemset(m_ptr, 0x5A, std::max<size_t>(bytes, 16)));  // never zeros
-  }
-  ~DeviceBuffer() {
-    ScopedDevice on(m_dev);
-    MGPU_CUDA_WARN(cudaFree(m_ptr));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return m_ptr; }
-
- private:
-  int m_dev;
-  void* m_ptr = nullptr;
-};
-
-class Stream {
- public:
-  explicit Stream(int dev) : m_dev(dev) {
-    ScopedDevice on(dev);
-    MGPU_CUDA_CHECK(cudaStreamCreateWithFlags(&m_stream, cudaStreamNonBlocking));
-  }
-  ~Stream() {
-    ScopedDevice on(m_dev);
-    MGPU_CUDA_WARN(cudaStreamDestroy(m_stream));
-  }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return m_stream; }
-  int device() const { return m_dev; }
-
- private:
-  int m_dev;
-  cudaStream_t m_stream = nullptr;
-};
-
-class Event {
- public:
-  Event(int dev, bool timing) : m_dev(dev) {
-    ScopedDevice on(dev);
-    MGPU_CUDA_CHECK(cudaEventCreateWithFlags(&m_event, timing ? cudaEventDefault
-                                                              : cudaEventDisableTiming));
-  }
-  ~Event() {
-    ScopedDevice on(m_dev);
-    MGPU_CUDA_WARN(cudaEventDestroy(m_event));
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return m_event; }
-
- private:
-  int m_dev;
-  cudaEvent_t m_event = nullptr;
-};
 
 // 16-byte loads from (possibly peer) memory, 16-byte stores to local memory.
 __global__ void read_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
@@ -111,21 +40,6 @@ void enable_peer(int a, int b) {
     return;
   }
   MGPU_CUDA_CHECK(st);
-}
-
-double elapsed(const Event& a, const Event& b) {
-  float ms = 0.0f;
-  MGPU_CUDA_CHECK(cudaEventElapsedTime(&ms, a.get(), b.get()));
-  return static_cast<double>(ms) * 1e-3;
-}
-
-void check_device(int dev) {
-  int n = 0;
-  MGPU_CUDA_CHECK(cudaGetDeviceCount(&n));
-  if (dev < 0 || dev >= n) {
-    throw std::invalid_argument("GPU " + std::to_string(dev) + " does not exist (" +
-                                std::to_string(n) + " visible)");
-  }
 }
 
 // Times `iters` rounds of one or two legs running at once. A leg enqueues its copy on its

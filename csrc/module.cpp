@@ -10,6 +10,7 @@
 #include "device.hpp"
 #include "dtype.hpp"
 #include "errors.hpp"
+#include "gemm.hpp"
 #include "links.hpp"
 #include "op.hpp"
 
@@ -46,7 +47,7 @@ py::dict counts_dict(const OpCounts& c) {
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "mgpu-bench native core: NCCL collective timing, device facts";
+  m.doc() = "mgpu-bench native core: NCCL collective timing, cuBLASLt GEMM probe, device facts";
   m.attr("__version__") = MGPU_VERSION;
   m.attr("NCCL_HEADER_VERSION") = NCCL_VERSION_CODE;
   m.attr("HAVE_NCCL_FP8") = static_cast<bool>(MGPU_HAVE_NCCL_FP8);
@@ -150,6 +151,75 @@ PYBIND11_MODULE(_native, m) {
         py::arg("to_device"), py::arg("warmup"), py::arg("iters"),
         py::call_guard<py::gil_scoped_release>(),
         "Seconds per pinned-host <-> device copy of `bytes`.");
+
+  py::class_<GemmProbe>(m, "GemmProbe")
+      .def(py::init([](int device, const std::string& dtype, const std::string& layout,
+                       int64_t m, int64_t n, int64_t k, size_t workspace, uint64_t seed,
+                       bool fp8_fast_accum) {
+             py::gil_scoped_release release;
+             return std::make_unique<GemmProbe>(device, dtype, layout, GemmShape{m, n, k},
+                                                workspace, seed, fp8_fast_accum);
+           }),
+           py::arg("device"), py::arg("dtype"), py::arg("layout"), py::arg("max_m"),
+           py::arg("max_n"), py::arg("max_k"), py::arg("workspace"), py::arg("seed"),
+           py::arg("fp8_fast_accum") = false)
+      .def("measure", [](GemmProbe& p, int64_t m, int64_t n, int64_t k, int candidates, int samples,
+                         double sample_s, int warmup, bool check) {
+        GemmMeasureArgs a;
+        a.shape = GemmShape{m, n, k};
+        a.candidates = candidates;
+        a.samples = samples;
+        a.sample_s = sample_s;
+        a.warmup = warmup;
+        a.check = check;
+        GemmMeasurement r;
+        {
+          py::gil_scoped_release release;
+          r = p.measure(a);
+        }
+        py::list cands;
+        for (const GemmCandidate& c : r.candidates) {
+          py::dict d;
+          d["index"] = c.index;
+          d["algo_id"] = c.algo_id;
+          d["tile"] = c.tile;
+          d["stages"] = c.stages;
+          d["split_k"] = c.split_k;
+          d["reduction"] = c.reduction;
+          d["swizzle"] = c.swizzle;
+          d["custom"] = c.custom;
+          d["cluster"] = c.cluster;
+          d["workspace"] = c.workspace;
+          d["waves"] = c.waves;
+          d["seconds"] = c.seconds;
+          d["iters_per_sample"] = c.iters_per_sample;
+          d["max_error"] = c.max_error < 0 ? py::object(py::none()) : py::object(py::float_(c.max_error));
+          d["error"] = c.error.empty() ? py::object(py::none()) : py::object(py::str(c.error));
+          cands.append(d);
+        }
+        py::dict out;
+        out["candidates"] = cands;
+        out["buffer_sets"] = r.buffer_sets;
+        out["checked_elements"] = r.checked_elements;
+        return out;
+      }, py::arg("m"), py::arg("n"), py::arg("k"), py::arg("candidates"), py::arg("samples"),
+         py::arg("sample_s"), py::arg("warmup"), py::arg("check"),
+         "Times the heuristic's first `candidates` algorithms: raw seconds per GEMM per burst.")
+      .def("sustain", [](GemmProbe& p, int64_t m, int64_t n, int64_t k, int index, double duration_s,
+                         double interval_s) {
+        SustainSeries r;
+        {
+          py::gil_scoped_release release;
+          r = p.sustain(GemmShape{m, n, k}, index, duration_s, interval_s);
+        }
+        return r;
+      }, py::arg("m"), py::arg("n"), py::arg("k"), py::arg("index"), py::arg("duration_s"),
+         py::arg("interval_s"),
+         "[(monotonic seconds at a burst's end, seconds per GEMM)] over duration_s.")
+      .def("stop", &GemmProbe::stop, "Ends a running measure()/sustain() at its next burst.")
+      .def_property_readonly("stopped", &GemmProbe::stopped)
+      .def_property_readonly("arena_bytes", &GemmProbe::arena_bytes)
+      .def_property_readonly("device", &GemmProbe::device);
 
   py::class_<MeasureArgs>(m, "MeasureArgs")
       .def(py::init<>())

@@ -58,6 +58,7 @@ def cli() -> None:
     mgpu-bench comm --sizes 1M-1G     collective bus bandwidth (NCCL), checked
     mgpu-bench links                  GPU-to-GPU and host copy bandwidth, latency, the slow pair
     mgpu-bench topo                   GPUs, NVLinks, PCIe, NICs as data, with findings
+    mgpu-bench gemm --dtype bf16,fp8  achievable TFLOP/s per GPU (cuBLASLt), the slow GPU named
     """
 
 
@@ -349,10 +350,164 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
     return 0
 
 
+# -- gemm ------------------------------------------------------------------------------------
+
+_GEMM_HELP = """GEMM compute probe: achievable TFLOP/s per GPU and dtype, against the datasheet peak.
+
+\b
+Per dtype and shape, cuBLASLt's heuristic proposes --candidates algorithms; each one is run
+once and its output checked on 1024 sampled elements against an fp64 reference (a wrong
+algorithm is reported and not counted), then --warmup untimed GEMMs, then --samples bursts
+of about --sample-time seconds, each timed with CUDA events at its two ends. The figure is
+the fastest candidate's median burst: TFLOP/s = 2*M*N*K / seconds per GEMM / 10^12.
+Inputs are random in [-1, 1) (fp8: e4m3 scaled by 1/8, bf16 output) and rotate among as many
+buffer sets as make one GEMM's operands leave L2 before they come round again.
+
+\b
+All GPUs run at once (the hotter, realistic case) unless --one-at-a-time; NVML samples
+SM clock, power, temperature and throttle reasons every 0.1 s beside each figure. A GPU
+below the node's median by more than max(2%, 3x its noise) is named with its likely cause.
+--search sweeps M, N and K over --search-range (one short run per shape with the
+heuristic's first choice), then measures the best --search-refine shapes in full.
+--duration runs the best algorithm that long on every GPU: a TFLOP/s series with clocks,
+power and temperature (the limit-throughput round).
+"""
+
+
+@cli.command("gemm", help=_GEMM_HELP)
+@click.option("--dtype", "dtype_text", default="bf16", show_default=True,
+              help="Comma-separated: fp64, fp32 (no TF32), tf32, fp16, bf16, fp8 (e4m3).")
+@click.option("--shape", "shape_text", default="8192", show_default=True,
+              help="N for NxNxN, or MxNxK; comma-separated for several.")
+@click.option("--layout", default="auto", show_default=True,
+              help="cuBLAS op(A) op(B), column-major: NN, NT, TN, TT; auto = NN (torch.matmul's), TN for fp8.")
+@click.option("--gpus", default=None, help="N for the first N GPUs, or indices 0,1 [default: all visible].")
+@click.option("--one-at-a-time", is_flag=True, help="Measure the GPUs one after another instead of together.")
+@click.option("--candidates", default=8, show_default=True, type=int, help="Heuristic algorithms timed per shape.")
+@click.option("--samples", default=5, show_default=True, type=int, help="Timed bursts per candidate.")
+@click.option("--sample-time", default=0.02, show_default=True, type=float, help="Seconds per burst.")
+@click.option("--warmup", default=3, show_default=True, type=int, help="Untimed GEMMs per candidate first.")
+@click.option("--check/--no-check", default=True, show_default=True, help="Check each candidate's output.")
+@click.option("--search", is_flag=True, help="Find the shape with the highest TFLOP/s over --search-range.")
+@click.option("--search-range", default="2048:16384:2048", show_default=True,
+              help="START:STOP:STEP for each of M, N and K (the grid is the cube of these values).")
+@click.option("--search-refine", default=4, show_default=True, type=int,
+              help="Best shapes of the search measured again with every candidate.")
+@click.option("--duration", "duration_text", default=None, help="Sustained run per dtype, e.g. 60s, 5m.")
+@click.option("--interval", default=0.5, show_default=True, type=float,
+              help="Seconds per point of the sustained TFLOP/s series.")
+@click.option("--peak", "peak_text", default=None,
+              help="Your own dense peaks in TFLOP/s, e.g. bf16=989,fp8=1979 (for GPUs not in the database).")
+@click.option("--fp8-fast-accum", is_flag=True, help="fp8: cuBLASLt's fast accumulation (faster, less exact).")
+@click.option("--workspace", "workspace_text", default="32M", show_default=True, help="cuBLASLt workspace per GPU.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the result document (every candidate's raw seconds, telemetry).")
+@click.option("--csv", "csv_path", default=None, type=click.Path(dir_okay=False), help="One row per GPU, dtype and shape.")
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="Write PNGs (TFLOP/s per GPU against the peak; sustained series), report.html, summary.md.")
+@click.option("--progress/--no-progress", default=None, help="Progress on stderr [default: when a terminal].")
+def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates, samples, sample_time, warmup,
+                 check, search, search_range, search_refine, duration_text, interval, peak_text, fp8_fast_accum,
+                 workspace_text, json_path, csv_path, report_dir, progress) -> int:
+    from rich.console import Console
+
+    from . import _native, gemm, hardware, report
+    from .env import fingerprint
+    from .sizes import parse_size
+
+    dtypes = gemm.parse_dtypes(dtype_text)
+    shapes = gemm.parse_shapes(shape_text)
+    layout = gemm.parse_layout(layout)
+    for d in dtypes:
+        gemm.layout_for(d, layout)
+    if not (1 <= candidates <= 64):
+        raise InputError("--candidates must be between 1 and 64")
+    if not (1 <= samples <= 10_000 and 0 <= warmup <= MAX_ITERS):
+        raise InputError(f"--samples must be between 1 and 10000, --warmup between 0 and {MAX_ITERS}")
+    if not (0 < sample_time <= 60):
+        raise InputError("--sample-time must be a positive number of seconds (at most 60)")
+    if not (0.01 <= interval <= 3600):
+        raise InputError("--interval must be between 0.01 and 3600 seconds")
+    if not (1 <= search_refine <= 64):
+        raise InputError("--search-refine must be between 1 and 64")
+    grid = gemm.parse_range(search_range) if search else None
+    duration = gemm.parse_duration(duration_text) if duration_text else 0.0
+    peaks = hardware.parse_peak_overrides(peak_text) if peak_text else {}
+    workspace = parse_size(workspace_text)
+    if workspace > (4 << 30):
+        raise InputError("--workspace above 4G is not useful: cuBLASLt asks for tens of MiB at most")
+    for path in (json_path, csv_path):
+        _check_writable(path)
+    _check_report_dir(report_dir)
+    gpu_list, devices = gemm.devices_or_error(gpus)
+    free = {g: _native.mem_get_info(g)[0] for g in gpu_list}
+    cfg = gemm.GemmConfig(dtypes=dtypes, shapes=shapes, layout=layout, gpus=tuple(gpu_list), candidates=candidates,
+                          samples=samples, sample_s=sample_time, warmup=warmup, check=check,
+                          one_at_a_time=one_at_a_time, search=grid, search_refine=search_refine,
+                          duration_s=duration, interval_s=interval, workspace=workspace, peak_overrides=peaks,
+                          fp8_fast_accum=fp8_fast_accum)
+    gemm.validate(cfg, devices, free)
+
+    out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
+    err = Console(stderr=True)
+    show = err.is_terminal if progress is None else progress
+    environment = fingerprint()
+    if show:
+        with err.status("gemm") as status:
+            run = gemm.run_gemm(cfg, devices, lambda text: status.update(f"gemm: {text}"))
+    else:
+        run = gemm.run_gemm(cfg, devices)
+    for dev in devices:
+        for d in dtypes:
+            if gemm.peak_for(dev["name"], d, peaks) is None:
+                run.notes.append(f"GPU {dev['index']} ({dev['name']}) has no {d} peak in the hardware database: "
+                                 f"% of peak is not shown; give one with --peak {d}=TFLOPS")
+    if run.telemetry_error:
+        run.notes.append(f"no clock/power telemetry: {run.telemetry_error}")
+    lines = gemm.findings(run)
+    for line in lines:
+        out.print(f"finding: {line}", highlight=False, soft_wrap=True, style="bold yellow")
+    for note in dict.fromkeys(run.notes):
+        err.print(f"note: {note}", highlight=False)
+    if run.results:
+        gemm.render_terminal(run, out)
+    out.print(f"{len(run.results)} measurement(s) in {run.wall_seconds:.2f} s wall, probe set-up and algorithm "
+              "selection included", highlight=False)
+    write_failed = False
+    for path, write in ((json_path, lambda p: report.write_json(p, gemm.document(run, environment, sys.argv))),
+                        (csv_path, lambda p: Path(p).write_text(gemm.render_csv(run))),
+                        (report_dir, lambda p: _write_gemm_report(run, p, environment) if run.results else None)):
+        if path:
+            try:
+                write(path)
+            except OSError as exc:
+                err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
+                write_failed = True
+    if run.stopped:
+        err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
+        return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
+    if any(r.wrong for r in run.results):
+        err.print("mgpu-bench: wrong GEMM results (see the findings)", style="bold red", highlight=False)
+        return EXIT_FAILED
+    return EXIT_FAILED if write_failed else 0
+
+
+def _write_gemm_report(run, out_dir, environment) -> None:
+    from .gemm_report import write_report
+
+    write_report(run, out_dir, environment)
+
+
 def _run_with_progress(fn, cfg, err_console, show: bool):
     if not show:
         return fn(cfg)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from .sizes import format_bytes
 

@@ -30,12 +30,18 @@ def pytest_collection_modifyitems(config, items):
 def interrupt_comm(args: list[str], after_s: float, env: dict | None = None):
     """Runs `mgpu-bench comm ARGS` in a real process, sends SIGINT after `after_s` seconds and
     returns (exit code, stderr)."""
+    return interrupt_cli(["comm", *args], after_s, env)
+
+
+def interrupt_cli(args: list[str], after_s: float, env: dict | None = None):
+    """Runs `mgpu-bench ARGS` in a real process, sends SIGINT after `after_s` seconds and
+    returns (exit code, stderr)."""
     import signal
     import subprocess
     import sys
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", "comm", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     time.sleep(after_s)
     proc.send_signal(signal.SIGINT)
