@@ -234,7 +234,8 @@ class GemmResult:
 
     @property
     def heuristic_first(self) -> Candidate | None:
-        return next((c for c in self.candidates if c.index == 0 and c.seconds), None)
+        """The heuristic's own pick (index 0), when it ran and its results were right."""
+        return next((c for c in self.candidates if c.index == 0 and c.seconds and c not in self.wrong), None)
 
     @property
     def tflops(self) -> float | None:
@@ -522,10 +523,8 @@ def _search(cfg, run, devices, probes, dtype, layout, sampler, progress) -> list
 
 
 def _sustain_all(cfg, run, devices, probes, dtype, sampler) -> None:
-    """The first shape's best algorithm, run for cfg.duration_s on every GPU at once."""
-    base = {r.gpu: r for r in run.results if r.dtype == dtype and r.phase in ("shape", "search-best")}
-    if not base:
-        return
+    """Per GPU, the best algorithm of the first --shape (with --search: of the fastest shape
+    found) run for cfg.duration_s, on every GPU at once unless --one-at-a-time."""
     best_shape: dict[int, GemmResult] = {}
     for r in run.results:
         if r.dtype == dtype and r.phase in ("shape", "search-best") and r.best is not None:
@@ -740,13 +739,15 @@ def summary_lines(run: GemmRun) -> list[str]:
             groups.setdefault((r.dtype, r.shape), []).append(r)
     for (dtype, shape), rs in groups.items():
         vals = [r.tflops for r in rs if r.tflops]
-        peak = rs[0].peak
+        pcts = [r.pct_peak for r in rs if r.pct_peak is not None]
+        peaks = {(r.peak.value, r.peak.source) for r in rs if r.peak and r.peak.value}
         first = [r.shape.flops / r.heuristic_first.median_s / 1e12 for r in rs
                  if r.heuristic_first and r.heuristic_first.median_s]
         lines.append(f"gemm {dtype} {shape}: {len(vals)} GPU(s), median {statistics.median(vals):.1f} TFLOP/s "
                      f"(min {min(vals):.1f}, max {max(vals):.1f})"
-                     + (f", {100 * statistics.median(vals) * 1e12 / peak.value:.1f}% of the {peak.value / 1e12:g} "
-                        f"TFLOP/s dense peak ({peak.source})" if peak and peak.value else ", no peak figure for this GPU")
+                     + (f", median {statistics.median(pcts):.1f}% of the dense peak ("
+                        + "; ".join(f"{v / 1e12:g} TFLOP/s, {src}" for v, src in sorted(peaks)) + ")"
+                        if pcts else ", no peak figure for this GPU")
                      + (f"; the heuristic's first choice alone: {statistics.median(first):.1f}" if first else ""))
     coarse = run.measured("search")
     if coarse:

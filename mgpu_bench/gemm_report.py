@@ -80,8 +80,10 @@ def _peaks(rs: list[GemmResult]) -> list[tuple[float, str]]:
     return sorted({(r.peak.value, r.peak.source) for r in rs if r.peak and r.peak.value})
 
 
-def _models(rs: list[GemmResult]) -> str:
-    return ", ".join(dict.fromkeys(r.gpu_name for r in rs))
+def _models(rs: list[GemmResult], limit: int = 90) -> str:
+    """The distinct GPU names of results, shortened to `limit` characters for a plot title."""
+    text = ", ".join(dict.fromkeys(r.gpu_name for r in rs)) or "no GPU"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _scaled(v: float | None, unit: float, fmt: str) -> str:
@@ -100,7 +102,7 @@ def plot_tflops(run: GemmRun, dtype: str) -> bytes:
     gpus = sorted({r.gpu for r in rs})
     slot = {g: i for i, g in enumerate(gpus)}
     nbars = max(1, len(gpus) * len(shapes))
-    fig, ax = plt.subplots(figsize=(min(16.0, max(7.5, 2.0 + 0.45 * nbars)), 4.4), dpi=110)
+    fig, ax = plt.subplots(figsize=(min(16.0, max(7.5, 2.0 + 0.45 * nbars)), 5.2), dpi=110)
     width = 0.8 / max(1, len(shapes))
     top = 0.0
     any_slow = False
@@ -140,8 +142,8 @@ def plot_tflops(run: GemmRun, dtype: str) -> bytes:
     ax.set_xlabel("GPU (index)")
     ax.set_ylabel("TFLOP/s (10^12 FLOP/s, 2MNK / median time)")
     shape_text = f" {shapes[0]}" if len(shapes) == 1 else ""
-    models = _models(rs) or "no GPU"
-    ax.set_title(_mpl(f"{dtype} GEMM{shape_text}, best cuBLASLt algorithm per GPU ({models})"), fontsize=10)
+    ax.set_title(_mpl(f"{dtype} GEMM{shape_text}, best cuBLASLt algorithm per GPU\n{_models(rs)}"),
+                 fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     if any_slow:
@@ -149,7 +151,8 @@ def plot_tflops(run: GemmRun, dtype: str) -> bytes:
 
         handles.append(Patch(color=_OUTLIER, label="outlier: below the node median by > max(2%, 3x noise)"))
         labels.append(handles[-1].get_label())
-    ax.legend(handles, labels, loc="lower right", fontsize=7, framealpha=0.9)
+    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=7,
+              frameon=False)
     return _png(plt, fig)
 
 
@@ -169,7 +172,7 @@ def plot_sustained(run: GemmRun, dtype: str) -> bytes | None:
         if any(v is not None for _, t in tel for v in t.get(key) or []):
             panels.append((key, label, unit, limit_key, limit_label))
     fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False, dpi=110,
-                             figsize=(7.5, 1.0 + 2.4 * len(panels)))
+                             figsize=(9.0, 1.2 + 2.4 * len(panels)))
     twice = len({r.gpu for r in rs}) < len(rs)  # a GPU sustained more than one shape: say which
     colours = {id(r): f"C{i % 10}" for i, r in enumerate(rs)}
     for (key, label, unit, limit_key, limit_label), ax in zip(panels, axes[:, 0]):
@@ -191,12 +194,12 @@ def plot_sustained(run: GemmRun, dtype: str) -> bytes | None:
                        label=f"{limit_label} {lim:.0f} {'MHz' if unit == 1e6 else 'W'}")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="lower right", fontsize=7, framealpha=0.9)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
         if key == "tflops":
             ax.set_ylim(bottom=0)
     axes[-1, 0].set_xlabel("time since the sustained run started (s)")
     shapes = ", ".join(str(s) for s in dict.fromkeys(r.shape for r in rs))
-    axes[0, 0].set_title(_mpl(f"{dtype} sustained GEMM {shapes} ({_models(rs)})"), fontsize=10)
+    axes[0, 0].set_title(_mpl(f"{dtype} sustained GEMM {shapes}\n{_models(rs)}"), fontsize=10)
     return _png(plt, fig)
 
 
@@ -217,11 +220,13 @@ def plot_search(run: GemmRun, dtype: str) -> bytes | None:
     if not scores:
         return None
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     med = {s: statistics.median(v) for s, v in scores.items()}
     ranked = sorted(med, key=med.__getitem__, reverse=True)
     refined = [s for s in dict.fromkeys(r.shape for r in run.results if r.dtype == dtype
                                         and r.phase == "search-best") if s in med]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.4), dpi=110)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 5.0), dpi=110)
     marker = "o" if len(ranked) <= 200 else None
     xs = list(range(1, len(ranked) + 1))
     left.plot(xs, [med[s] for s in ranked], "-", marker=marker, markersize=3, linewidth=1,
@@ -249,7 +254,8 @@ def plot_search(run: GemmRun, dtype: str) -> bytes | None:
         ax.set_ylabel("TFLOP/s (median over GPUs)")
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="lower right", fontsize=7, framealpha=0.9)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=7, frameon=False)
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(_mpl(f"{dtype} shape search, coarse pass: {len(ranked)} shapes, best {ranked[0]} "
                       f"at {med[ranked[0]]:.1f} TFLOP/s"), fontsize=10)
     return _png(plt, fig)
