@@ -23,20 +23,28 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.flo
                 "fp64": torch.float64}
 
 
-def torch_tflops(dtype: str, shape: Shape, gpu: int, bursts: int = 5, burst_s: float = 0.1) -> float:
+def torch_tflops(dtype: str, shape: Shape, gpu: int, init: str = "uniform", bursts: int = 5,
+                 burst_s: float = 0.1) -> float:
+    """init as the probe's --init: uniform in [-1, 1), normal (randn), positive (rand in [0, 1))."""
     dev = torch.device("cuda", gpu)
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    t = torch.float32 if dtype == "fp8" else TORCH_DTYPES[dtype]
+
+    def make(rows: int, cols: int) -> torch.Tensor:
+        if init == "normal":
+            return torch.randn(rows, cols, device=dev, dtype=t)
+        x = torch.rand(rows, cols, device=dev, dtype=t)
+        return x if init == "positive" else x * 2 - 1
+
     if dtype == "fp8":
-        a = (torch.rand(shape.m, shape.k, device=dev) * 2 - 1).to(torch.float8_e4m3fn)
-        b = (torch.rand(shape.n, shape.k, device=dev) * 2 - 1).to(torch.float8_e4m3fn).t()  # column-major
+        a = make(shape.m, shape.k).to(torch.float8_e4m3fn)
+        b = make(shape.n, shape.k).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
         one = torch.ones((), device=dev)
 
         def step():
             return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     else:
-        t = TORCH_DTYPES[dtype]
-        a = torch.rand(shape.m, shape.k, device=dev, dtype=t) * 2 - 1
-        b = torch.rand(shape.k, shape.n, device=dev, dtype=t) * 2 - 1
+        a, b = make(shape.m, shape.k), make(shape.k, shape.n)
 
         def step():
             return torch.matmul(a, b)
@@ -66,24 +74,32 @@ def main() -> None:
     ap.add_argument("--shape", default="8192")
     ap.add_argument("--dtypes", default="bf16,fp16,tf32,fp8")
     ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--inits", default="uniform", help="comma-separated: uniform, normal, positive")
     args = ap.parse_args()
     (shape,) = gemm.parse_shapes(args.shape)
-    _, devices = gemm.devices_or_error(str(args.gpu))
-    devices = [d for d in devices if d["index"] == args.gpu] or devices
+    _, devices = gemm.devices_or_error(None)
+    devices = [d for d in devices if d["index"] == args.gpu]
     for dtype in gemm.parse_dtypes(args.dtypes):
-        before = torch_tflops(dtype, shape, args.gpu)
-        t0 = time.monotonic()
-        run = gemm.run_gemm(GemmConfig(dtypes=(dtype,), shapes=(shape,), gpus=(args.gpu,)), devices)
-        wall = time.monotonic() - t0
-        after = torch_tflops(dtype, shape, args.gpu)
-        (r,) = run.results
-        first = r.heuristic_first
-        first_tf = shape.flops / first.median_s / 1e12 if first and first.median_s else float("nan")
-        ref = max(before, after)
-        print(f"{dtype} {shape}: mgpu-bench {r.tflops:.1f} TFLOP/s (best {r.best.name()}, heuristic's first "
-              f"{first_tf:.1f}; {r.pct_peak or float('nan'):.1f}% of peak; probe {wall:.2f} s incl. selection) | "
-              f"torch {before:.1f} before, {after:.1f} after | mgpu-bench - best torch = "
-              f"{100 * (r.tflops / ref - 1):+.1f}%", flush=True)
+        for init in args.inits.split(","):
+            before = torch_tflops(dtype, shape, args.gpu, init)
+            t0 = time.monotonic()
+            run = gemm.run_gemm(GemmConfig(dtypes=(dtype,), shapes=(shape,), gpus=(args.gpu,), init=init), devices)
+            wall = time.monotonic() - t0
+            after = torch_tflops(dtype, shape, args.gpu, init)
+            (r,) = run.results
+            if r.best is None:
+                errors = "; ".join(sorted({c.error or "wrong results" for c in r.candidates}))
+                print(f"{dtype} {shape} {init}: mgpu-bench has no result ({errors}) | torch {before:.1f} before, "
+                      f"{after:.1f} after", flush=True)
+                continue
+            first = r.heuristic_first
+            first_tf = shape.flops / first.median_s / 1e12 if first and first.median_s else float("nan")
+            clock = (r.telemetry or {}).get("sm_hz_median") or float("nan")
+            ref = max(before, after)
+            print(f"{dtype} {shape} {init}: mgpu-bench {r.tflops:.1f} TFLOP/s (best {r.best.name()}, heuristic's "
+                  f"first {first_tf:.1f}; {r.pct_peak or float('nan'):.1f}% of peak; SM {clock / 1e6:.0f} MHz; probe "
+                  f"{wall:.2f} s incl. selection) | torch {before:.1f} before, {after:.1f} after | "
+                  f"mgpu-bench - best torch = {100 * (r.tflops / ref - 1):+.1f}%", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -18,10 +19,20 @@ class ScopedDevice {
     MGPU_CUDA_CHECK(cudaGetDevice(&m_prev));
     MGPU_CUDA_CHECK(cudaSetDevice(dev));
   }
-  ~ScopedDevice() { MGPU_CUDA_WARN(cudaSetDevice(m_prev)); }
+  // For destructors: never throws; a failure is a warning and the restore is skipped.
+  ScopedDevice(int dev, std::nothrow_t) noexcept {
+    m_ok = cudaGetDevice(&m_prev) == cudaSuccess;
+    MGPU_CUDA_WARN(cudaSetDevice(dev));
+  }
+  ~ScopedDevice() {
+    if (m_ok) MGPU_CUDA_WARN(cudaSetDevice(m_prev));
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
 
  private:
   int m_prev = 0;
+  bool m_ok = true;
 };
 
 // Device memory filled with 0x5A bytes (never zeros, which some paths run faster on).
@@ -33,7 +44,7 @@ class DeviceBuffer {
     MGPU_CUDA_CHECK(cudaMemset(m_ptr, 0x5A, std::max<size_t>(bytes, 16)));  // never zeros
   }
   ~DeviceBuffer() {
-    ScopedDevice on(m_dev);
+    ScopedDevice on(m_dev, std::nothrow);
     MGPU_CUDA_WARN(cudaFree(m_ptr));
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -52,7 +63,7 @@ class Stream {
     MGPU_CUDA_CHECK(cudaStreamCreateWithFlags(&m_stream, cudaStreamNonBlocking));
   }
   ~Stream() {
-    ScopedDevice on(m_dev);
+    ScopedDevice on(m_dev, std::nothrow);
     MGPU_CUDA_WARN(cudaStreamDestroy(m_stream));
   }
   Stream(const Stream&) = delete;
@@ -73,7 +84,7 @@ class Event {
                                                               : cudaEventDisableTiming));
   }
   ~Event() {
-    ScopedDevice on(m_dev);
+    ScopedDevice on(m_dev, std::nothrow);
     MGPU_CUDA_WARN(cudaEventDestroy(m_event));
   }
   Event(const Event&) = delete;

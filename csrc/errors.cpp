@@ -59,7 +59,9 @@ void throw_cublas(cublasStatus_t st, const char* call, const char* file, int lin
 }
 
 void warn_cuda(cudaError_t err, const char* call, const char* file, int line) noexcept {
-  if (err != cudaSuccess) {
+  // At interpreter exit the runtime may be unloading before the last owner is freed: nothing
+  // is lost then, and nothing is worth a warning.
+  if (err != cudaSuccess && err != cudaErrorCudartUnloading) {
     std::fprintf(stderr, "mgpu-bench: warning: %s: %s [%s:%d: %s]\n", cudaGetErrorName(err),
                  cudaGetErrorString(err), file, line, call);
   }

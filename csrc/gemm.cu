@@ -19,7 +19,8 @@ namespace mgpu {
 namespace {
 
 constexpr int kCheckSamples = 1024;  // output elements compared with the fp64 reference
-constexpr float kFp8Range = 8.0f;     // fp8 inputs are uniform in [-8, 8), scaled by 1/8
+constexpr float kFp8Range = 8.0f;     // fp8 inputs are 8x the init's values, scaled by 1/8
+constexpr int kScaleStride = 4;       // floats between the A and B scales (16 bytes)
 
 enum class Kind { F64, F32, F16, BF16, F8 };
 
@@ -59,10 +60,17 @@ __device__ inline uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
   return x ^ (x >> 31);
 }
 
-// Uniform in [-1, 1) from (seed, index); never an exact zero matrix.
-__device__ inline float uniform(uint64_t seed, size_t i) {
+// Element i of a random matrix (never an all-zero one): init 0 uniform in [-1, 1), 1 standard
+// normal (Box-Muller), 2 uniform in [0, 1). The distribution changes the power a GEMM draws.
+__device__ inline float random_value(uint64_t seed, size_t i, int init) {
   const uint64_t r = mix64(seed ^ (static_cast<uint64_t>(i) * 0xD1B54A32D192ED03ull));
-  return static_cast<float>(r >> 40) * (2.0f / 16777216.0f) - 1.0f;
+  const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+  if (init == 2) return u;
+  if (init == 1) {
+    const float u2 = (static_cast<float>(r & 0xFFFFFFu) + 1.0f) * (1.0f / 16777217.0f);  // (0, 1]
+    return sqrtf(-2.0f * logf(u2)) * cospif(2.0f * u);
+  }
+  return 2.0f * u - 1.0f;
 }
 
 template <typename T>
@@ -82,10 +90,10 @@ __device__ inline double to_double(T v) { return static_cast<double>(static_cast
 template <> __device__ inline double to_double<double>(double v) { return v; }
 
 template <typename T>
-__global__ void fill_kernel(T* p, size_t n, uint64_t seed) {
+__global__ void fill_kernel(T* p, size_t n, uint64_t seed, int init) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    p[i] = from_float<T>(uniform(seed, i));
+    p[i] = from_float<T>(random_value(seed, i, init));
   }
 }
 
@@ -115,8 +123,8 @@ __global__ void check_kernel(const TIn* a, const TIn* b, const TOut* d, int64_t 
 }
 
 template <typename T>
-void fill(T* p, size_t n, uint64_t seed, cudaStream_t st) {
-  fill_kernel<T><<<1024, 256, 0, st>>>(p, n, seed);
+void fill(T* p, size_t n, uint64_t seed, int init, cudaStream_t st) {
+  fill_kernel<T><<<1024, 256, 0, st>>>(p, n, seed, init);
   MGPU_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -163,7 +171,7 @@ struct GemmProbe::Impl {
   uint64_t seed;
   size_t arena_a = 0, arena_b = 0, arena_d = 0, workspace_bytes = 0;
   std::unique_ptr<Stream> stream;
-  std::unique_ptr<DeviceBuffer> a, b, d, workspace, scales, errors;
+  std::unique_ptr<DeviceBuffer> a, b, d, c, workspace, scales, errors;  // c: fp8 only
   cublasLtHandle_t lt = nullptr;
 
   ~Impl() {
@@ -177,9 +185,11 @@ struct GemmProbe::Impl {
     MGPU_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     MGPU_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     if (spec.in == Kind::F8) {
+      // cuBLASLt wants each scale pointer 16-byte aligned: with B's scale 4 bytes after A's,
+      // every fp8 algorithm answered NOT_SUPPORTED on an H200 (cuBLAS 13.1).
       float* sc = static_cast<float*>(scales->get());
       const float* sa = sc;
-      const float* sb = sc + 1;
+      const float* sb = sc + kScaleStride;
       MGPU_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
       MGPU_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
       const int8_t fast = fast_accum ? 1 : 0;
@@ -225,11 +235,14 @@ struct GemmProbe::Impl {
     const char* pa = static_cast<const char*>(a->get()) + set * step_a;
     const char* pb = static_cast<const char*>(b->get()) + set * step_b;
     char* pd = static_cast<char*>(d->get()) + set * step_d;
+    // fp8 runs out of place, as NVIDIA's fp8 sample does: C (bf16, never read as beta is 0)
+    // has its own buffer. The other dtypes write D over C.
+    const void* pc = c ? c->get() : pd;
     const double one_d = 1.0, zero_d = 0.0;
     const float one_f = 1.0f, zero_f = 0.0f;
     const void* alpha = spec.scale_type == CUDA_R_64F ? static_cast<const void*>(&one_d) : &one_f;
     const void* beta = spec.scale_type == CUDA_R_64F ? static_cast<const void*>(&zero_d) : &zero_f;
-    return cublasLtMatmul(lt, x.op, alpha, pa, x.a, pb, x.b, beta, pd, x.c, pd, x.d, &algo,
+    return cublasLtMatmul(lt, x.op, alpha, pa, x.a, pb, x.b, beta, pc, x.c, pd, x.d, &algo,
                           workspace->get(), workspace_bytes, stream->get());
   }
 
@@ -317,7 +330,8 @@ double now_s() {
 }  // namespace
 
 GemmProbe::GemmProbe(int device, const std::string& dtype, const std::string& layout,
-                     GemmShape max_shape, size_t workspace_bytes, uint64_t seed, bool fp8_fast_accum)
+                     GemmShape max_shape, size_t workspace_bytes, uint64_t seed, bool fp8_fast_accum,
+                     int init)
     : m_impl(std::make_unique<Impl>()), m_device(device) {
   check_device(device);
   check_shape(max_shape);
@@ -334,6 +348,9 @@ GemmProbe::GemmProbe(int device, const std::string& dtype, const std::string& la
   x.fast_accum = fp8_fast_accum;
   x.seed = seed;
   x.workspace_bytes = workspace_bytes;
+  if (init < 0 || init > 2) {
+    throw std::invalid_argument("init must be 0 (uniform), 1 (normal) or 2 (positive)");
+  }
 
   ScopedDevice on(device);
   int l2 = 0;
@@ -351,35 +368,39 @@ GemmProbe::GemmProbe(int device, const std::string& dtype, const std::string& la
   x.a = allocate(device, x.arena_a, "matrix A");
   x.b = allocate(device, x.arena_b, "matrix B");
   x.d = allocate(device, x.arena_d, "matrix D");
+  if (x.spec.in == Kind::F8) {
+    x.c = allocate(device, bytes(max_shape.m, max_shape.n, x.spec.out_size), "matrix C (fp8 runs out of place)");
+  }
   x.workspace = allocate(device, std::max<size_t>(workspace_bytes, 256), "the cuBLASLt workspace");
-  x.scales = allocate(device, 2 * sizeof(float), "fp8 scales");
+  x.scales = allocate(device, 2 * kScaleStride * sizeof(float), "fp8 scales");
   x.errors = allocate(device, kCheckSamples * sizeof(double), "check results");
   MGPU_CUBLAS_CHECK(cublasLtCreate(&x.lt));
 
   cudaStream_t st = x.stream->get();
   switch (x.spec.in) {
     case Kind::F64:
-      fill(static_cast<double*>(x.a->get()), x.arena_a / 8, seed, st);
-      fill(static_cast<double*>(x.b->get()), x.arena_b / 8, seed + 1, st);
+      fill(static_cast<double*>(x.a->get()), x.arena_a / 8, seed, init, st);
+      fill(static_cast<double*>(x.b->get()), x.arena_b / 8, seed + 1, init, st);
       break;
     case Kind::F32:
-      fill(static_cast<float*>(x.a->get()), x.arena_a / 4, seed, st);
-      fill(static_cast<float*>(x.b->get()), x.arena_b / 4, seed + 1, st);
+      fill(static_cast<float*>(x.a->get()), x.arena_a / 4, seed, init, st);
+      fill(static_cast<float*>(x.b->get()), x.arena_b / 4, seed + 1, init, st);
       break;
     case Kind::F16:
-      fill(static_cast<__half*>(x.a->get()), x.arena_a / 2, seed, st);
-      fill(static_cast<__half*>(x.b->get()), x.arena_b / 2, seed + 1, st);
+      fill(static_cast<__half*>(x.a->get()), x.arena_a / 2, seed, init, st);
+      fill(static_cast<__half*>(x.b->get()), x.arena_b / 2, seed + 1, init, st);
       break;
     case Kind::BF16:
-      fill(static_cast<__nv_bfloat16*>(x.a->get()), x.arena_a / 2, seed, st);
-      fill(static_cast<__nv_bfloat16*>(x.b->get()), x.arena_b / 2, seed + 1, st);
+      fill(static_cast<__nv_bfloat16*>(x.a->get()), x.arena_a / 2, seed, init, st);
+      fill(static_cast<__nv_bfloat16*>(x.b->get()), x.arena_b / 2, seed + 1, init, st);
       break;
     case Kind::F8:
-      fill(static_cast<__nv_fp8_e4m3*>(x.a->get()), x.arena_a, seed, st);
-      fill(static_cast<__nv_fp8_e4m3*>(x.b->get()), x.arena_b, seed + 1, st);
+      fill(static_cast<__nv_fp8_e4m3*>(x.a->get()), x.arena_a, seed, init, st);
+      fill(static_cast<__nv_fp8_e4m3*>(x.b->get()), x.arena_b, seed + 1, init, st);
       break;
   }
-  const float sc[2] = {1.0f / kFp8Range, 1.0f / kFp8Range};
+  float sc[2 * kScaleStride];
+  std::fill(sc, sc + 2 * kScaleStride, 1.0f / kFp8Range);
   MGPU_CUDA_CHECK(cudaMemcpyAsync(x.scales->get(), sc, sizeof(sc), cudaMemcpyHostToDevice, st));
   MGPU_CUDA_CHECK(cudaStreamSynchronize(st));
 }

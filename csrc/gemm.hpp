@@ -60,12 +60,13 @@ using SustainSeries = std::vector<std::pair<double, double>>;
 class GemmProbe {
  public:
   // Allocates arenas for A, B and D large enough for max_shape (and several sets of smaller
-  // shapes) and fills A and B with random values in [-1, 1) (fp8: [-8, 8) with scales 1/8).
+  // shapes) and fills A and B with random values: init 0 uniform in [-1, 1), 1 standard normal,
+  // 2 uniform in [0, 1); fp8 stores 8x those values and multiplies by scales of 1/8.
   // dtype: fp64, fp32, tf32, fp16, bf16, fp8 (e4m3 inputs, bf16 output). layout: two letters,
   // cuBLAS's op(A) op(B) in column-major terms ("NN" is what torch.matmul runs on row-major
   // tensors; fp8 needs "TN"). Throws OutOfMemoryError when the arenas do not fit.
   GemmProbe(int device, const std::string& dtype, const std::string& layout, GemmShape max_shape,
-            size_t workspace_bytes, uint64_t seed, bool fp8_fast_accum);
+            size_t workspace_bytes, uint64_t seed, bool fp8_fast_accum, int init = 0);
   ~GemmProbe();
   GemmProbe(const GemmProbe&) = delete;
   GemmProbe& operator=(const GemmProbe&) = delete;

@@ -155,14 +155,14 @@ PYBIND11_MODULE(_native, m) {
   py::class_<GemmProbe>(m, "GemmProbe")
       .def(py::init([](int device, const std::string& dtype, const std::string& layout,
                        int64_t m, int64_t n, int64_t k, size_t workspace, uint64_t seed,
-                       bool fp8_fast_accum) {
+                       bool fp8_fast_accum, int init) {
              py::gil_scoped_release release;
              return std::make_unique<GemmProbe>(device, dtype, layout, GemmShape{m, n, k},
-                                                workspace, seed, fp8_fast_accum);
+                                                workspace, seed, fp8_fast_accum, init);
            }),
            py::arg("device"), py::arg("dtype"), py::arg("layout"), py::arg("max_m"),
            py::arg("max_n"), py::arg("max_k"), py::arg("workspace"), py::arg("seed"),
-           py::arg("fp8_fast_accum") = false)
+           py::arg("fp8_fast_accum") = false, py::arg("init") = 0)
       .def("measure", [](GemmProbe& p, int64_t m, int64_t n, int64_t k, int candidates, int samples,
                          double sample_s, int warmup, bool check) {
         GemmMeasureArgs a;

@@ -54,3 +54,21 @@ class CommSession:
         """{counts, iters, batch, burst_seconds: [per rank], samples: ndarray[ranks, n], wrong: [per rank],
         warmup_seconds_per_iter}"""
     def abort(self) -> None: ...
+
+class GemmProbe:
+    """cuBLASLt GEMMs on one GPU; dtype fp64/fp32/tf32/fp16/bf16/fp8, layout NN/NT/TN/TT,
+    init 0 uniform [-1, 1), 1 normal, 2 uniform [0, 1)."""
+
+    stopped: bool
+    arena_bytes: int
+    device: int
+    def __init__(self, device: int, dtype: str, layout: str, max_m: int, max_n: int, max_k: int,
+                 workspace: int, seed: int, fp8_fast_accum: bool = False, init: int = 0) -> None: ...
+    def measure(self, m: int, n: int, k: int, candidates: int, samples: int, sample_s: float, warmup: int,
+                check: bool) -> dict[str, Any]:
+        """{candidates: [{index, algo_id, tile, stages, split_k, reduction, swizzle, custom, cluster,
+        workspace, waves, seconds: [per burst], iters_per_sample, max_error, error}], buffer_sets,
+        checked_elements}"""
+    def sustain(self, m: int, n: int, k: int, index: int, duration_s: float,
+                interval_s: float) -> list[tuple[float, float]]: ...
+    def stop(self) -> None: ...

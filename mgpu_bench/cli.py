@@ -360,7 +360,7 @@ once and its output checked on 1024 sampled elements against an fp64 reference (
 algorithm is reported and not counted), then --warmup untimed GEMMs, then --samples bursts
 of about --sample-time seconds, each timed with CUDA events at its two ends. The figure is
 the fastest candidate's median burst: TFLOP/s = 2*M*N*K / seconds per GEMM / 10^12.
-Inputs are random in [-1, 1) (fp8: e4m3 scaled by 1/8, bf16 output) and rotate among as many
+Inputs are random (--init; fp8: e4m3 scaled by 1/8, bf16 output) and rotate among as many
 buffer sets as make one GEMM's operands leave L2 before they come round again.
 
 \b
@@ -399,6 +399,9 @@ power and temperature (the limit-throughput round).
 @click.option("--peak", "peak_text", default=None,
               help="Your own dense peaks in TFLOP/s, e.g. bf16=989,fp8=1979 (for GPUs not in the database).")
 @click.option("--fp8-fast-accum", is_flag=True, help="fp8: cuBLASLt's fast accumulation (faster, less exact).")
+@click.option("--init", default="uniform", show_default=True, type=click.Choice(["uniform", "normal", "positive"]),
+              help="Input values: uniform in [-1, 1), standard normal, or uniform in [0, 1). They change the "
+                   "power drawn, so TFLOP/s on a power-capped GPU.")
 @click.option("--workspace", "workspace_text", default="32M", show_default=True, help="cuBLASLt workspace per GPU.")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
               help="Write the result document (every candidate's raw seconds, telemetry).")
@@ -408,7 +411,7 @@ power and temperature (the limit-throughput round).
 @click.option("--progress/--no-progress", default=None, help="Progress on stderr [default: when a terminal].")
 def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates, samples, sample_time, warmup,
                  check, search, search_range, search_refine, duration_text, interval, peak_text, fp8_fast_accum,
-                 workspace_text, json_path, csv_path, report_dir, progress) -> int:
+                 init, workspace_text, json_path, csv_path, report_dir, progress) -> int:
     from rich.console import Console
 
     from . import _native, gemm, hardware, report
@@ -445,7 +448,7 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
                           samples=samples, sample_s=sample_time, warmup=warmup, check=check,
                           one_at_a_time=one_at_a_time, search=grid, search_refine=search_refine,
                           duration_s=duration, interval_s=interval, workspace=workspace, peak_overrides=peaks,
-                          fp8_fast_accum=fp8_fast_accum)
+                          fp8_fast_accum=fp8_fast_accum, init=init)
     gemm.validate(cfg, devices, free)
 
     out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)

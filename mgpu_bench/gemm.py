@@ -11,6 +11,7 @@ FLOPs of one GEMM: 2 * M * N * K (a multiply and an add per term), whatever the 
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import re
@@ -37,6 +38,9 @@ TOLERANCE = {"fp64": 1e-11, "fp32": 1e-4, "tf32": 5e-3, "fp16": 2e-3, "bf16": 1e
 ELEMENT_BYTES = {"fp64": (8, 8), "fp32": (4, 4), "tf32": (4, 4), "fp16": (2, 2), "bf16": (2, 2),
                  "fp8": (1, 2)}  # (inputs, output)
 LAYOUTS = ("NN", "NT", "TN", "TT")
+# Input distributions (the probe's init codes). They change the power a GEMM draws and so, on a
+# power-capped GPU, its TFLOP/s: say which one a figure used when comparing with other tools.
+INITS = {"uniform": 0, "normal": 1, "positive": 2}
 FP8_MIN_CC = (8, 9)  # Ada and Hopper: the first with fp8 tensor cores
 DEFAULT_WORKSPACE = 32 << 20  # cuBLAS's recommendation for Hopper
 OUTLIER_FLOOR = 0.02  # a GPU is named only when it is this far below the median, or 3x noise
@@ -300,6 +304,7 @@ class GemmConfig:
     workspace: int = DEFAULT_WORKSPACE
     peak_overrides: Mapping[str, float] = field(default_factory=dict)
     fp8_fast_accum: bool = False
+    init: str = "uniform"  # a key of INITS
     seed: int = 20261129
 
 
@@ -396,7 +401,7 @@ def run_gemm(cfg: GemmConfig, devices: list[dict], progress: Callable[[str], Non
                 def make(dev: dict, dtype=dtype, layout=layout, largest=largest) -> None:
                     probes[dev["index"]] = _native.GemmProbe(
                         dev["index"], dtype, layout, largest.m, largest.n, largest.k, cfg.workspace,
-                        cfg.seed, cfg.fp8_fast_accum)
+                        cfg.seed, cfg.fp8_fast_accum, INITS[cfg.init])
 
                 _on_gpus(devices, make, cfg.one_at_a_time, probes)
                 if progress:
@@ -426,6 +431,11 @@ def run_gemm(cfg: GemmConfig, devices: list[dict], progress: Callable[[str], Non
         except MgpuError as exc:
             run.stopped = "failed"
             run.stop_message = str(exc)
+        finally:
+            # Free the GPU memory now: a stopped worker's traceback can hold a probe in a
+            # reference cycle, and a probe freed at interpreter exit outlives the CUDA runtime.
+            probes.clear()
+            gc.collect()
     run.wall_seconds = time.monotonic() - t_start
     return run
 
@@ -447,28 +457,33 @@ def _on_gpus(devices: Sequence[dict], fn: Callable[[dict], Any], one_at_a_time: 
     results: dict[int, Any] = {}
     errors: list[BaseException] = []
 
-    def work(dev: dict) -> None:
+    def work(dev: dict, done: threading.Event) -> None:
         try:
             results[dev["index"]] = fn(dev)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             errors.append(exc)
             for p in list(probes.values()):
                 p.stop()
+        finally:
+            done.set()
 
+    # Completion is awaited on Events, not Thread.join: on Python <= 3.12 a KeyboardInterrupt
+    # inside join() can mark a still-running thread as finished (bpo-45274's clean-up), and a
+    # later join() would then return while the GPU is still working.
     batches = [[d] for d in devices] if one_at_a_time else [list(devices)]
     for batch in batches:
-        threads = [threading.Thread(target=work, args=(d,), daemon=True) for d in batch]
-        for t in threads:
-            t.start()
+        events = [threading.Event() for _ in batch]
+        for d, ev in zip(batch, events, strict=True):
+            threading.Thread(target=work, args=(d, ev), daemon=True).start()
         try:
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.1)
+            for ev in events:
+                while not ev.wait(0.1):
+                    pass
         except KeyboardInterrupt:
             for p in list(probes.values()):
                 p.stop()
-            for t in threads:
-                t.join()
+            for ev in events:
+                ev.wait()
             raise
         if errors:
             raise errors[0]
@@ -651,7 +666,7 @@ def document(run: GemmRun, environment: dict, command: list[str] | None = None) 
                    "one_at_a_time": run.config.one_at_a_time,
                    "search": list(run.config.search) if run.config.search else None,
                    "duration_s": run.config.duration_s, "workspace": run.config.workspace,
-                   "fp8_fast_accum": run.config.fp8_fast_accum},
+                   "fp8_fast_accum": run.config.fp8_fast_accum, "init": run.config.init},
         "status": {"completed": run.stopped is None, "stopped": run.stopped, "message": run.stop_message},
         "notes": run.notes, "telemetry_error": run.telemetry_error, "wall_seconds": run.wall_seconds,
         "findings": findings(run),
@@ -708,23 +723,28 @@ def _num(v: float | None, fmt: str) -> str:
 
 
 def render_terminal(run: GemmRun, console) -> None:
+    """One table (100 columns) per run, then the best algorithm of every row, then the summary."""
     from rich.table import Table
 
-    t = Table(title="GEMM (cuBLASLt, best of the heuristic's candidates); TFLOP/s = 2MNK / median time",
-              title_justify="left")
-    for name, just in (("GPU", "right"), ("dtype", "left"), ("M x N x K", "left"), ("TFLOP/s", "right"),
-                       ("% peak", "right"), ("peak TFLOP/s", "right"), ("best algorithm", "left"),
-                       ("noise %", "right"), ("SM MHz", "right"), ("W max", "right"), ("C max", "right"),
-                       ("clock limits", "left")):
-        t.add_column(name, justify=just)  # type: ignore[arg-type]
-    for row in rows(run):
-        t.add_row(str(row["gpu"]), row["dtype"], f"{row['m']}x{row['n']}x{row['k']} {row['layout']}",
+    t = Table(title="GEMM (cuBLASLt): TFLOP/s = 2*M*N*K / median seconds per GEMM of the best candidate; "
+                    f"{run.config.init} inputs",
+              title_justify="left", pad_edge=False, box=None, header_style="bold")
+    for name, just in (("GPU", "right"), ("dtype", "left"), ("M x N x K  layout", "left"), ("TFLOP/s", "right"),
+                       ("% peak", "right"), ("best", "right"), ("noise\n%", "right"), ("SM\nMHz", "right"),
+                       ("power\nW max", "right"), ("temp\nC max", "right"), ("clock limits", "left")):
+        t.add_column(name, justify=just, overflow="fold")  # type: ignore[arg-type]
+    table_rows = rows(run)
+    for row in table_rows:
+        t.add_row(str(row["gpu"]), row["dtype"], f"{row['m']}x{row['n']}x{row['k']}  {row['layout']}",
                   _num(row["flops_per_s"] and row["flops_per_s"] / 1e12, ".1f"), _num(row["pct_peak"], ".1f"),
-                  _num(row["peak_flops_per_s"] and row["peak_flops_per_s"] / 1e12, ".1f"),
-                  row["best"] or "-", _num(row["noise"] and 100 * row["noise"], ".2f"),
+                  (row["best"] or "-").split(" ", 1)[0], _num(row["noise"] and 100 * row["noise"], ".2f"),
                   _num(row["sm_hz_median"] and row["sm_hz_median"] / 1e6, ".0f"), _num(row["power_w_max"], ".0f"),
-                  _num(row["temp_c_max"], ".0f"), row["limiting"] or "-")
+                  _num(row["temp_c_max"], ".0f"), row["limiting"].replace(";", ", ") or "-")
     console.print(t)
+    for row in table_rows:
+        if row["best"]:
+            console.print(f"  best for GPU {row['gpu']} {row['dtype']} {row['m']}x{row['n']}x{row['k']}: "
+                          f"{row['best']}", highlight=False, soft_wrap=True)
     for line in summary_lines(run):
         console.print(line, highlight=False, soft_wrap=True)
 
