@@ -196,7 +196,7 @@ def plot_sustained(run: GemmRun, dtype: str) -> bytes | None:
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
         if key == "tflops":
-            ax.set_ylim(bottom=0)
+            ax.set_ylim(0, ax.get_ylim()[1] * 1.1)  # room above a flat series
     axes[-1, 0].set_xlabel("time since the sustained run started (s)")
     shapes = ", ".join(str(s) for s in dict.fromkeys(r.shape for r in rs))
     axes[0, 0].set_title(_mpl(f"{dtype} sustained GEMM {shapes}\n{_models(rs)}"), fontsize=10)
