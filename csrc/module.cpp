@@ -12,6 +12,7 @@
 #include "errors.hpp"
 #include "gemm.hpp"
 #include "links.hpp"
+#include "memory.hpp"
 #include "op.hpp"
 
 namespace py = pybind11;
@@ -41,6 +42,31 @@ py::dict counts_dict(const OpCounts& c) {
   d["recv_count"] = c.recv_count;
   d["send_inplace_offset"] = c.send_inplace_offset;
   d["recv_inplace_offset"] = c.recv_inplace_offset;
+  return d;
+}
+
+py::dict churn_dict(const ChurnResult& r) {
+  py::dict d;
+  d["allocator"] = r.allocator;
+  d["pattern"] = r.pattern;
+  d["free_before"] = r.free_before;
+  d["total"] = r.total;
+  d["budget"] = r.budget;
+  d["free_after_pattern"] = r.free_after_pattern;
+  d["held_bytes"] = r.held_bytes;
+  d["allocations_done"] = r.allocations_done;
+  d["allocations_failed"] = r.allocations_failed;
+  d["largest_block"] = r.largest_block;
+  d["search_seconds"] = r.search_seconds;
+  d["search_probes"] = r.search_probes;
+  d["pool_reserved"] = r.pool_reserved;  // None unless the allocator has a pool ("async")
+  d["pool_used"] = r.pool_used;
+  py::list events;
+  const py::str alloc_kind("alloc"), free_kind("free");
+  for (const MemoryEvent& e : r.events) {
+    events.append(py::make_tuple(e.is_free ? free_kind : alloc_kind, e.bytes, e.seconds));
+  }
+  d["events"] = events;
   return d;
 }
 
@@ -279,4 +305,46 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("first_rank", &CommSession::first_rank)
       .def_property_readonly("devices", &CommSession::devices)
       .def_property("timeout", &CommSession::timeout, &CommSession::set_timeout);
+
+  m.def("memory_allocators", &memory_allocators,
+        "Allocators memory_churn runs: cudaMalloc, async (a stream-ordered pool), vmm.");
+  m.def("memory_patterns", &memory_patterns, "Churn patterns memory_churn runs.");
+  m.def("memory_churn", [](int device, const std::string& allocator, const std::string& pattern,
+                           uint64_t seed, double budget_fraction) {
+    ChurnResult r;
+    {
+      py::gil_scoped_release release;
+      r = memory_churn(device, allocator, pattern, seed, budget_fraction);
+    }
+    return churn_dict(r);
+  }, py::arg("device"), py::arg("allocator"), py::arg("pattern"), py::arg("seed") = 0,
+     py::arg("budget_fraction") = 0.9,
+     "Runs one churn pattern with one allocator, then finds the largest block still "
+     "allocatable; raw bytes and seconds.");
+  m.def("_memory_churn_simulated", [](const std::string& pattern, uint64_t seed,
+                                      double budget_fraction, size_t capacity) {
+    ChurnResult r;
+    {
+      py::gil_scoped_release release;
+      r = memory_churn_simulated(pattern, seed, budget_fraction, capacity);
+    }
+    return churn_dict(r);
+  }, py::arg("pattern"), py::arg("seed"), py::arg("budget_fraction"), py::arg("capacity"),
+     "memory_churn on a simulated first-fit arena of `capacity` bytes (no CUDA): for tests.");
+  m.def("hbm_kinds", &hbm_kinds, "Measurements hbm_bandwidth runs: copy_ce, copy_sm, read, write.");
+  m.def("hbm_bandwidth", [](int device, const std::string& kind, size_t bytes, int warmup,
+                            int iters) {
+    BandwidthResult r;
+    {
+      py::gil_scoped_release release;
+      r = hbm_bandwidth(device, kind, bytes, warmup, iters);
+    }
+    py::dict d;
+    d["seconds"] = r.seconds;
+    d["bytes_read"] = r.bytes_read;
+    d["bytes_written"] = r.bytes_written;
+    return d;
+  }, py::arg("device"), py::arg("kind"), py::arg("bytes") = size_t(4) << 30, py::arg("warmup") = 3,
+     py::arg("iters") = 20,
+     "Seconds per repetition of one HBM measurement (copy_ce, copy_sm, read, write) on one GPU.");
 }

@@ -72,3 +72,31 @@ class GemmProbe:
     def sustain(self, m: int, n: int, k: int, index: int, duration_s: float,
                 interval_s: float) -> list[tuple[float, float]]: ...
     def stop(self) -> None: ...
+
+def memory_allocators() -> list[str]:
+    """Allocators memory_churn runs: "cudaMalloc", "async" (stream-ordered, own pool, release
+    threshold UINT64_MAX), "vmm" (cuMemCreate/cuMemMap per allocation)."""
+def memory_patterns() -> list[str]:
+    """Churn patterns: "interleaved", "grow-shrink", "small-between-large"."""
+def memory_churn(device: int, allocator: str, pattern: str, seed: int = 0,
+                 budget_fraction: float = 0.9) -> dict[str, Any]:
+    """Runs one churn pattern (holding at most budget_fraction of the free memory), then finds
+    the largest block the same allocator can still allocate (binary search, 2 MiB steps), frees
+    everything. Raw numbers, bytes and host seconds:
+    {allocator, pattern, free_before, total, budget, free_after_pattern, held_bytes,
+    allocations_done, allocations_failed (0, or 1 when a failed allocation ended the pattern),
+    largest_block, search_seconds, search_probes, pool_reserved, pool_used (None unless
+    "async"; memory free to the job is then free_after_pattern + pool_reserved - pool_used),
+    events: [("alloc" | "free", bytes, seconds) per call of the pattern, in order]}.
+    Unknown names raise ValueError."""
+def _memory_churn_simulated(pattern: str, seed: int, budget_fraction: float,
+                            capacity: int) -> dict[str, Any]:
+    """memory_churn's result for a simulated first-fit arena of `capacity` bytes (allocator
+    "simulated"; no CUDA call). For tests."""
+def hbm_kinds() -> list[str]:
+    """Measurements hbm_bandwidth runs: "copy_ce", "copy_sm", "read", "write"."""
+def hbm_bandwidth(device: int, kind: str, bytes: int = 4 << 30, warmup: int = 3,
+                  iters: int = 20) -> dict[str, Any]:
+    """One GPU's memory bandwidth, `bytes` per buffer (rounded down to 16):
+    {seconds: [per repetition, CUDA events], bytes_read, bytes_written} (per repetition; copies
+    read and write `bytes`, "read" writes 4 bytes per block, "write" reads nothing)."""

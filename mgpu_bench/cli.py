@@ -59,6 +59,7 @@ def cli() -> None:
     mgpu-bench links                  GPU-to-GPU and host copy bandwidth, latency, the slow pair
     mgpu-bench topo                   GPUs, NVLinks, PCIe, NICs as data, with findings
     mgpu-bench gemm --dtype bf16,fp8  achievable TFLOP/s per GPU (cuBLASLt), the slow GPU named
+    mgpu-bench memory --bandwidth     fragmentation per allocator, HBM bandwidth, torch allocator
     """
 
 
@@ -497,6 +498,122 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
 
 def _write_gemm_report(run, out_dir, environment) -> None:
     from .gemm_report import write_report
+
+    write_report(run, out_dir, environment)
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+_MEMORY_HELP = """Device memory: fragmentation per allocator, HBM bandwidth, PyTorch's caching allocator.
+
+\b
+Churn probe (on by default): each --pattern runs seeded allocations under each --allocator
+(cudaMalloc; async = a stream-ordered pool that keeps freed memory; vmm = cuMemCreate/cuMemMap,
+the mechanism behind expandable segments) until --budget of the free memory is used; then
+the largest block that can really be allocated is found by allocation (binary search, each
+probe freed). fragmentation = 1 - largest block / free memory. Allocation and free latency
+per size class come from the pattern's own calls.
+
+\b
+--bandwidth: HBM copy (copy engine; SM kernel with 16-byte accesses), read-only and
+write-only kernels over 4 GiB buffers; TB/s = (bytes read + bytes written) / median time.
+--torch-allocators default,expandable,async,split512 runs a variable-sequence-length GPT
+training workload under each PYTORCH_CUDA_ALLOC_CONF setting in its own process.
+--max-batch MODEL finds the largest per-GPU batch (forward, backward, optimizer) with and
+without activation checkpointing.
+"""
+
+
+@cli.command("memory", help=_MEMORY_HELP)
+@click.option("--pattern", "pattern_text", default="all", show_default=True,
+              help="interleaved, grow-shrink, small-between-large, or all.")
+@click.option("--allocator", "allocator_text", default="all", show_default=True, help="cudaMalloc, async, vmm, or all.")
+@click.option("--churn/--no-churn", default=True, show_default=True, help="Run the native churn probe.")
+@click.option("--budget", default=0.9, show_default=True, type=float,
+              help="Share of free memory a pattern may allocate (near the limit fragmentation shows).")
+@click.option("--seed", default=20261129, show_default=True, type=int)
+@click.option("--bandwidth", is_flag=True, help="Also measure HBM bandwidth.")
+@click.option("--torch-allocators", "torch_text", default=None,
+              help="PyTorch allocator settings to compare: default, expandable, async, split512 or raw conf strings.")
+@click.option("--model", "torch_model", default="125m", show_default=True, help="Workload model for --torch-allocators.")
+@click.option("--batch-size", "torch_batch", default=8, show_default=True, type=int, help="Workload batch per GPU.")
+@click.option("--seq-lens", default="256-2048", show_default=True, help="Workload sequence lengths (varied per step).")
+@click.option("--steps", default=20, show_default=True, type=int, help="Workload steps per setting.")
+@click.option("--max-batch", "max_batch_model", default=None, help="Find the largest batch that fits for this model.")
+@click.option("--seq-len", default=2048, show_default=True, type=int, help="Sequence length for --max-batch.")
+@click.option("--timeout", default=600.0, show_default=True, type=float, help="Seconds per child process.")
+@click.option("--gpus", default=None, help="N for the first N GPUs, or indices 0,1 [default: all visible].")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the result document.")
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="Write PNGs (fragmentation, HBM, reserved vs allocated over the workload), report.html, summary.md.")
+@click.option("--progress/--no-progress", default=None, help="Progress on stderr [default: when a terminal].")
+def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth, torch_text, torch_model, torch_batch,
+                   seq_lens, steps, max_batch_model, seq_len, timeout, gpus, json_path, report_dir, progress) -> int:
+    from rich.console import Console
+
+    from . import memory, report
+    from .env import fingerprint
+
+    patterns = memory.parse_patterns(pattern_text)
+    allocators = memory.parse_allocators(allocator_text)
+    if not (0.05 <= budget <= 0.99):
+        raise InputError("--budget must be between 0.05 and 0.99 (a share of the free memory)")
+    if not (1 <= torch_batch <= 1_000_000 and 1 <= steps <= 100_000 and 16 <= seq_len <= 1_000_000):
+        raise InputError("--batch-size and --steps must be at least 1, --seq-len at least 16")
+    if not (0 < timeout <= 86400):
+        raise InputError("--timeout must be a positive number of seconds (at most a day)")
+    settings: tuple[str, ...] = ()
+    if torch_text or max_batch_model:
+        from . import models, torch_memory
+
+        if torch_text:
+            settings = tuple(torch_memory.parse_settings(torch_text))
+            models.get_model_spec(torch_model)
+            torch_memory.parse_seq_lens(seq_lens)
+        if max_batch_model:
+            models.get_model_spec(max_batch_model)
+    if not (churn or bandwidth or settings or max_batch_model):
+        raise InputError("nothing to run: drop --no-churn, or add --bandwidth, --torch-allocators or --max-batch")
+    _check_writable(json_path)
+    _check_report_dir(report_dir)
+    gpu_list, devices = memory.devices_or_error(gpus)
+    cfg = memory.MemoryConfig(gpus=tuple(gpu_list), patterns=patterns, allocators=allocators, churn=churn,
+                              budget=budget, seed=seed, bandwidth=bandwidth, torch_settings=settings,
+                              torch_model=torch_model, torch_batch=torch_batch, torch_seq_lens=seq_lens,
+                              torch_steps=steps, max_batch_model=max_batch_model, max_batch_seq=seq_len,
+                              timeout_s=timeout)
+    out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
+    err = Console(stderr=True)
+    show = err.is_terminal if progress is None else progress
+    environment = fingerprint()
+    if show:
+        with err.status("memory") as status:
+            run = memory.run_memory(cfg, devices, lambda text: status.update(f"memory: {text}"))
+    else:
+        run = memory.run_memory(cfg, devices)
+    for line in memory.findings(run):
+        out.print(f"finding: {line}", highlight=False, soft_wrap=True, style="bold yellow")
+    for note in dict.fromkeys(run.notes):
+        err.print(f"note: {note}", highlight=False)
+    memory.render_terminal(run, out)
+    out.print(f"memory: {run.wall_seconds:.1f} s wall", highlight=False)
+    write_failed = False
+    for path, write in ((json_path, lambda p: report.write_json(p, memory.document(run, environment, sys.argv))),
+                        (report_dir, lambda p: _write_memory_report(run, p, environment))):
+        if path:
+            try:
+                write(path)
+            except OSError as exc:
+                err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
+                write_failed = True
+    if run.stopped:
+        err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
+        return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
+    return EXIT_FAILED if write_failed else 0
+
+
+def _write_memory_report(run, out_dir, environment) -> None:
+    from .memory_report import write_report
 
     write_report(run, out_dir, environment)
 

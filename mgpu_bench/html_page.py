@@ -1,0 +1,52 @@
+"""A self-contained HTML page: environment, findings, sections of images and tables, notes.
+
+Everything from outside (host names, environment values, GPU names, findings) is escaped;
+images are embedded as data URIs; the page loads nothing from the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Sequence
+
+STYLE = ("body{font-family:sans-serif;max-width:72em;margin:2em auto}table{border-collapse:collapse;"
+         "margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
+         ".kv td,.kv th,td.l{text-align:left}.finding{color:#a40}.mono{font-family:monospace}"
+         "img{max-width:100%}")
+ENV_KEYS = ("host", "nvidia_driver", "cuda_driver", "cuda_runtime", "nccl", "cublaslt", "torch", "mgpu_bench")
+
+
+def image(name: str, png: bytes) -> str:
+    return f"<p><img alt='{html.escape(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'></p>"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], left: Sequence[int] = ()) -> str:
+    """A table; cells are escaped; column indices in `left` are left-aligned."""
+    e = html.escape
+    head = "<tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td{' class=l' if i in left else ''}>{e(str(c))}</td>"
+                                    for i, c in enumerate(row)) + "</tr>" for row in rows)
+    return f"<table>{head}{body}</table>"
+
+
+def page(title: str, environment: dict, findings: Sequence[str], sections: Sequence[tuple[str, str]],
+         notes: Sequence[str] = (), stopped: str | None = None) -> str:
+    """`sections`: (heading, trusted HTML built with image()/table()) pairs."""
+    e = html.escape
+    head = [f"<h1>{e(title)}</h1>", "<table class=kv>"]
+    for key in ENV_KEYS:
+        if key in environment:
+            head.append(f"<tr><th>{e(key)}</th><td>{e(str(environment.get(key)))}</td></tr>")
+    gpus = ", ".join(str(g.get("name")) for g in environment.get("gpus", []) if isinstance(g, dict))
+    head.append(f"<tr><th>GPUs</th><td>{e(gpus)}</td></tr>")
+    variables = " ".join(f"{k}={v}" for k, v in (environment.get("env") or {}).items())
+    head.append(f"<tr><th>environment</th><td>{e(variables)}</td></tr></table>")
+    head += [f"<p class=finding>finding: {e(f)}</p>" for f in findings]
+    if stopped:
+        head.append(f"<p class=finding>stopped early: {e(stopped)}</p>")
+    body = [f"<h2>{e(h)}</h2>{content}" for h, content in sections]
+    if notes:
+        body.append("<h2>notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(head)}{''.join(body)}</body></html>")

@@ -1,0 +1,405 @@
+"""`mgpu-bench memory`: how much device memory a job can really use, what fragmentation costs
+under which allocator, and whether HBM delivers its bandwidth.
+
+Three parts, each optional:
+- the native churn probe (``_native.memory_churn``): a seeded allocation pattern under one
+  allocator (cudaMalloc, the stream-ordered pool, virtual-memory mapping), then the largest
+  block that can really be allocated, found by allocation; fragmentation = 1 - largest / free;
+- HBM bandwidth (``_native.hbm_bandwidth``): copy-engine and SM copies, read-only and write-only
+  kernels, bytes counted as each kernel states them (a copy reads N and writes N);
+- PyTorch's caching allocator (``torch_memory``): a real training workload under allocator
+  settings, and the largest batch that fits, each in a fresh process.
+
+Base units in data (bytes, seconds, bytes/s); units are chosen when rendering.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InputError, MgpuError
+
+PATTERNS = ("interleaved", "grow-shrink", "small-between-large")
+ALLOCATORS = ("cudaMalloc", "async", "vmm")
+_ALLOCATOR_ALIASES = {"cudamalloc": "cudaMalloc", "malloc": "cudaMalloc", "async": "async",
+                      "cudamallocasync": "async", "pool": "async", "vmm": "vmm", "cumemmap": "vmm",
+                      "expandable": "vmm"}
+HBM_KINDS = ("copy_ce", "copy_sm", "read", "write")
+HBM_LABELS = {"copy_ce": "copy, copy engine", "copy_sm": "copy, SM kernel (16 B accesses)",
+              "read": "read-only kernel", "write": "write-only kernel"}
+# Size classes for allocation latency, by the allocation's bytes (upper bounds, inclusive).
+SIZE_CLASSES = ((4 << 20, "<= 4 MiB"), (64 << 20, "<= 64 MiB"), (1 << 30, "<= 1 GiB"), (None, "> 1 GiB"))
+FRAGMENTED = 0.05  # a pattern leaving more than 5% of free memory unusable as one block is a finding
+HBM_FLOOR = 0.80  # copy bandwidth under 80% of the datasheet figure is a finding
+
+
+def parse_patterns(text: str) -> tuple[str, ...]:
+    names = [p.strip().lower() for p in text.split(",") if p.strip()]
+    if not names or names == ["all"]:
+        return PATTERNS
+    for n in names:
+        if n not in PATTERNS:
+            raise InputError(f"unknown --pattern '{n}': choose from {', '.join(PATTERNS)} or all")
+    return tuple(dict.fromkeys(names))
+
+
+def parse_allocators(text: str) -> tuple[str, ...]:
+    out = []
+    for part in text.split(","):
+        key = part.strip().lower()
+        if not key:
+            continue
+        if key == "all":
+            return ALLOCATORS
+        name = _ALLOCATOR_ALIASES.get(key)
+        if name is None:
+            raise InputError(f"unknown --allocator '{part.strip()}': choose from {', '.join(ALLOCATORS)} or all")
+        out.append(name)
+    if not out:
+        raise InputError(f"--allocator is empty: choose from {', '.join(ALLOCATORS)}")
+    return tuple(dict.fromkeys(out))
+
+
+def size_class(nbytes: int) -> str:
+    for bound, label in SIZE_CLASSES:
+        if bound is None or nbytes <= bound:
+            return label
+    raise AssertionError("unreachable")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sequence."""
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100.0 * len(s)) - 1))
+    return s[k]
+
+
+# ------------------------------------------------------------------------------------ results
+
+@dataclass
+class ChurnResult:
+    gpu: int
+    allocator: str
+    pattern: str
+    raw: dict[str, Any]
+
+    @property
+    def free(self) -> int:
+        """Memory a job could still get: the device's free bytes, plus for the pool allocator
+        the bytes its pool keeps reserved but unused (cudaMemGetInfo does not count those)."""
+        pool = 0
+        if self.raw.get("pool_reserved") is not None:
+            pool = max(0, int(self.raw["pool_reserved"]) - int(self.raw.get("pool_used") or 0))
+        return int(self.raw["free_after_pattern"]) + pool
+
+    @property
+    def largest(self) -> int:
+        return int(self.raw["largest_block"])
+
+    @property
+    def fragmentation(self) -> float | None:
+        """1 - largest allocatable block / free memory after the pattern; None without free memory."""
+        if self.free <= 0:
+            return None
+        return max(0.0, 1.0 - self.largest / self.free)
+
+    @property
+    def lost_bytes(self) -> int:
+        return max(0, self.free - self.largest)
+
+    def latency(self) -> dict[str, dict[str, dict[str, float]]]:
+        """{kind: {size class: {count, p50, p99, max}}} in seconds, from the pattern's own calls."""
+        groups: dict[tuple[str, str], list[float]] = {}
+        for kind, nbytes, seconds in self.raw.get("events") or []:
+            groups.setdefault((kind, size_class(int(nbytes))), []).append(float(seconds))
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for (kind, cls), xs in sorted(groups.items()):
+            out.setdefault(kind, {})[cls] = {"count": len(xs), "p50": percentile(xs, 50), "p99": percentile(xs, 99),
+                                             "max": max(xs)}
+        return out
+
+    def to_dict(self) -> dict:
+        raw = {k: v for k, v in self.raw.items() if k != "events"}
+        return {"gpu": self.gpu, "allocator": self.allocator, "pattern": self.pattern, **raw,
+                "fragmentation": self.fragmentation, "lost_bytes": self.lost_bytes, "latency": self.latency()}
+
+
+@dataclass
+class HbmResult:
+    gpu: int
+    kind: str
+    bytes_read: int
+    bytes_written: int
+    seconds: list[float]
+    peak: float | None  # datasheet B/s, or None for an unknown GPU
+
+    @property
+    def bandwidth(self) -> float:
+        """(bytes read + bytes written) / median seconds."""
+        return (self.bytes_read + self.bytes_written) / statistics.median(self.seconds)
+
+    @property
+    def pct_peak(self) -> float | None:
+        return 100.0 * self.bandwidth / self.peak if self.peak else None
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu, "kind": self.kind, "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                "seconds": self.seconds, "bandwidth": self.bandwidth, "peak": self.peak, "pct_peak": self.pct_peak}
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    gpus: tuple[int, ...] = (0,)
+    patterns: tuple[str, ...] = PATTERNS
+    allocators: tuple[str, ...] = ALLOCATORS
+    churn: bool = True
+    budget: float = 0.9
+    seed: int = 20261129
+    bandwidth: bool = False
+    hbm_bytes: int = 4 << 30
+    hbm_iters: int = 10
+    torch_settings: tuple[str, ...] = ()
+    torch_model: str = "125m"
+    torch_batch: int = 8
+    torch_seq_lens: str = "256-2048"
+    torch_steps: int = 20
+    max_batch_model: str | None = None
+    max_batch_seq: int = 2048
+    timeout_s: float = 600.0
+
+
+@dataclass
+class MemoryRun:
+    config: MemoryConfig
+    devices: list[dict]
+    churn: list[ChurnResult] = field(default_factory=list)
+    hbm: list[HbmResult] = field(default_factory=list)
+    torch: dict[str, dict] = field(default_factory=dict)  # setting -> the child's JSON (or error)
+    max_batch: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    stopped: str | None = None
+    stop_message: str | None = None
+    wall_seconds: float = 0.0
+
+
+# ------------------------------------------------------------------------------------ running
+
+def run_memory(cfg: MemoryConfig, devices: list[dict], progress: Callable[[str], None] | None = None) -> MemoryRun:
+    """Each part in turn, GPU after GPU; Ctrl-C or a failing probe stops the run and keeps what
+    was measured (run.stopped says why)."""
+    from . import _native, hardware
+
+    run = MemoryRun(cfg, list(devices))
+    t0 = time.monotonic()
+    say = progress or (lambda _text: None)
+    try:
+        for dev in devices:
+            g = dev["index"]
+            if cfg.churn:
+                for allocator in cfg.allocators:
+                    for pattern in cfg.patterns:
+                        say(f"GPU {g} {allocator} {pattern}")
+                        raw = _native.memory_churn(g, allocator, pattern, cfg.seed, cfg.budget)
+                        run.churn.append(ChurnResult(g, allocator, pattern, dict(raw)))
+            if cfg.bandwidth:
+                model = hardware.find_gpu(dev["name"])
+                peak = model.memory_bandwidth.value if model else None
+                if model is None:
+                    run.notes.append(f"GPU {g} ({dev['name']}) is not in the hardware database: no HBM % of peak")
+                for kind in HBM_KINDS:
+                    say(f"GPU {g} HBM {kind}")
+                    raw = _native.hbm_bandwidth(g, kind, cfg.hbm_bytes, 3, cfg.hbm_iters)
+                    run.hbm.append(HbmResult(g, kind, int(raw["bytes_read"]), int(raw["bytes_written"]),
+                                             list(raw["seconds"]), peak))
+        if cfg.torch_settings or cfg.max_batch_model:
+            from . import torch_memory
+
+            first = devices[0]["index"]
+            for setting in cfg.torch_settings:
+                say(f"torch allocator {setting}")
+                run.torch[setting] = torch_memory.run_setting(
+                    setting, cfg.torch_model, cfg.torch_batch, cfg.torch_seq_lens, cfg.torch_steps, cfg.seed,
+                    first, cfg.timeout_s)
+            if cfg.max_batch_model:
+                for ckpt in (False, True):
+                    say(f"max batch {cfg.max_batch_model} checkpointing={ckpt}")
+                    res = torch_memory.max_batch(cfg.max_batch_model, cfg.max_batch_seq, ckpt, "default", first,
+                                                 cfg.timeout_s)
+                    run.max_batch.append({"model": cfg.max_batch_model, "seq_len": cfg.max_batch_seq,
+                                          "checkpointing": ckpt, **res})
+    except KeyboardInterrupt:
+        run.stopped = "interrupted"
+        run.stop_message = "interrupted: the results gathered so far are kept"
+    except MgpuError as exc:
+        run.stopped = "failed"
+        run.stop_message = str(exc).split(" [", 1)[0]
+    run.wall_seconds = time.monotonic() - t0
+    return run
+
+
+# ------------------------------------------------------------------------------------ verdicts
+
+def findings(run: MemoryRun) -> list[str]:
+    lines: list[str] = []
+    by_pattern: dict[tuple[int, str], list[ChurnResult]] = {}
+    for r in run.churn:
+        by_pattern.setdefault((r.gpu, r.pattern), []).append(r)
+    for (gpu, pattern), rs in by_pattern.items():
+        bad = [r for r in rs if (r.fragmentation or 0) > FRAGMENTED]
+        for r in bad:
+            lines.append(f"GPU {gpu} {pattern} under {r.allocator}: {_gib(r.lost_bytes)} of {_gib(r.free)} free "
+                         f"cannot be allocated as one block (fragmentation {100 * (r.fragmentation or 0):.1f}%, "
+                         f"largest block {_gib(r.largest)})")
+        clean = [r for r in rs if r.fragmentation is not None and r.fragmentation <= FRAGMENTED]
+        if bad and clean:
+            best = min(clean, key=lambda r: r.fragmentation or 0.0)
+            lines.append(f"GPU {gpu} {pattern}: {best.allocator} recovers it (largest block {_gib(best.largest)} "
+                         f"of {_gib(best.free)} free)")
+    allocs = {r.allocator for r in run.churn}
+    if run.churn and not any((r.fragmentation or 0) > FRAGMENTED for r in run.churn):
+        lines.append(f"no allocator fragmented under these patterns ({', '.join(sorted(allocs))}): the largest "
+                     "block stayed within 5% of free memory in every case")
+    for h in run.hbm:
+        if h.kind in ("copy_ce", "copy_sm") and h.pct_peak is not None and h.pct_peak < 100 * HBM_FLOOR:
+            lines.append(f"GPU {h.gpu} HBM {HBM_LABELS[h.kind]}: {h.bandwidth / 1e12:.2f} TB/s, {h.pct_peak:.1f}% of "
+                         f"the {h.peak / 1e12:.2f} TB/s datasheet figure (below {100 * HBM_FLOOR:.0f}%)")
+    if run.torch:
+        from . import torch_memory
+
+        lines.append(torch_memory.verdict(run.torch))
+    for mb in run.max_batch:
+        if mb.get("error"):
+            lines.append(f"max batch {mb['model']} (checkpointing {'on' if mb['checkpointing'] else 'off'}): "
+                         f"failed: {mb['error']}")
+    return lines
+
+
+def _gib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+def render_terminal(run: MemoryRun, console) -> None:
+    from rich.table import Table
+
+    if run.churn:
+        t = Table(title="Allocation churn: largest block that can really be allocated after each pattern "
+                        "(fragmentation = 1 - largest / free)", title_justify="left", pad_edge=False, box=None,
+                  header_style="bold")
+        for name in ("GPU", "allocator", "pattern", "held\nGiB", "free\nGiB", "largest\nGiB", "fragm.\n%",
+                     "alloc p50\nus", "alloc p99\nus", "free p99\nus", "search\ns"):
+            t.add_column(name, justify="left" if name in ("allocator", "pattern") else "right")
+        for r in run.churn:
+            lat = r.latency()
+            alloc = list((lat.get("alloc") or {}).values())
+            free = list((lat.get("free") or {}).values())
+            t.add_row(str(r.gpu), r.allocator, r.pattern, f"{r.raw['held_bytes'] / 2**30:.2f}", f"{r.free / 2**30:.2f}",
+                      f"{r.largest / 2**30:.2f}", "-" if r.fragmentation is None else f"{100 * r.fragmentation:.1f}",
+                      _us(max((c["p50"] for c in alloc), default=None)), _us(max((c["p99"] for c in alloc), default=None)),
+                      _us(max((c["p99"] for c in free), default=None)), f"{r.raw['search_seconds']:.2f}")
+        console.print(t)
+        console.print("  latency columns: the worst size class of the pattern's own calls; per class in --json",
+                      highlight=False)
+    if run.hbm:
+        t = Table(title="HBM bandwidth: (bytes read + bytes written) / median time; TB/s = 10^12 B/s",
+                  title_justify="left", pad_edge=False, box=None, header_style="bold")
+        for name in ("GPU", "kernel", "read\nGiB", "written\nGiB", "TB/s", "% of\ndatasheet", "datasheet\nTB/s"):
+            t.add_column(name, justify="left" if name == "kernel" else "right")
+        for h in run.hbm:
+            t.add_row(str(h.gpu), HBM_LABELS[h.kind], f"{h.bytes_read / 2**30:.1f}", f"{h.bytes_written / 2**30:.1f}",
+                      f"{h.bandwidth / 1e12:.2f}", "-" if h.pct_peak is None else f"{h.pct_peak:.1f}",
+                      "-" if h.peak is None else f"{h.peak / 1e12:.2f}")
+        console.print(t)
+    if run.torch:
+        t = Table(title="PyTorch caching allocator, one fresh process per setting", title_justify="left",
+                  pad_edge=False, box=None, header_style="bold")
+        for name in ("setting", "peak alloc\nGiB", "peak reserved\nGiB", "reserved-unalloc\nat peak GiB",
+                     "inactive split\npeak GiB", "largest free\nGiB", "free in cache\nGiB", "retries", "OOMs"):
+            t.add_column(name, justify="left" if name == "setting" else "right")
+        for setting, d in run.torch.items():
+            if d.get("error"):
+                t.add_row(setting, f"failed: {d['error']}", *[""] * 7)
+                continue
+            t.add_row(setting, *(_g(d.get(k)) for k in ("peak_allocated_bytes", "peak_reserved_bytes",
+                                                           "reserved_unallocated_at_peak_bytes",
+                                                           "inactive_split_peak_bytes", "largest_free_block_bytes",
+                                                           "free_in_segments_bytes")),
+                      _i(d.get("num_alloc_retries")), _i(d.get("num_ooms")))
+        console.print(t)
+    for mb in run.max_batch:
+        if mb.get("error"):
+            continue
+        console.print(f"max batch {mb['model']} seq {mb['seq_len']}, activation checkpointing "
+                      f"{'on' if mb['checkpointing'] else 'off'}: {mb.get('max_batch')} per GPU "
+                      f"({len(mb.get('trials') or [])} trials, {mb.get('seconds', 0):.1f} s)", highlight=False)
+
+
+def _us(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e6:.0f}"
+
+
+def _g(v: Any) -> str:
+    return "-" if v is None else f"{v / 2**30:.2f}"
+
+
+def _i(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+def document(run: MemoryRun, environment: dict, command: list[str] | None = None) -> dict:
+    import datetime as _dt
+
+    from . import __version__
+    from .report import RESULT_SCHEMA, RESULT_SCHEMA_VERSION
+
+    c = run.config
+    return {
+        "schema": RESULT_SCHEMA, "schema_version": RESULT_SCHEMA_VERSION, "kind": "memory",
+        "tool_version": __version__, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command, "environment": environment, "devices": run.devices,
+        "config": {"patterns": list(c.patterns), "allocators": list(c.allocators), "budget": c.budget,
+                   "seed": c.seed, "bandwidth": c.bandwidth, "hbm_bytes": c.hbm_bytes,
+                   "torch_settings": list(c.torch_settings), "torch_model": c.torch_model,
+                   "torch_batch": c.torch_batch, "torch_seq_lens": c.torch_seq_lens, "torch_steps": c.torch_steps,
+                   "max_batch_model": c.max_batch_model, "max_batch_seq": c.max_batch_seq},
+        "status": {"completed": run.stopped is None, "stopped": run.stopped, "message": run.stop_message},
+        "notes": run.notes, "wall_seconds": run.wall_seconds, "findings": findings(run),
+        "churn": [r.to_dict() for r in run.churn], "hbm": [h.to_dict() for h in run.hbm],
+        "torch": run.torch, "max_batch": run.max_batch,
+    }
+
+
+def devices_or_error(spec: str | None) -> tuple[list[int], list[dict]]:
+    from . import _native
+    from .comm import parse_gpus, visible_gpu_count
+
+    n = visible_gpu_count()
+    if n == 0:
+        try:
+            _native.device_count()
+        except MgpuError as exc:
+            raise InputError(f"memory needs NVIDIA GPUs: {str(exc).split(' [', 1)[0]}") from None
+        raise InputError("memory needs NVIDIA GPUs: none visible (check CUDA_VISIBLE_DEVICES)")
+    gpus = parse_gpus(spec, n)
+    return gpus, [_native.device_info(g) for g in gpus]
+
+
+def summary_mapping(run: MemoryRun) -> Mapping[str, Any]:
+    """Headline figures per GPU (for history and the suite): worst fragmentation and its case,
+    copy bandwidth."""
+    out: dict[str, Any] = {}
+    for r in run.churn:
+        key = f"gpu{r.gpu}"
+        cur = out.setdefault(key, {"fragmentation_max": 0.0, "worst": None})
+        if (r.fragmentation or 0) >= cur["fragmentation_max"]:
+            cur["fragmentation_max"] = r.fragmentation or 0.0
+            cur["worst"] = f"{r.allocator} {r.pattern}"
+    for h in run.hbm:
+        out.setdefault(f"gpu{h.gpu}", {})[f"hbm_{h.kind}"] = h.bandwidth
+    return out
