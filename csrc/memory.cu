@@ -587,12 +587,25 @@ bool fits_now(Allocator& a, size_t bytes) {
   return true;
 }
 
-// Largest allocation in [0, upper] that succeeds, to kMemoryGranule: a binary search, about
-// log2(upper / 2 MiB) probes (17 for an H200's 141 GB).
+// Largest allocation in [0, upper] that succeeds. A successful probe of 100+ GiB costs the
+// driver about half a second (mapping and unmapping the pages on an H200), so the search is
+// built to need few of them:
+// - first, upper less a slack of max(64 MiB, 0.1%): if that fits (the usual case for
+//   cudaMalloc and VMM, which map scattered pages into one range), the answer is known to
+//   the slack and one probe suffices;
+// - otherwise a binary search to 0.25% of upper (at least one 2 MiB granule): about 9 probes.
 size_t largest_block(Allocator& a, size_t upper, int* probes) {
+  const size_t top = upper / kMemoryGranule;  // granules
+  if (top == 0) return 0;
+  const size_t slack = std::max<size_t>((size_t(64) << 20) / kMemoryGranule, top / 1000);
+  if (top > slack) {
+    ++*probes;
+    if (fits_now(a, (top - slack) * kMemoryGranule)) return (top - slack) * kMemoryGranule;
+  }
   size_t lo = 0;                              // granules known to fit
-  size_t hi = upper / kMemoryGranule + 1;     // granules assumed not to fit
-  while (hi - lo > 1) {
+  size_t hi = top > slack ? top - slack : top + 1;  // granules known (or assumed) not to fit
+  const size_t resolution = std::max<size_t>(1, top / 400);
+  while (hi - lo > resolution) {
     const size_t mid = lo + (hi - lo) / 2;
     ++*probes;
     if (fits_now(a, mid * kMemoryGranule)) {

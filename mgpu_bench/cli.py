@@ -510,9 +510,11 @@ _MEMORY_HELP = """Device memory: fragmentation per allocator, HBM bandwidth, PyT
 Churn probe (on by default): each --pattern runs seeded allocations under each --allocator
 (cudaMalloc; async = a stream-ordered pool that keeps freed memory; vmm = cuMemCreate/cuMemMap,
 the mechanism behind expandable segments) until --budget of the free memory is used; then
-the largest block that can really be allocated is found by allocation (binary search, each
-probe freed). fragmentation = 1 - largest block / free memory. Allocation and free latency
-per size class come from the pattern's own calls.
+the largest block that can really be allocated is found by allocation: one probe at the free
+memory less max(64 MiB, 0.1%), and if that fails a binary search to 0.25% of it, each probe
+freed at once. fragmentation = 1 - largest block / free memory (for the pool, free includes
+what it keeps reserved but unused). Allocation and free latency per size class come from the
+pattern's own calls.
 
 \b
 --bandwidth: HBM copy (copy engine; SM kernel with 16-byte accesses), read-only and

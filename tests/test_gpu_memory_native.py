@@ -83,7 +83,7 @@ def test_simulated_patterns_keep_the_budget_and_account_for_every_call(pattern):
     assert r["allocations_failed"] in (0, 1)
     assert r["free_after_pattern"] == capacity // (2 * MiB) * (2 * MiB) - r["held_bytes"]
     assert 0 < r["largest_block"] <= r["free_after_pattern"]
-    assert r["search_probes"] <= 20  # log2(141 GB / 2 MiB) ~ 17
+    assert r["search_probes"] <= 10  # one probe near the top, then log2(400) ~ 9
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -97,6 +97,11 @@ def test_simulated_patterns_are_deterministic_from_the_seed(pattern):
         assert calls(3) != calls(4)
 
 
+def _resolution(r) -> int:
+    granules = r["free_after_pattern"] // (2 * MiB)
+    return max(1, granules // 400) * 2 * MiB
+
+
 def test_simulated_interleaved_leaves_holes_smaller_than_the_big_class():
     # 64 GiB, all of it: 256 pairs of 96 + 160 MiB fill it exactly; freeing the 96 MiB blocks
     # leaves 24 GiB free in 96 MiB holes.
@@ -106,7 +111,8 @@ def test_simulated_interleaved_leaves_holes_smaller_than_the_big_class():
     assert r["allocations_done"] == 512 and r["allocations_failed"] == 0
     assert r["held_bytes"] == 256 * 160 * MiB
     assert r["free_after_pattern"] == 24 * GiB
-    assert r["largest_block"] == 96 * MiB
+    # the search resolves to 0.25% of the free memory (never finer than one 2 MiB granule)
+    assert 96 * MiB - _resolution(r) <= r["largest_block"] <= 96 * MiB
 
 
 def test_simulated_small_between_large_strands_free_memory_in_large_holes():
@@ -114,7 +120,7 @@ def test_simulated_small_between_large_strands_free_memory_in_large_holes():
     sizes = {nbytes for kind, nbytes, _s in r["events"] if kind == "alloc"}
     assert GiB in sizes and sizes - {GiB} <= {2 * MiB, 4 * MiB, 6 * MiB, 8 * MiB}
     assert r["held_bytes"] < 0.1 * 64 * GiB  # only the small blocks stay
-    assert GiB <= r["largest_block"] < r["free_after_pattern"] / 4
+    assert GiB - _resolution(r) <= r["largest_block"] < r["free_after_pattern"] / 4
 
 
 def test_simulated_grow_shrink_keeps_long_lived_blocks_only():
