@@ -588,27 +588,35 @@ bool fits_now(Allocator& a, size_t bytes) {
 }
 
 // Largest allocation in [0, upper] that succeeds. A successful probe of 100+ GiB costs the
-// driver about half a second (mapping and unmapping the pages on an H200), so the search is
-// built to need few of them:
+// driver a few tenths of a second (mapping and unmapping the pages on an H200), a failing one
+// little, so the search is built to need few successes:
 // - first, upper less a slack of max(64 MiB, 0.1%): if that fits (the usual case for
 //   cudaMalloc and VMM, which map scattered pages into one range), the answer is known to
 //   the slack and one probe suffices;
-// - otherwise a binary search to 0.25% of upper (at least one 2 MiB granule): about 9 probes.
+// - otherwise down from the top in doubling steps until a size fits (the largest block of a
+//   fragmented allocator is usually near the top), then a binary search between that size and
+//   the last that failed, to 0.25% of upper (at least one 2 MiB granule).
 size_t largest_block(Allocator& a, size_t upper, int* probes) {
   const size_t top = upper / kMemoryGranule;  // granules
   if (top == 0) return 0;
   const size_t slack = std::max<size_t>((size_t(64) << 20) / kMemoryGranule, top / 1000);
-  if (top > slack) {
-    ++*probes;
-    if (fits_now(a, (top - slack) * kMemoryGranule)) return (top - slack) * kMemoryGranule;
-  }
-  size_t lo = 0;                              // granules known to fit
-  size_t hi = top > slack ? top - slack : top + 1;  // granules known (or assumed) not to fit
   const size_t resolution = std::max<size_t>(1, top / 400);
+  const auto fits = [&](size_t granules) {
+    ++*probes;
+    return fits_now(a, granules * kMemoryGranule);
+  };
+  size_t hi = top + 1;  // granules known (or assumed) not to fit
+  size_t lo = 0;        // granules known to fit
+  for (size_t step = slack; step < top; step *= 2) {
+    if (fits(top - step)) {
+      lo = top - step;
+      break;
+    }
+    hi = top - step;
+  }
   while (hi - lo > resolution) {
     const size_t mid = lo + (hi - lo) / 2;
-    ++*probes;
-    if (fits_now(a, mid * kMemoryGranule)) {
+    if (fits(mid)) {
       lo = mid;
     } else {
       hi = mid;
