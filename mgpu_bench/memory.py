@@ -264,6 +264,19 @@ def findings(run: MemoryRun) -> list[str]:
     if run.churn and not any((r.fragmentation or 0) > FRAGMENTED for r in run.churn):
         lines.append(f"no allocator fragmented under these patterns ({', '.join(sorted(allocs))}): the largest "
                      "block stayed within 5% of free memory in every case")
+    # Smaller differences between allocators are still stated, so a reader sees which one holds
+    # memory back: more than one percentage point between the best and the worst.
+    for (gpu, pattern), rs in by_pattern.items():
+        known = [r for r in rs if r.fragmentation is not None]
+        if len(known) < 2:
+            continue
+        worst = max(known, key=lambda r: r.fragmentation or 0.0)
+        best = min(known, key=lambda r: r.fragmentation or 0.0)
+        gap = (worst.fragmentation or 0.0) - (best.fragmentation or 0.0)
+        if 0.01 < gap and (worst.fragmentation or 0) <= FRAGMENTED:
+            lines.append(f"GPU {gpu} {pattern}: {worst.allocator} leaves {_gib(worst.lost_bytes)} "
+                         f"({100 * (worst.fragmentation or 0):.1f}%) of free memory unusable as one block, "
+                         f"{best.allocator} {_gib(best.lost_bytes)} ({100 * (best.fragmentation or 0):.1f}%)")
     for h in run.hbm:
         if h.kind in ("copy_ce", "copy_sm") and h.pct_peak is not None and h.pct_peak < 100 * HBM_FLOOR:
             lines.append(f"GPU {h.gpu} HBM {HBM_LABELS[h.kind]}: {h.bandwidth / 1e12:.2f} TB/s, {h.pct_peak:.1f}% of "

@@ -97,6 +97,12 @@ def test_findings_name_the_fragmenting_allocator_and_the_one_that_recovers():
     assert any("cudaMalloc recovers it" in x for x in lines)
     run.churn = [churn("cudaMalloc", "interleaved", 40 * GiB, 39.9 * GiB)]
     assert any(x.startswith("no allocator fragmented") for x in memory.findings(run))
+    # under 5% but more than a point apart: stated, with both figures
+    run.churn = [churn("cudaMalloc", "small-between-large", 133 * GiB, 132.9 * GiB),
+                 churn("async", "small-between-large", 133 * GiB, 129.5 * GiB)]
+    lines = memory.findings(run)
+    assert any("small-between-large: async leaves 3.50 GiB (2.6%)" in x and "cudaMalloc 0.10 GiB (0.1%)" in x
+               for x in lines)
 
 
 def test_findings_flag_slow_hbm():

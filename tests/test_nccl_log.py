@@ -67,3 +67,14 @@ def test_predicted_algorithm_by_size():
     assert nccl_log.predicted_algorithm(t, "alltoall", 1 << 20) is None
     assert not nccl_log.overstating("Ring/Simple")
     assert nccl_log.overstating("NVLS/Simple") and nccl_log.overstating("CollNetDirect/Simple")
+
+
+def test_p2p_disabled_on_the_real_2x_h200_is_a_finding():
+    """NCCL's INFO log of `NCCL_P2P_DISABLE=1 mgpu-bench comm --ops allreduce --sizes 64M` on
+    2x H200 (NV18): every channel goes through host shared memory, both directions."""
+    log = (Path(__file__).with_name("fixtures") / "nccl_info_2x_h200_p2p_disabled.log").read_text()
+    t = nccl_log.transports(log)
+    assert set(t) == {(0, 1), (1, 0)} and all(set(c) == {"SHM"} for c in t.values())
+    assert nccl_log.env_settings(log).get("NCCL_P2P_DISABLE") == "1"
+    lines = nccl_log.transport_findings(log, {(0, 1), (1, 0)})
+    assert len(lines) == 2 and all("NCCL uses SHM on 4 channel(s) where NVLink allows P2P" in x for x in lines)
