@@ -60,6 +60,7 @@ def cli() -> None:
     mgpu-bench topo                   GPUs, NVLinks, PCIe, NICs as data, with findings
     mgpu-bench gemm --dtype bf16,fp8  achievable TFLOP/s per GPU (cuBLASLt), the slow GPU named
     mgpu-bench memory --bandwidth     fragmentation per allocator, HBM bandwidth, torch allocator
+    mgpu-bench model --scaling 1,2    training steps: tokens/s, MFU, exposed communication, verdict
     """
 
 
@@ -616,6 +617,172 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
 
 def _write_memory_report(run, out_dir, environment) -> None:
     from .memory_report import write_report
+
+    write_report(run, out_dir, environment)
+
+
+# -- model -----------------------------------------------------------------------------------
+
+_MODEL_HELP = """Full training steps of the built-in GPT: throughput, MFU, where the step time goes.
+
+\b
+One process per GPU (gloo processes on a machine without GPUs, --nproc of them), started
+through torch's elastic launcher, or joined when torchrun/srun started this command. Each
+configuration runs --warmup-steps untimed steps, then --steps timed ones with CUDA events at
+the phase boundaries (data, forward, backward, optimizer), read back at the end. The figures
+come from the stable window: after warm-up, from the first step after which every rolling
+median of 5 steps stays within 5% of the median of the last half (its length is printed).
+tokens/s = batch x grad-accum x GPUs x seq-len / median step time. MFU = tokens/s per GPU x
+(6N + 12 L d T) FLOP per token / the bf16 dense peak of the GPU (hardware database, or
+--peak-tflops). Exposed communication (DDP, 2+ GPUs) = 1 - step time under no_sync() /
+step time; healthy is under 10%. --data both runs synthetic (effective) and a real
+DataLoader (gross) and names the gap as input-pipeline loss. --scaling 1,2 repeats the run
+at each GPU count with the same per-GPU batch: efficiency = T_N / (N x T_1).
+"""
+
+
+@cli.command("model", help=_MODEL_HELP)
+@click.option("--model", "model_name", default=None, help="tiny, 125m, 350m, 760m, 1.3b [default: 350m on GPUs, tiny on CPU].")
+@click.option("--seq-len", default=None, type=int, help="Tokens per sample [default: 2048 on GPUs, 128 on CPU].")
+@click.option("--batch-size", default=None, type=int, help="Samples per GPU per micro-batch [default: 8 on GPUs, 4 on CPU].")
+@click.option("--grad-accum", default=1, show_default=True, type=int, help="Micro-batches per optimizer step.")
+@click.option("--steps", default=30, show_default=True, type=int, help="Timed steps per configuration.")
+@click.option("--warmup-steps", default=5, show_default=True, type=int, help="Untimed steps first.")
+@click.option("--parallel", default="ddp", show_default=True, type=click.Choice(["ddp", "fsdp"]))
+@click.option("--data", "data_mode", default="synthetic", show_default=True,
+              type=click.Choice(["synthetic", "loader", "both"]),
+              help="synthetic: tokens made on the device (effective); loader: a DataLoader over a token file (gross).")
+@click.option("--num-workers", default=2, show_default=True, type=int, help="DataLoader workers per GPU.")
+@click.option("--preprocess-ms", default=0.0, show_default=True, type=float,
+              help="Simulated preprocessing cost per sample in the DataLoader.")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False), help="Where the token file is written [default: /tmp].")
+@click.option("--checkpointing", is_flag=True, help="Activation checkpointing per block.")
+@click.option("--scaling", "scaling_text", default=None, help="GPU counts to run, e.g. 1,2 (same per-GPU batch).")
+@click.option("--gpus", default=None, help="N for the first N GPUs, or indices 0,1 [default: all visible].")
+@click.option("--nproc", default=2, show_default=True, type=int, help="Processes on a machine without GPUs.")
+@click.option("--peak-tflops", default=None, type=float, help="Dense bf16 peak per GPU for MFU (GPUs not in the database).")
+@click.option("--exposed-comm/--no-exposed-comm", default=True, show_default=True,
+              help="Also run the steps under no_sync() to measure exposed communication (DDP).")
+@click.option("--profile/--no-profile", default=True, show_default=True,
+              help="Profile 3 steps for the NCCL-kernel share of the step (GPUs, 2+).")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the result document.")
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="Write PNGs (step time, phases, scaling), report.html and summary.md.")
+@click.option("--progress/--no-progress", default=None, help="Per-step progress on stderr [default: when a terminal].")
+def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_steps, parallel, data_mode, num_workers,
+                  preprocess_ms, data_dir, checkpointing, scaling_text, gpus, nproc, peak_tflops, exposed_comm, profile,
+                  json_path, report_dir, progress) -> int:
+    from rich.console import Console
+
+    from . import hardware, model_bench, models, report
+    from .comm import parse_gpus, visible_gpu_count
+    from .env import fingerprint
+    from .errors import MgpuError
+
+    try:
+        ngpu = visible_gpu_count()
+    except MgpuError:
+        ngpu = 0
+    on_gpu = ngpu > 0
+    model_name = model_name or ("350m" if on_gpu else "tiny")
+    spec = models.get_model_spec(model_name)
+    seq_len = (2048 if on_gpu else 128) if seq_len is None else seq_len
+    batch_size = (8 if on_gpu else 4) if batch_size is None else batch_size
+    if not (1 <= seq_len <= spec.max_seq):
+        raise InputError(f"--seq-len {seq_len} does not fit {spec.name}: it takes 1..{spec.max_seq} tokens")
+    if not (1 <= batch_size <= 1_000_000 and 1 <= grad_accum <= 10_000):
+        raise InputError("--batch-size and --grad-accum must be at least 1")
+    if not (1 <= steps <= 1_000_000 and 0 <= warmup_steps <= 1_000_000):
+        raise InputError("--steps must be at least 1 and --warmup-steps at least 0")
+    if not (0 <= num_workers <= 256 and 0 <= preprocess_ms <= 60_000):
+        raise InputError("--num-workers must be 0..256 and --preprocess-ms 0..60000")
+    if peak_tflops is not None and not (peak_tflops > 0 and peak_tflops < 1e6):
+        raise InputError("--peak-tflops must be a positive number of TFLOP/s")
+    if data_mode in ("loader", "both"):
+        d = Path(data_dir or "/tmp")
+        if not d.is_dir() or not os.access(d, os.W_OK):
+            raise InputError(f"--data-dir {d} is not a writable folder: give one the token file can be written to")
+    _check_writable(json_path)
+    _check_report_dir(report_dir)
+    if on_gpu:
+        chosen = parse_gpus(gpus, ngpu)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in chosen)
+        available = len(chosen)
+    else:
+        if gpus is not None:
+            raise InputError("--gpus needs NVIDIA GPUs; none are visible (use --nproc on CPU)")
+        if not (1 <= nproc <= 64):
+            raise InputError("--nproc must be between 1 and 64")
+        available = nproc
+    if scaling_text:
+        try:
+            counts = sorted({int(x) for x in scaling_text.split(",") if x.strip()})
+        except ValueError:
+            raise InputError(f"--scaling '{scaling_text}': write GPU counts like 1,2") from None
+        if not counts or counts[0] < 1 or counts[-1] > available:
+            raise InputError(f"--scaling '{scaling_text}': counts must be 1..{available} "
+                             f"({'GPUs selected' if on_gpu else '--nproc'})")
+    else:
+        counts = [available]
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    rank = int(os.environ.get("RANK", "0"))
+    show = (sys.stderr.isatty() if progress is None else progress) and rank == 0
+    cfg = model_bench.ModelConfig(model=spec.name, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
+                                  steps=steps, warmup_steps=warmup_steps, parallel=parallel,
+                                  data="synthetic", num_workers=num_workers, preprocess_ms=preprocess_ms,
+                                  data_dir=data_dir, checkpointing=checkpointing, exposed_comm=exposed_comm,
+                                  profile=profile, device="cuda" if on_gpu else "cpu", progress=show)
+    modes = ["synthetic", "loader"] if data_mode == "both" else [data_mode]
+    peak = None
+    if peak_tflops is not None:
+        peak = hardware.Figure(peak_tflops * 1e12, "FLOP/s", hardware.USER_OVERRIDE)
+    elif on_gpu:
+        from . import _native
+
+        name = _native.device_info(int(os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]))["name"]
+        peak = hardware.peak_flops(name, "bf16")
+    environment = fingerprint()
+    err = Console(stderr=True)
+    run = model_bench.run_model(cfg, counts, modes, peak, (lambda t: err.print(f"model: {t}", highlight=False))
+                                if show else None)
+    if rank != 0:
+        return 0
+    if peak is None:
+        run.notes.append("no MFU: " + ("this GPU has no bf16 peak in the hardware database; give --peak-tflops"
+                                        if on_gpu else "CPU processes have no peak figure; give --peak-tflops"))
+    out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
+    for line in model_bench.findings(run):
+        out.print(f"finding: {line}", highlight=False, soft_wrap=True, style="bold yellow")
+    for note in run.notes:
+        err.print(f"note: {note}", highlight=False)
+    if run.stats:
+        model_bench.render_terminal(run, out)
+    out.print(f"model: {run.wall_seconds:.1f} s wall, process start-up included", highlight=False)
+    write_failed = False
+    for path, write in ((json_path, lambda p: report.write_json(p, model_bench.document(run, environment, sys.argv))),
+                        (report_dir, lambda p: _write_model_report(run, p, environment))):
+        if path:
+            try:
+                write(path)
+            except OSError as exc:
+                err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
+                write_failed = True
+    failed = [s for s in run.stats if s.error]
+    if run.stopped:
+        err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
+        return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
+    if failed:
+        fit = [s.ranks[0] for s in run.stats if not s.error]
+        hint = (f"; run 'mgpu-bench memory --no-churn --max-batch {spec.name} --seq-len {seq_len}' for the largest "
+                "batch that fits" if any("out of memory" in (s.error or "") for s in failed) else "")
+        err.print(f"mgpu-bench: {len(failed)} configuration(s) failed: {failed[0].error}{hint}"
+                  + (f" ({len(fit)} measured and kept)" if fit else ""), highlight=False, style="bold red")
+        return EXIT_FAILED
+    return EXIT_FAILED if write_failed else 0
+
+
+def _write_model_report(run, out_dir, environment) -> None:
+    from .model_report import write_report
 
     write_report(run, out_dir, environment)
 

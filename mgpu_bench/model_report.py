@@ -1,0 +1,284 @@
+"""`mgpu-bench model --report DIR`: PNGs (step time over the timed steps with the stable window
+shaded; the median phase split per configuration; total tokens/s against GPU count with the
+ideal line), a self-contained HTML page and a Markdown summary.
+
+As in the other reports, the page loads nothing from anywhere (images are data URIs, every
+outside string is escaped by html_page), matplotlib is imported lazily with the Agg backend,
+and outside strings drawn in a plot have their `$` escaped so matplotlib does not read them as
+mathtext. The run keeps seconds, tokens/s, FLOP/s and bytes; ms, TFLOP/s, % and GiB are chosen
+here. Every configuration's table row and plot come from the same rows built once (`_rows`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import html_page, model_bench
+from .model_bench import PHASES, ModelRun, StepStats
+
+_PHASE_COLOURS = {"data": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:purple"}
+_IMAGES = ("steps", "phases", "scaling")  # file stems, in page order
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(plt, fig) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _plain(text: object) -> str:
+    """An outside string as plain matplotlib text: a `$` pair would start mathtext."""
+    return str(text).replace("$", r"\$")
+
+
+def _unit(run: ModelRun) -> str:
+    return "GPU" if run.config.device == "cuda" else "process"
+
+
+def _label(run: ModelRun, s: StepStats) -> str:
+    unit = _unit(run) if s.world == 1 else f"{_unit(run)}{'es' if run.config.device != 'cuda' else 's'}"
+    return f"{s.world} {unit}, {s.data}"
+
+
+def step_series(s: StepStats) -> list[float]:
+    """Seconds per timed step (warm-up already excluded by the worker), the slowest rank's per
+    step, as model_bench.analyse takes them; [] when no rank recorded steps."""
+    good = [r["phases"]["step"] for r in s.ranks if (r.get("phases") or {}).get("step")]
+    if not good:
+        return []
+    n = min(len(g) for g in good)
+    return [max(g[i] for g in good) for i in range(n)]
+
+
+def _title(run: ModelRun, what: str) -> str:
+    c = run.config
+    gpu = f" on {_plain(run.gpu_name)}" if run.gpu_name else ""
+    return f"{what}: {_plain(c.model)} ({_plain(c.parallel)}, seq {c.seq_len}, batch {c.batch_size} x {c.grad_accum}){gpu}"
+
+
+# ------------------------------------------------------------------------------------ plots
+
+def plot_steps(run: ModelRun) -> bytes | None:
+    """Step time (ms) over the timed steps for each configuration; its stable window shaded."""
+    series = [(s, xs) for s in run.stats if (xs := step_series(s))]
+    if not series:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, (s, xs) in enumerate(series):
+        colour = f"C{i % 10}"
+        start, end, stable = s.window
+        ax.plot(range(len(xs)), [x * 1e3 for x in xs], "-o", markersize=2.5, color=colour,
+                label=f"{_plain(_label(run, s))}: window {start}-{max(start, end - 1)}"
+                      + ("" if stable else " (not stable)"))
+        if end > start:  # window is [start, end) in step indices
+            ax.axvspan(start - 0.5, end - 0.5, color=colour, alpha=0.08, linewidth=0)
+        if "step_s" in s.derived:
+            ax.hlines(s.derived["step_s"] * 1e3, start - 0.5, end - 0.5, colors=colour, linestyles=":")
+    ax.set_xlabel(f"timed step (after {run.config.warmup_steps} warm-up steps)")
+    ax.set_ylabel("step time, ms (slowest rank)")
+    ax.set_title(_title(run, "step time; shaded: stable window, dotted: its median"), fontsize=9)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.grid(True, alpha=0.3)
+    return _png(plt, fig)
+
+
+def plot_phases(run: ModelRun) -> bytes | None:
+    """A stacked bar per configuration of the median phase times (ms) over the stable window,
+    a tick at the median step time, and the exposed communication share above where known."""
+    rows = [s for s in run.stats if s.derived and any(f"{p}_s" in s.derived for p in PHASES)]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows) + 3), 4.5))
+    xs = list(range(len(rows)))
+    bottoms = [0.0] * len(rows)
+    for p in PHASES:
+        ms = [(s.derived.get(f"{p}_s") or 0.0) * 1e3 for s in rows]
+        ax.bar(xs, ms, bottom=bottoms, width=0.6, color=_PHASE_COLOURS[p], label=p)
+        bottoms = [b + m for b, m in zip(bottoms, ms, strict=True)]
+    for x, s, top in zip(xs, rows, bottoms, strict=True):
+        step = s.derived.get("step_s")
+        if step is not None:
+            ax.hlines(step * 1e3, x - 0.35, x + 0.35, colors="black", linewidth=1.5,
+                      label="step (median)" if x == 0 else None)
+        exposed = s.derived.get("exposed_comm_share")
+        if exposed is not None:
+            ax.annotate(f"exposed comm\n{100 * exposed:.1f}%", (x, max(top, (step or 0) * 1e3)),
+                        ha="center", va="bottom", fontsize=7, xytext=(0, 3), textcoords="offset points")
+    ax.set_xticks(xs, [_plain(_label(run, s)).replace(", ", "\n") for s in rows], fontsize=8)
+    ax.set_ylabel("ms per step (median over the stable window)")
+    ax.set_title(_title(run, "where the step goes"), fontsize=9)
+    ax.margins(y=0.15)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.grid(True, axis="y", alpha=0.3)
+    return _png(plt, fig)
+
+
+def _throughput(run: ModelRun) -> dict[int, float]:
+    """Total tokens/s per GPU count, from the configuration run.scaling() uses."""
+    out = {}
+    for n in run.gpu_counts:
+        s = run.effective(n)
+        if s is not None and s.derived.get("tokens_per_s"):
+            out[n] = s.derived["tokens_per_s"]
+    return out
+
+
+def plot_scaling(run: ModelRun) -> bytes | None:
+    """Total tokens/s against GPU count, the ideal line N x T_1, efficiency T_N / (N x T_1) at
+    each point; None with fewer than two GPU counts measured."""
+    tps = _throughput(run)
+    if len(tps) < 2:
+        return None
+    eff = run.scaling()
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ns = sorted(tps)
+    modes = {run.effective(n).data for n in ns}
+    ax.plot(ns, [tps[n] for n in ns], "-o", color="tab:blue", label=f"measured ({'/'.join(sorted(modes))} data)")
+    if 1 in tps:
+        ax.plot(ns, [n * tps[1] for n in ns], ":", color="black", label="ideal: N x T_1")
+    for n in ns:
+        if n in eff:
+            ax.annotate(f"{100 * eff[n]:.1f}%", (n, tps[n]), ha="center", va="top", fontsize=8,
+                        xytext=(0, -6), textcoords="offset points")
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel("GPUs" if run.config.device == "cuda" else "processes")
+    ax.set_ylabel("tokens/s (total)")
+    ax.set_title(_title(run, "scaling (label: efficiency)"), fontsize=9)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(True, alpha=0.3)
+    return _png(plt, fig)
+
+
+def images(run: ModelRun) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for name, fn in zip(_IMAGES, (plot_steps, plot_phases, plot_scaling), strict=True):
+        png = fn(run)
+        if png:
+            out[name] = png
+    return out
+
+
+# ------------------------------------------------------------------------------------ tables
+
+def _fmt(d: dict, key: str, scale: float = 1.0, fmt: str = ".1f") -> str:
+    v = d.get(key)
+    return "-" if v is None else format(v * scale, fmt)
+
+
+def _rows(run: ModelRun) -> tuple[list[str], list[list[object]]]:
+    """One row per configuration; medians over the stable window."""
+    u = "GPU" if run.config.device == "cuda" else "proc"
+    headers = [f"{u}s", "data", "step ms", "tokens/s total", f"tokens/s per {u}", "TFLOP/s per GPU", "MFU %",
+               "data %", "fwd ms", "bwd ms", "opt ms", "exposed comm %", "peak reserved GiB", "window steps"]
+    rows: list[list[object]] = []
+    for s in run.stats:
+        d = s.derived
+        if not d:
+            rows.append([s.world, s.data, f"failed: {s.error or 'no steps measured'}", *["-"] * 11])
+            continue
+        start, end, stable = s.window
+        window = f"{start}-{end - 1} of {len(step_series(s))}" + ("" if stable else " (not stable)")
+        rows.append([s.world, s.data, _fmt(d, "step_s", 1e3, ".2f"), _fmt(d, "tokens_per_s", 1, ".0f"),
+                     _fmt(d, "tokens_per_s_per_gpu", 1, ".0f"), _fmt(d, "flops_per_s_per_gpu", 1e-12, ".2f"),
+                     _fmt(d, "mfu", 100), _fmt(d, "data_share", 100), _fmt(d, "forward_s", 1e3, ".2f"),
+                     _fmt(d, "backward_s", 1e3, ".2f"), _fmt(d, "optimizer_s", 1e3, ".2f"),
+                     _fmt(d, "exposed_comm_share", 100), _fmt(d, "peak_reserved", 2**-30, ".2f"), window])
+    return headers, rows
+
+
+def _scaling_rows(run: ModelRun) -> tuple[list[str], list[list[object]]]:
+    u = "GPU" if run.config.device == "cuda" else "proc"
+    tps, eff = _throughput(run), run.scaling()
+    headers = [f"{u}s", "data", "tokens/s total", "ideal tokens/s (N x T_1)", "efficiency %"]
+    if len(tps) < 2:
+        return headers, []
+    rows = [[n, run.effective(n).data, f"{t:.0f}", f"{n * tps[1]:.0f}" if 1 in tps else "-",
+             f"{100 * eff[n]:.1f}" if n in eff else "-"] for n, t in sorted(tps.items())]
+    return headers, rows
+
+
+def _config_rows(run: ModelRun) -> list[list[object]]:
+    c = run.config
+    peak = run.peak
+    rows = [["model", c.model], ["parallel", c.parallel], ["sequence length", c.seq_len],
+            ["batch per rank", f"{c.batch_size} x {c.grad_accum} (micro-batch x accumulation)"],
+            ["steps", f"{c.steps} timed after {c.warmup_steps} warm-up"], ["device", c.device],
+            ["GPU", run.gpu_name or "-"],
+            ["MFU peak", "-" if peak is None or peak.value is None
+             else f"{peak.value / 1e12:.1f} TFLOP/s per GPU ({peak.source})"]]
+    if "loader" in run.data_modes:
+        rows.append(["loader", f"{c.num_workers} workers, {c.preprocess_ms} ms preprocessing per sample"])
+    return rows
+
+
+def markdown(run: ModelRun, environment: dict) -> str:
+    def md(x: object) -> str:
+        return " ".join(str(x).split()).replace("|", "\\|")
+
+    gpus = ", ".join(md(g.get("name")) for g in environment.get("gpus", []) if isinstance(g, dict))
+    driver = (f"- driver: {md(environment.get('nvidia_driver'))}, CUDA {md(environment.get('cuda_driver'))}, "
+              f"torch {md(environment.get('torch'))}")
+    lines = ["# mgpu-bench model", "", f"- host: {md(environment.get('host'))}", driver,
+             f"- GPUs: {gpus or md(run.gpu_name or '-')}"]
+    lines += [f"- {md(k)}: {md(v)}" for k, v in _config_rows(run)]
+    lines.append("")
+    lines += [f"- finding: {md(f)}" for f in model_bench.findings(run)]
+    for headers, rows in (_rows(run), _scaling_rows(run)):
+        if rows:
+            lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+            lines += ["| " + " | ".join(md(c) for c in row) + " |" for row in rows]
+    if run.notes:
+        lines += [""] + [f"- note: {md(n)}" for n in run.notes]
+    if run.stopped:
+        lines += ["", f"Stopped early: {md(run.stop_message)}"]
+    return "\n".join(lines) + "\n"
+
+
+def page(run: ModelRun, environment: dict, imgs: dict[str, bytes]) -> str:
+    sections = [("configuration", html_page.table(["setting", "value"], _config_rows(run), left=(0, 1)))]
+    headers, rows = _rows(run)
+    if rows:
+        sections.append(("training steps (medians over the stable window)",
+                         html_page.table(headers, rows, left=(1, 13))))
+    headers, rows = _scaling_rows(run)
+    if rows:
+        sections.append(("scaling", html_page.table(headers, rows, left=(1,))))
+    titles = {"steps": "step time", "phases": "phase split", "scaling": "scaling"}
+    for name, png in imgs.items():
+        sections.append((titles.get(name, name), html_page.image(name, png)))
+    return html_page.page("mgpu-bench model", environment, model_bench.findings(run), sections, run.notes,
+                          run.stop_message if run.stopped else None)
+
+
+def write_report(run: ModelRun, out_dir: str | Path, environment: dict) -> list[Path]:
+    """Writes steps.png, phases.png, scaling.png (those that apply), report.html and summary.md
+    into out_dir (created; its parent must exist); returns the paths written."""
+    out = Path(out_dir)
+    out.mkdir(exist_ok=True)
+    imgs = images(run)
+    written = []
+    for name, png in imgs.items():
+        p = out / f"{name}.png"
+        p.write_bytes(png)
+        written.append(p)
+    (out / "report.html").write_text(page(run, environment, imgs), encoding="utf-8")
+    (out / "summary.md").write_text(markdown(run, environment), encoding="utf-8")
+    return written + [out / "report.html", out / "summary.md"]
+

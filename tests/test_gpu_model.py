@@ -1,0 +1,61 @@
+"""`mgpu-bench model` on real GPUs (run with `pytest -m gpu` on a GPU machine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _run(tmp_path, *args, timeout=600):
+    out = tmp_path / "m.json"
+    proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "model", *args, "--json", str(out),
+                           "--no-progress"], capture_output=True, text=True, timeout=timeout, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_one_gpu_with_both_data_sources(tmp_path):
+    doc, stdout = _run(tmp_path, "--model", "125m", "--seq-len", "1024", "--batch-size", "4", "--steps", "12",
+                       "--warmup-steps", "3", "--gpus", "1", "--data", "both", "--num-workers", "2")
+    assert {r["data"] for r in doc["runs"]} == {"synthetic", "loader"}
+    for r in doc["runs"]:
+        d = r["derived"]
+        assert d["tokens_per_s"] > 0 and 0 < d["mfu"] < 1
+        assert d["peak_allocated"] > 0 and d["forward_s"] > 0 and d["backward_s"] > d["forward_s"] * 0.8
+    assert any("input-pipeline loss" in f for f in doc["findings"])
+    assert "MFU" in stdout
+
+
+@pytest.mark.multi_gpu(2)
+def test_ddp_scaling_and_exposed_communication(tmp_path):
+    doc, _ = _run(tmp_path, "--model", "125m", "--seq-len", "1024", "--batch-size", "8", "--steps", "12",
+                  "--warmup-steps", "3", "--scaling", "1,2")
+    assert doc["gpu_counts"] == [1, 2]
+    two = next(r for r in doc["runs"] if r["world"] == 2)
+    assert two["derived"]["exposed_comm_share"] is not None
+    assert 0 <= two["derived"].get("comm_kernel_share", 0) < 1
+    assert 0.5 < doc["scaling"]["2"] <= 1.05
+
+
+@pytest.mark.multi_gpu(2)
+def test_fsdp_two_gpus(tmp_path):
+    doc, _ = _run(tmp_path, "--model", "125m", "--seq-len", "512", "--batch-size", "4", "--steps", "8",
+                  "--warmup-steps", "2", "--parallel", "fsdp")
+    (r,) = doc["runs"]
+    assert r["world"] == 2 and r["derived"]["tokens_per_s"] > 0 and r["error"] is None
+
+
+def test_oom_is_reported_exit_1(tmp_path):
+    out = tmp_path / "m.json"
+    proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "model", "--model", "1.3b", "--batch-size",
+                           "512", "--steps", "2", "--warmup-steps", "1", "--gpus", "1", "--json", str(out),
+                           "--no-progress"], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 1
+    assert "out of memory" in proc.stderr and "--max-batch" in proc.stderr and "Traceback" not in proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["runs"][0]["error"].startswith("out of memory")

@@ -1,0 +1,113 @@
+"""`mgpu-bench model` on CPU: window detection, scaling and throughput arithmetic, verdicts, a
+real two-process gloo run of the tiny model through the command line, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from mgpu_bench import model_bench as mb
+from mgpu_bench import models
+from mgpu_bench.cli import cli
+
+
+def test_stable_window_skips_a_slow_start_and_a_drift():
+    steady = [0.100 + 0.001 * (i % 3) for i in range(20)]
+    assert mb.stable_window(steady, 0) == (0, 20, True)
+    slow_start = [0.5, 0.3, 0.2, 0.15, 0.12] + steady
+    start, end, stable = mb.stable_window(slow_start, 0)
+    assert stable and end == 25 and 3 <= start <= 5
+    assert mb.stable_window(slow_start, 2)[0] >= 3  # never inside the warm-up
+    drifting = [0.1 * (1.03 ** i) for i in range(20)]  # 3% slower every step: never stable
+    assert mb.stable_window(drifting, 0)[2] is False
+    assert mb.stable_window([0.1, 0.1], 0) == (0, 2, False)  # too short to tell
+
+
+def test_scaling_efficiency():
+    eff = mb.scaling_efficiency({1: 1000.0, 2: 1900.0, 4: 3000.0})
+    assert eff == {1: 1.0, 2: pytest.approx(0.95), 4: pytest.approx(0.75)}
+    assert mb.scaling_efficiency({2: 1900.0}) == {}
+
+
+def ranks(step_s, world=1, data_s=0.001, nosync_s=None, oom=False):
+    n = 12
+    phases = {"data": [data_s] * n, "forward": [step_s * 0.3] * n, "backward": [step_s * 0.6] * n,
+              "optimizer": [step_s * 0.1] * n, "step": [step_s] * n}
+    out = []
+    for r in range(world):
+        d = {"rank": r, "world": world, "error": None, "phases": phases, "peak_allocated": 10 << 30,
+             "peak_reserved": 12 << 30, "total_memory": 140 << 30}
+        if nosync_s is not None:
+            d["no_sync_phases"] = {**phases, "step": [nosync_s] * n}
+        if oom:
+            d = {"rank": r, "world": world, "error": "out of memory: CUDA out of memory", "peak_allocated": None}
+        out.append(d)
+    return out
+
+
+def test_analyse_throughput_mfu_and_exposed_comm():
+    cfg = mb.ModelConfig(model="350m", seq_len=2048, batch_size=8)
+    st = mb.analyse(cfg, 2, ranks(0.2, world=2, nosync_s=0.17), peak_flops=989e12)
+    d = st.derived
+    assert st.tokens_per_step == 8 * 2 * 2048
+    assert d["tokens_per_s"] == pytest.approx(8 * 2 * 2048 / 0.2)
+    fpt = models.flops_per_token(models.get_model_spec("350m"), 2048)
+    assert d["mfu"] == pytest.approx(8 * 2048 / 0.2 * fpt / 989e12)
+    assert d["exposed_comm_share"] == pytest.approx(0.15)
+    assert mb.verdict(st).startswith("communication-bound: exposed communication is 15.0%")
+
+
+def test_verdicts():
+    cfg = mb.ModelConfig(model="tiny", seq_len=128, batch_size=4)
+    assert mb.verdict(mb.analyse(cfg, 1, ranks(0.1), None)) == "compute-bound"
+    assert mb.verdict(mb.analyse(cfg, 1, ranks(0.1, data_s=0.03), None)).startswith("input-bound")
+    assert mb.verdict(mb.analyse(cfg, 1, ranks(0.1, oom=True), None)).startswith("memory-bound")
+    eff, gross = mb.analyse(cfg, 1, ranks(0.1), None), mb.analyse(cfg, 1, ranks(0.125), None)
+    assert mb.input_loss(eff, gross) == pytest.approx(0.2)
+    assert "input pipeline costs 20.0%" in mb.verdict(eff, gross)
+
+
+def test_two_gloo_processes_end_to_end(tmp_path):
+    """A real run: the tiny GPT on 2 CPU processes (gloo) through torch's elastic launcher."""
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("on GPU machines the GPU tests cover this")
+    out = tmp_path / "m.json"
+    proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "model", "--steps", "4", "--warmup-steps", "1",
+                           "--nproc", "2", "--batch-size", "2", "--seq-len", "64", "--json", str(out),
+                           "--no-progress"], capture_output=True, text=True, timeout=280, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "tiny training steps" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "model" and doc["status"]["completed"]
+    (run,) = doc["runs"]
+    assert run["world"] == 2 and len(run["ranks"]) == 2
+    assert run["tokens_per_step"] == 2 * 64 * 2
+    assert all(len(r["phases"]["step"]) == 4 for r in run["ranks"])
+    d = run["derived"]
+    assert d["tokens_per_s"] == pytest.approx(run["tokens_per_step"] / d["step_s"])
+    assert d["exposed_comm_share"] is not None  # the no_sync pass ran on both ranks
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--model", "gpt5"], "unknown model"),
+    (["--seq-len", "4096"], "does not fit tiny"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--scaling", "1,3", "--nproc", "2"], "--scaling"),
+    (["--data", "loader", "--data-dir", "/nonexistent/dir"], "not a writable folder"),
+    (["--peak-tflops", "-1"], "--peak-tflops"),
+])
+def test_cli_bad_input_is_one_line_exit_2(args, text):
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0 and "--seq-len" in args:
+        pytest.skip("GPU defaults differ")
+    res = CliRunner().invoke(cli, ["model", *args])
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and text in lines[0]
