@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <new>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -108,6 +110,27 @@ inline void check_device(int dev) {
   if (dev < 0 || dev >= n) {
     throw std::invalid_argument("GPU " + std::to_string(dev) + " does not exist (" +
                                 std::to_string(n) + " visible)");
+  }
+}
+
+// A device buffer, or OutOfMemoryError saying which one (`what`), how large and how much was
+// free; other CUDA errors pass through.
+inline std::unique_ptr<DeviceBuffer> allocate(int dev, size_t bytes, const char* what) {
+  try {
+    return std::make_unique<DeviceBuffer>(dev, bytes);
+  } catch (const CudaError& e) {
+    if (e.code() != static_cast<int>(cudaErrorMemoryAllocation)) throw;
+    cudaGetLastError();
+    size_t free = 0, total = 0;
+    {
+      ScopedDevice on(dev, std::nothrow);
+      cudaMemGetInfo(&free, &total);
+    }
+    const double gib = double(size_t(1) << 30);
+    std::ostringstream os;
+    os << "GPU " << dev << ": out of memory allocating " << what << " (" << bytes / gib << " GiB; "
+       << free / gib << " GiB free of " << total / gib << ")";
+    throw OutOfMemoryError(os.str(), static_cast<int>(cudaErrorMemoryAllocation));
   }
 }
 

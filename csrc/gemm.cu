@@ -304,24 +304,6 @@ void check_shape(GemmShape s) {
   }
 }
 
-// Allocation with a useful message: which buffer, how large, how much was free.
-std::unique_ptr<DeviceBuffer> allocate(int dev, size_t bytes, const char* what) {
-  try {
-    return std::make_unique<DeviceBuffer>(dev, bytes);
-  } catch (const CudaError& e) {
-    if (e.code() != static_cast<int>(cudaErrorMemoryAllocation)) throw;
-    cudaGetLastError();
-    size_t free = 0, total = 0;
-    {
-      ScopedDevice on(dev);
-      cudaMemGetInfo(&free, &total);
-    }
-    std::ostringstream os;
-    os << "GPU " << dev << ": out of memory allocating " << what << " (" << bytes / double(1 << 30)
-       << " GiB; " << free / double(1 << 30) << " GiB free of " << total / double(1 << 30) << ")";
-    throw OutOfMemoryError(os.str(), static_cast<int>(cudaErrorMemoryAllocation));
-  }
-}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

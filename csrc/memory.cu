@@ -726,25 +726,6 @@ unsigned fill_grid(int dev, K kernel) {
   return static_cast<unsigned>(sms) * static_cast<unsigned>(std::max(per_sm, 1));
 }
 
-// A buffer, or OutOfMemoryError saying which one, how large and how much was free.
-std::unique_ptr<DeviceBuffer> buffer(int dev, size_t bytes, const char* what) {
-  try {
-    return std::make_unique<DeviceBuffer>(dev, bytes);
-  } catch (const CudaError& e) {
-    if (e.code() != static_cast<int>(cudaErrorMemoryAllocation)) throw;
-    cudaGetLastError();
-    size_t free = 0, total = 0;
-    {
-      ScopedDevice on(dev);
-      cudaMemGetInfo(&free, &total);
-    }
-    std::ostringstream os;
-    os << "GPU " << dev << ": out of memory allocating the " << what << " buffer ("
-       << bytes / double(kGiB) << " GiB; " << free / double(kGiB) << " GiB free of "
-       << total / double(kGiB) << ")";
-    throw OutOfMemoryError(os.str(), static_cast<int>(cudaErrorMemoryAllocation));
-  }
-}
 
 }  // namespace
 
@@ -811,13 +792,13 @@ BandwidthResult hbm_bandwidth(int device, const std::string& kind, size_t bytes,
   const bool reads = kind != "write";
   const bool writes = kind != "read";
   std::unique_ptr<DeviceBuffer> src, dst, out;
-  if (reads) src = buffer(device, size, "source");
-  if (writes) dst = buffer(device, size, "destination");
+  if (reads) src = allocate(device, size, "the source buffer");
+  if (writes) dst = allocate(device, size, "the destination buffer");
   const unsigned grid = kind == "copy_sm" ? fill_grid(device, copy_kernel)
                         : kind == "read"  ? fill_grid(device, read_kernel)
                         : kind == "write" ? fill_grid(device, write_kernel)
                                           : 0;
-  if (kind == "read") out = buffer(device, size_t(grid) * sizeof(uint32_t), "result");
+  if (kind == "read") out = allocate(device, size_t(grid) * sizeof(uint32_t), "the result buffer");
 
   BandwidthResult r;
   r.bytes_read = reads ? size : 0;

@@ -184,16 +184,9 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
             out.print(line, highlight=False, soft_wrap=True)  # one line each, for grep
     out.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s wall, "
               f"communicator set-up included", highlight=False)
-    write_failed = False
-    for path, write in ((json_path, lambda p: report.write_json(p, report.result_document(run, environment, sys.argv))),
+    write_failed = _write_outputs(((json_path, lambda p: report.write_json(p, report.result_document(run, environment, sys.argv))),
                         (csv_path, lambda p: Path(p).write_text(report.render_csv(run))),
-                        (report_dir, lambda p: _write_comm_report(run, p, environment) if run.measurements else None)):
-        if path:
-            try:
-                write(path)
-            except OSError as exc:
-                err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
-                write_failed = True
+                        (report_dir, lambda p: _write_comm_report(run, p, environment) if run.measurements else None)), err)
     if run.stopped:
         err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
         return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
@@ -202,6 +195,20 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
                   style="bold red", highlight=False)
         return EXIT_FAILED
     return EXIT_FAILED if write_failed else 0
+
+
+def _write_outputs(outputs, err) -> bool:
+    """Writes each (path, writer) whose path is set; a path that cannot be written is one line
+    on stderr, not a lost run. True when any failed."""
+    failed = False
+    for path, write in outputs:
+        if path:
+            try:
+                write(path)
+            except OSError as exc:
+                err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
+                failed = True
+    return failed
 
 
 def _write_comm_report(run, out_dir, environment) -> None:
@@ -478,16 +485,9 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
         gemm.render_terminal(run, out)
     out.print(f"{len(run.results)} measurement(s) in {run.wall_seconds:.2f} s wall, probe set-up and algorithm "
               "selection included", highlight=False)
-    write_failed = False
-    for path, write in ((json_path, lambda p: report.write_json(p, gemm.document(run, environment, sys.argv))),
+    write_failed = _write_outputs(((json_path, lambda p: report.write_json(p, gemm.document(run, environment, sys.argv))),
                         (csv_path, lambda p: Path(p).write_text(gemm.render_csv(run))),
-                        (report_dir, lambda p: _write_gemm_report(run, p, environment) if run.results else None)):
-        if path:
-            try:
-                write(path)
-            except OSError as exc:
-                err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
-                write_failed = True
+                        (report_dir, lambda p: _write_gemm_report(run, p, environment) if run.results else None)), err)
     if run.stopped:
         err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
         return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
@@ -600,15 +600,8 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
         err.print(f"note: {note}", highlight=False)
     memory.render_terminal(run, out)
     out.print(f"memory: {run.wall_seconds:.1f} s wall", highlight=False)
-    write_failed = False
-    for path, write in ((json_path, lambda p: report.write_json(p, memory.document(run, environment, sys.argv))),
-                        (report_dir, lambda p: _write_memory_report(run, p, environment))):
-        if path:
-            try:
-                write(path)
-            except OSError as exc:
-                err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
-                write_failed = True
+    write_failed = _write_outputs(((json_path, lambda p: report.write_json(p, memory.document(run, environment, sys.argv))),
+                        (report_dir, lambda p: _write_memory_report(run, p, environment))), err)
     if run.stopped:
         err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
         return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
@@ -758,15 +751,8 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
     if run.stats:
         model_bench.render_terminal(run, out)
     out.print(f"model: {run.wall_seconds:.1f} s wall, process start-up included", highlight=False)
-    write_failed = False
-    for path, write in ((json_path, lambda p: report.write_json(p, model_bench.document(run, environment, sys.argv))),
-                        (report_dir, lambda p: _write_model_report(run, p, environment))):
-        if path:
-            try:
-                write(path)
-            except OSError as exc:
-                err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
-                write_failed = True
+    write_failed = _write_outputs(((json_path, lambda p: report.write_json(p, model_bench.document(run, environment, sys.argv))),
+                        (report_dir, lambda p: _write_model_report(run, p, environment))), err)
     failed = [s for s in run.stats if s.error]
     if run.stopped:
         err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")

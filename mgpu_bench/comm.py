@@ -9,8 +9,8 @@ at one size, an NCCL error or timeout, Ctrl-C).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from . import _native
 from .errors import CommTimeoutError, InputError, MgpuError, NcclError, OutOfMemoryError
@@ -74,6 +74,20 @@ def visible_gpu_count() -> int:
         return _native.device_count()
     except MgpuError:
         return 0
+
+
+def require_gpus(command: str, spec: str | None) -> tuple[list[int], list[dict]]:
+    """The GPUs --gpus names and their device_info; InputError (exit code 2) naming what is
+    missing when the machine has no usable NVIDIA GPU."""
+    n = visible_gpu_count()
+    if n == 0:
+        try:
+            _native.device_count()
+        except MgpuError as exc:
+            raise InputError(f"{command} needs NVIDIA GPUs: {str(exc).split(' [', 1)[0]}") from None
+        raise InputError(f"{command} needs NVIDIA GPUs: none visible (check CUDA_VISIBLE_DEVICES)")
+    gpus = parse_gpus(spec, n)
+    return gpus, [_native.device_info(g) for g in gpus]
 
 
 def parse_gpus(spec: str | None, available: int) -> list[int]:

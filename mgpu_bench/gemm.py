@@ -326,19 +326,9 @@ class GemmRun:
 # ------------------------------------------------------------------------------------ checks
 
 def devices_or_error(spec: str | None) -> tuple[list[int], list[dict]]:
-    """GPU indices from --gpus and their device_info; InputError without GPUs."""
-    from . import _native
-    from .comm import parse_gpus, visible_gpu_count
+    from .comm import require_gpus
 
-    n = visible_gpu_count()
-    if n == 0:
-        try:
-            _native.device_count()
-        except MgpuError as exc:
-            raise InputError(f"gemm needs NVIDIA GPUs: {str(exc).split(' [', 1)[0]}") from None
-        raise InputError("gemm needs NVIDIA GPUs: none visible (check CUDA_VISIBLE_DEVICES)")
-    gpus = parse_gpus(spec, n)
-    return gpus, [_native.device_info(g) for g in gpus]
+    return require_gpus("gemm", spec)
 
 
 def validate(cfg: GemmConfig, devices: Sequence[Mapping[str, Any]], free_bytes: Mapping[int, int]) -> None:

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from . import gemm
+from . import gemm, html_page
 from .gemm import GemmResult, GemmRun, Shape
+from .plotting import plain as _mpl
+from .plotting import png as _png
+from .plotting import pyplot as _pyplot
 
 _OUTLIER = "tab:red"
 # Bar colours per shape; red is kept for outliers.
@@ -30,31 +32,12 @@ _PALETTE = ("tab:blue", "tab:green", "tab:purple", "tab:olive", "tab:cyan", "tab
             "tab:gray")
 _PNG_KINDS = ("gemm", "sustained", "search")  # file stems: <kind>_<dtype>.png, in page order
 
-
 # ------------------------------------------------------------------------------------ helpers
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
-def _png(plt, fig) -> bytes:
-    try:
-        buf = io.BytesIO()
-        fig.tight_layout()
-        fig.savefig(buf, format="png")
-        return buf.getvalue()
-    finally:
-        plt.close(fig)
 
 
-def _mpl(text: str) -> str:
-    """An outside string as plain matplotlib text: a `$` pair would start mathtext."""
-    return text.replace("$", r"\$")
 
 
 def _dtypes(run: GemmRun) -> list[str]:
@@ -417,14 +400,5 @@ def write_report(run: GemmRun, out_dir: str | Path, environment: dict) -> list[P
     """Writes gemm_<dtype>.png, sustained_<dtype>.png and search_<dtype>.png where present,
     report.html and summary.md into out_dir (created if its parent exists; FileNotFoundError
     otherwise); returns the paths."""
-    out = Path(out_dir)
-    out.mkdir(exist_ok=True)
     pngs = images(run)
-    written = []
-    for key, png in pngs.items():
-        p = out / f"{key}.png"
-        p.write_bytes(png)
-        written.append(p)
-    (out / "report.html").write_text(page(run, environment, pngs), encoding="utf-8")
-    (out / "summary.md").write_text(markdown(run, environment), encoding="utf-8")
-    return written + [out / "report.html", out / "summary.md"]
+    return html_page.write_bundle(out_dir, pngs, page(run, environment, pngs), markdown(run, environment))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Sequence
+from pathlib import Path
 
 STYLE = ("body{font-family:sans-serif;max-width:72em;margin:2em auto}table{border-collapse:collapse;"
          "margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
@@ -50,3 +51,28 @@ def page(title: str, environment: dict, findings: Sequence[str], sections: Seque
         body.append("<h2>notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
             f"<style>{STYLE}</style></head><body>{''.join(head)}{''.join(body)}</body></html>")
+
+
+def md(text: object) -> str:
+    """An outside string for Markdown: one line, table pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+            *("| " + " | ".join(md(c) for c in row) + " |" for row in rows)]
+
+
+def write_bundle(out_dir: str | Path, images: dict[str, bytes], page_html: str, summary_md: str) -> list[Path]:
+    """<name>.png per image, report.html and summary.md into out_dir (created; its parent must
+    exist, FileNotFoundError otherwise); returns the paths in that order."""
+    out = Path(out_dir)
+    out.mkdir(exist_ok=True)
+    written = []
+    for name, png in images.items():
+        p = out / f"{name}.png"
+        p.write_bytes(png)
+        written.append(p)
+    (out / "report.html").write_text(page_html, encoding="utf-8")
+    (out / "summary.md").write_text(summary_md, encoding="utf-8")
+    return written + [out / "report.html", out / "summary.md"]

@@ -14,11 +14,11 @@ from __future__ import annotations
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 from . import _native
-from .errors import InputError, MgpuError
+from .errors import InputError
 
 ENGINES = ("ce", "sm")
 # A pair is an outlier when it is this many robust standard deviations below the median and
@@ -282,16 +282,9 @@ def render(run: LinksRun, console, hops: dict | None = None) -> None:
 
 
 def gpus_or_error(spec: str | None) -> list[int]:
-    from .comm import parse_gpus, visible_gpu_count
+    from .comm import require_gpus
 
-    n = visible_gpu_count()
-    if n == 0:
-        try:
-            _native.device_count()
-        except MgpuError as exc:
-            raise InputError(f"links needs NVIDIA GPUs: {str(exc).split(' [', 1)[0]}") from None
-        raise InputError("links needs NVIDIA GPUs: none visible")
-    return parse_gpus(spec, n)
+    return require_gpus("links", spec)[0]
 
 
 def heatmap_png(run: LinksRun, engine: str, bidirectional: bool) -> bytes | None:

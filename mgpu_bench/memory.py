@@ -389,18 +389,9 @@ def document(run: MemoryRun, environment: dict, command: list[str] | None = None
 
 
 def devices_or_error(spec: str | None) -> tuple[list[int], list[dict]]:
-    from . import _native
-    from .comm import parse_gpus, visible_gpu_count
+    from .comm import require_gpus
 
-    n = visible_gpu_count()
-    if n == 0:
-        try:
-            _native.device_count()
-        except MgpuError as exc:
-            raise InputError(f"memory needs NVIDIA GPUs: {str(exc).split(' [', 1)[0]}") from None
-        raise InputError("memory needs NVIDIA GPUs: none visible (check CUDA_VISIBLE_DEVICES)")
-    gpus = parse_gpus(spec, n)
-    return gpus, [_native.device_info(g) for g in gpus]
+    return require_gpus("memory", spec)
 
 
 def summary_mapping(run: MemoryRun) -> Mapping[str, Any]:

@@ -8,24 +8,8 @@ from pathlib import Path
 
 from . import html_page, memory
 from .memory import MemoryRun
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(plt, fig) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+from .plotting import png as _png
+from .plotting import pyplot as _pyplot
 
 
 def plot_churn(run: MemoryRun, gpu: int) -> bytes | None:
@@ -118,9 +102,7 @@ def _hbm_rows(run: MemoryRun) -> tuple[list[str], list[list[object]]]:
 
 
 def markdown(run: MemoryRun, environment: dict) -> str:
-    def md(x: object) -> str:
-        return " ".join(str(x).split()).replace("|", "\\|")
-
+    md = html_page.md
     gpus = ", ".join(md(g.get("name")) for g in environment.get("gpus", []) if isinstance(g, dict))
     driver = (f"- driver: {md(environment.get('nvidia_driver'))}, CUDA {md(environment.get('cuda_driver'))}, "
               f"torch {md(environment.get('torch'))}")
@@ -128,8 +110,7 @@ def markdown(run: MemoryRun, environment: dict) -> str:
     lines += [f"- finding: {md(f)}" for f in memory.findings(run)]
     for headers, rows in (_rows(run), _hbm_rows(run)):
         if rows:
-            lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-            lines += ["| " + " | ".join(md(c) for c in row) + " |" for row in rows]
+            lines += ["", *html_page.md_table(headers, rows)]
     for mb in run.max_batch:
         if not mb.get("error"):
             lines.append(f"\n- max batch {md(mb['model'])} seq {mb['seq_len']}, checkpointing "
@@ -154,14 +135,5 @@ def page(run: MemoryRun, environment: dict, imgs: dict[str, bytes]) -> str:
 
 
 def write_report(run: MemoryRun, out_dir: str | Path, environment: dict) -> list[Path]:
-    out = Path(out_dir)
-    out.mkdir(exist_ok=True)
     imgs = images(run)
-    written = []
-    for name, png in imgs.items():
-        p = out / f"{name}.png"
-        p.write_bytes(png)
-        written.append(p)
-    (out / "report.html").write_text(page(run, environment, imgs), encoding="utf-8")
-    (out / "summary.md").write_text(markdown(run, environment), encoding="utf-8")
-    return written + [out / "report.html", out / "summary.md"]
+    return html_page.write_bundle(out_dir, imgs, page(run, environment, imgs), markdown(run, environment))

@@ -15,32 +15,12 @@ from pathlib import Path
 
 from . import html_page, model_bench
 from .model_bench import PHASES, ModelRun, StepStats
+from .plotting import plain as _plain
+from .plotting import png as _png
+from .plotting import pyplot as _pyplot
 
 _PHASE_COLOURS = {"data": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:purple"}
 _IMAGES = ("steps", "phases", "scaling")  # file stems, in page order
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(plt, fig) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def _plain(text: object) -> str:
-    """An outside string as plain matplotlib text: a `$` pair would start mathtext."""
-    return str(text).replace("$", r"\$")
 
 
 def _unit(run: ModelRun) -> str:
@@ -229,9 +209,7 @@ def _config_rows(run: ModelRun) -> list[list[object]]:
 
 
 def markdown(run: ModelRun, environment: dict) -> str:
-    def md(x: object) -> str:
-        return " ".join(str(x).split()).replace("|", "\\|")
-
+    md = html_page.md
     gpus = ", ".join(md(g.get("name")) for g in environment.get("gpus", []) if isinstance(g, dict))
     driver = (f"- driver: {md(environment.get('nvidia_driver'))}, CUDA {md(environment.get('cuda_driver'))}, "
               f"torch {md(environment.get('torch'))}")
@@ -242,8 +220,7 @@ def markdown(run: ModelRun, environment: dict) -> str:
     lines += [f"- finding: {md(f)}" for f in model_bench.findings(run)]
     for headers, rows in (_rows(run), _scaling_rows(run)):
         if rows:
-            lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-            lines += ["| " + " | ".join(md(c) for c in row) + " |" for row in rows]
+            lines += ["", *html_page.md_table(headers, rows)]
     if run.notes:
         lines += [""] + [f"- note: {md(n)}" for n in run.notes]
     if run.stopped:
@@ -270,15 +247,6 @@ def page(run: ModelRun, environment: dict, imgs: dict[str, bytes]) -> str:
 def write_report(run: ModelRun, out_dir: str | Path, environment: dict) -> list[Path]:
     """Writes steps.png, phases.png, scaling.png (those that apply), report.html and summary.md
     into out_dir (created; its parent must exist); returns the paths written."""
-    out = Path(out_dir)
-    out.mkdir(exist_ok=True)
     imgs = images(run)
-    written = []
-    for name, png in imgs.items():
-        p = out / f"{name}.png"
-        p.write_bytes(png)
-        written.append(p)
-    (out / "report.html").write_text(page(run, environment, imgs), encoding="utf-8")
-    (out / "summary.md").write_text(markdown(run, environment), encoding="utf-8")
-    return written + [out / "report.html", out / "summary.md"]
+    return html_page.write_bundle(out_dir, imgs, page(run, environment, imgs), markdown(run, environment))
 
