@@ -171,8 +171,16 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
     show_progress = err.is_terminal if progress is None else progress
 
     environment = fingerprint()  # before the run: a device fault must not cost the results
+    le = comm.launcher()
+    if le is not None and le.rank != 0:
+        show_progress = False
     run = _run_with_progress(comm.run_comm, cfg, err, show_progress)
+    if le is not None and le.rank != 0:  # under a launcher, rank 0 alone prints and writes
+        return EXIT_INTERRUPTED if run.stopped == "interrupted" else (EXIT_FAILED if run.stopped else 0)
     environment.update(backend_versions(run.backend))
+    if le is not None:
+        environment["launcher"] = {"kind": le.launcher, "world_size": le.world_size, "nnodes": le.nnodes,
+                                   "master": f"{le.master_addr}:{le.master_port}"}
 
     for finding in run.findings:
         out.print(f"finding: {finding}", highlight=False, soft_wrap=True, style="bold yellow")

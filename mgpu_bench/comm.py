@@ -90,6 +90,13 @@ def require_gpus(command: str, spec: str | None) -> tuple[list[int], list[dict]]
     return gpus, [_native.device_info(g) for g in gpus]
 
 
+def launcher():
+    """The launcher this process runs under (launch.LaunchEnv), or None."""
+    from . import launch
+
+    return launch.detect()
+
+
 def parse_gpus(spec: str | None, available: int) -> list[int]:
     """None -> all; "N" -> the first N; "a,b" -> those indices."""
     if spec is None or spec.strip().lower() == "all":
@@ -119,6 +126,17 @@ def resolve_backend(cfg: CommConfig) -> tuple[str, list[str], list[int]]:
     if cfg.backend not in BACKENDS:
         raise InputError(f"unknown backend '{cfg.backend}': choose from {', '.join(BACKENDS)}")
     ngpu = visible_gpu_count()
+    le = launcher()
+    if le is not None:  # one rank of a job torchrun / srun / mpirun started
+        if cfg.backend == "native":
+            raise InputError("the native backend does not join a launcher's processes yet: under "
+                             f"{le.launcher} use --backend torch (or auto)")
+        if le.world_size < 2:
+            raise InputError(f"{le.launcher} started {le.world_size} process: collectives need at least 2 ranks")
+        if ngpu and le.local_rank >= ngpu:
+            raise InputError(f"local rank {le.local_rank} has no GPU: {ngpu} visible on {le.host}")
+        labels = [f"rank {r}" for r in range(le.world_size)]
+        return ("torch-nccl" if ngpu else "torch-gloo"), labels, []
     if cfg.backend == "native" and ngpu == 0:
         _native_error_as_input()
     if ngpu == 0:
@@ -409,8 +427,17 @@ def _run_torch(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progres
 
     if progress:
         progress(0, len(run.requests), run.requests[0])
-    sweep = run_sweep(run.requests, nproc=run.nranks, device=device, timing=cfg.timing,
-                      timeout_s=cfg.timeout_s, on_result=on_result, gpus=gpus or None)
+    le = launcher()
+    if le is not None:
+        from .torch_backend import run_joined
+
+        sweep = run_joined(run.requests, le, device=device, timing=cfg.timing, timeout_s=cfg.timeout_s,
+                           on_result=on_result)
+        if le.rank != 0:
+            return  # rank 0 alone holds the results
+    else:
+        sweep = run_sweep(run.requests, nproc=run.nranks, device=device, timing=cfg.timing,
+                          timeout_s=cfg.timeout_s, on_result=on_result, gpus=gpus or None)
     failed_at = run.requests[min(len(run.measurements), len(run.requests) - 1)]
     if sweep.interrupted:
         _stop(run, KeyboardInterrupt(), failed_at)

@@ -16,14 +16,15 @@ Differences from the native core, forced by torch's API:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import pickle
 import queue as queue_module
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable
 
 import numpy as np
 import torch
@@ -426,6 +427,27 @@ def _portable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+def _rank_loop(plans: list[dict], rank: int, nranks: int, device: torch.device, timing: TimingOptions,
+               emit: Callable[[int, dict], None]) -> None:
+    """Every plan on this rank; rank 0 gathers every rank's raw seconds and hands the combined
+    result of each plan to emit(index, raw) (the same dict the native session returns)."""
+    for index, plan in enumerate(plans):
+        m = _measure(plan, rank, nranks, device, timing)
+        mine = (m["burst"], m["samples"], m["wrong"])
+        gathered = [None] * nranks if rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if rank == 0:
+            emit(index, {
+                "counts": dict(plan["counts"]),
+                "iters": m["iters"],
+                "batch": m["batch"],
+                "burst_seconds": [float(g[0]) for g in gathered],
+                "samples": np.asarray([g[1] for g in gathered], dtype=float).reshape(nranks, -1),
+                "wrong": [int(g[2]) for g in gathered],
+                "warmup_seconds_per_iter": float(m["estimate"]),
+            })
+
+
 def _worker(rank: int, nranks: int, device_kind: str, gpu: int, port: int, plans: list[dict],
             timing: TimingOptions, timeout_s: float, out: mp.Queue) -> None:
     """One rank. Sends ("ready", rank), then rank 0 sends ("result", index, raw) per request;
@@ -444,24 +466,64 @@ def _worker(rank: int, nranks: int, device_kind: str, gpu: int, port: int, plans
         dist.init_process_group(backend, store=store, rank=rank, world_size=nranks, timeout=limit,
                                 device_id=device if device_kind == "cuda" else None)
         out.put(("ready", rank))
-        for index, plan in enumerate(plans):
-            m = _measure(plan, rank, nranks, device, timing)
-            mine = (m["burst"], m["samples"], m["wrong"])
-            gathered = [None] * nranks if rank == 0 else None
-            dist.gather_object(mine, gathered, dst=0)
-            if rank == 0:
-                out.put(("result", index, {
-                    "counts": dict(plan["counts"]),
-                    "iters": m["iters"],
-                    "batch": m["batch"],
-                    "burst_seconds": [float(g[0]) for g in gathered],
-                    "samples": np.asarray([g[1] for g in gathered], dtype=float).reshape(nranks, -1),
-                    "wrong": [int(g[2]) for g in gathered],
-                    "warmup_seconds_per_iter": float(m["estimate"]),
-                }))
+        _rank_loop(plans, rank, nranks, device, timing, lambda index, raw: out.put(("result", index, raw)))
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - everything goes to the parent
         out.put(("error", rank, _portable(exc)))
+
+
+def run_joined(requests: list[CommRequest], le, *, device: str, timing: TimingOptions, timeout_s: float,
+               on_result: Callable[[int, dict], None] | None = None) -> TorchSweep:
+    """This process as one rank of a job an outer launcher started (torchrun, srun, mpirun):
+    the ranks meet through torch.distributed's env:// store, check that they run the same
+    requests, and measure; rank 0 receives every result (on_result), the others return an
+    empty sweep. A rank that dies or never arrives ends the others within the timeout."""
+    from . import launch
+
+    launch.export_env(le)
+    if device == "cuda":
+        torch.cuda.set_device(le.local_rank)
+        dev, backend = torch.device("cuda", le.local_rank), "nccl"
+    else:
+        dev, backend = torch.device("cpu"), "gloo"
+    if timing.graph:
+        raise InputError("the torch backend does not capture CUDA graphs: drop --graph")
+    limit = timedelta(seconds=max(timeout_s, STARTUP_TIMEOUT_S))
+    sweep = TorchSweep()
+    try:
+        dist.init_process_group(backend, init_method="env://", timeout=limit,
+                                device_id=dev if device == "cuda" else None)
+    except Exception as exc:  # noqa: BLE001 - reported like any fault of the sweep
+        sweep.error = CommTimeoutError(f"rank {le.rank}: the {le.world_size} ranks did not meet at "
+                                       f"{le.master_addr}:{le.master_port} within {limit.total_seconds():g} s "
+                                       f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
+        return sweep
+    try:
+        plans = [_plan(req, le.world_size, device) for req in requests]
+
+        def all_gather(value: str) -> list[str]:
+            out: list = [None] * le.world_size
+            dist.all_gather_object(out, value)
+            return out
+
+        launch.agree(repr(plans), all_gather)
+
+        def emit(index: int, raw: dict) -> None:
+            sweep.results.append(raw)
+            if on_result is not None:
+                on_result(index, raw)
+
+        _rank_loop(plans, le.rank, le.world_size, dev, timing, emit)
+    except KeyboardInterrupt:
+        sweep.interrupted = True
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a dead peer or a timeout: kept as the sweep's error
+        sweep.error = exc
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    return sweep
 
 
 # -- the parent ------------------------------------------------------------------------------------

@@ -1,0 +1,161 @@
+"""Running under a cluster launcher: torchrun (torch.distributed elastic), Slurm's srun, Open MPI
+or another PMI launcher. `detect()` reads the launcher's environment (one process per GPU; the
+local rank picks the GPU); a half-set environment is an InputError naming the missing variable.
+
+No home-made rendezvous: the processes meet through torch.distributed's store at MASTER_ADDR /
+MASTER_PORT (`init_method="env://"`), which torchrun sets; for Slurm and MPI `export_env()`
+fills those variables from the launcher's own (the first host of the node list, a port derived
+from the job id) unless the user set them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .errors import InputError
+
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    launcher: str  # "torchrun", "slurm", "mpi"
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    nnodes: int
+    master_addr: str | None
+    master_port: int | None
+    host: str
+
+
+def _int(env: Mapping[str, str], name: str, launcher: str) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        raise InputError(f"the {launcher} environment is half-set: {name} is missing "
+                         f"(run under {launcher} as documented, or unset the other variables)")
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise InputError(f"the {launcher} environment has {name}={raw!r}, not a whole number") from None
+
+
+def _tasks_per_node(text: str) -> int:
+    """Slurm's SLURM_TASKS_PER_NODE, e.g. '4(x2)' or '4,4' or '2(x3),1': the first node's."""
+    m = re.match(r"\s*(\d+)", text)
+    if not m:
+        raise InputError(f"SLURM_TASKS_PER_NODE={text!r} is not a task count")
+    return int(m.group(1))
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed node list: 'gpu[01-03,07],login-a' -> gpu01, gpu02, gpu03, gpu07,
+    login-a (zero padding kept)."""
+    hosts: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not m:
+            if part.strip():
+                hosts.append(part.strip())
+            continue
+        prefix, ranges, suffix = m.groups()
+        for r in ranges.split(","):
+            if "-" in r:
+                a, b = r.split("-", 1)
+                width = len(a)
+                for i in range(int(a), int(b) + 1):
+                    hosts.append(f"{prefix}{i:0{width}d}{suffix}")
+            elif r:
+                hosts.append(f"{prefix}{r}{suffix}")
+    return hosts
+
+
+def detect(env: Mapping[str, str] | None = None) -> LaunchEnv | None:
+    """The launcher this process runs under, or None (a plain single-process command).
+    torchrun's variables win over Slurm's (srun torchrun ... is common), Slurm's over MPI's."""
+    env = os.environ if env is None else env
+    host = socket.gethostname()
+    torchrun_keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    if any(k in env for k in torchrun_keys) or "TORCHELASTIC_RUN_ID" in env:
+        rank = _int(env, "RANK", "torchrun")
+        world = _int(env, "WORLD_SIZE", "torchrun")
+        local = _int(env, "LOCAL_RANK", "torchrun")
+        if not env.get("MASTER_ADDR"):
+            raise InputError("the torchrun environment is half-set: MASTER_ADDR is missing")
+        port = _int(env, "MASTER_PORT", "torchrun")
+        lws = int(env.get("LOCAL_WORLD_SIZE") or world)
+        nnodes = max(1, world // max(1, lws))
+        le = LaunchEnv("torchrun", rank, world, local, lws, int(env.get("GROUP_RANK") or rank // max(1, lws)),
+                       nnodes, env["MASTER_ADDR"], port, host)
+    elif "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_NTASKS" in env):
+        rank = _int(env, "SLURM_PROCID", "Slurm")
+        world = _int(env, "SLURM_NTASKS", "Slurm")
+        local = _int(env, "SLURM_LOCALID", "Slurm")
+        nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+                                or env.get("SLURM_NODELIST") or "")
+        if not nodes:
+            raise InputError("the Slurm environment is half-set: SLURM_JOB_NODELIST is missing")
+        lws = _tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or str(world))
+        job = int(env.get("SLURM_JOB_ID") or 0)
+        port = int(env.get("MASTER_PORT") or DEFAULT_PORT + job % 1000)
+        le = LaunchEnv("slurm", rank, world, local, lws, int(env.get("SLURM_NODEID") or 0), len(nodes),
+                       env.get("MASTER_ADDR") or nodes[0], port, host)
+    elif "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
+        ompi = "OMPI_COMM_WORLD_RANK" in env
+        launcher = "Open MPI" if ompi else "PMI"
+        rank = _int(env, "OMPI_COMM_WORLD_RANK" if ompi else "PMI_RANK", launcher)
+        world = _int(env, "OMPI_COMM_WORLD_SIZE" if ompi else "PMI_SIZE", launcher)
+        local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK" if ompi else "MPI_LOCALRANKID", launcher)
+        lws = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS") or world)
+        if not env.get("MASTER_ADDR"):
+            raise InputError(f"under {launcher}, set MASTER_ADDR (and MASTER_PORT) to the first host: "
+                             "mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500 ...")
+        port = int(env.get("MASTER_PORT") or DEFAULT_PORT)
+        le = LaunchEnv("mpi", rank, world, local, lws, rank // max(1, lws), max(1, world // max(1, lws)),
+                       env["MASTER_ADDR"], port, host)
+    else:
+        return None
+    if not (0 <= le.rank < le.world_size):
+        raise InputError(f"{le.launcher}: rank {le.rank} is outside the world of {le.world_size} processes")
+    if not (0 <= le.local_rank < max(le.local_world_size, 1)):
+        raise InputError(f"{le.launcher}: local rank {le.local_rank} is outside the {le.local_world_size} "
+                         "processes of this node")
+    return le
+
+
+def export_env(le: LaunchEnv) -> None:
+    """Sets what torch.distributed's env:// rendezvous reads (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT) from the detected launcher, keeping what is already set."""
+    values = {"RANK": le.rank, "WORLD_SIZE": le.world_size, "LOCAL_RANK": le.local_rank,
+              "LOCAL_WORLD_SIZE": le.local_world_size, "MASTER_ADDR": le.master_addr, "MASTER_PORT": le.master_port}
+    for key, value in values.items():
+        if value is not None:
+            os.environ.setdefault(key, str(value))
+
+
+def fingerprint(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def disagreement(values: list[str]) -> str | None:
+    """None when every rank's value is the same; else which ranks differ from rank 0."""
+    if all(v == values[0] for v in values):
+        return None
+    bad = [r for r, v in enumerate(values) if v != values[0]]
+    return (f"rank(s) {', '.join(map(str, bad[:8]))}{' ...' if len(bad) > 8 else ''} were started with "
+            "different arguments than rank 0: every rank must run the same command")
+
+
+def agree(what: str, all_gather: Callable[[str], list[str]]) -> None:
+    """Raises InputError on every rank when the ranks' `what` differ (all_gather: one string
+    from each rank, in rank order)."""
+    msg = disagreement(all_gather(fingerprint(what)))
+    if msg:
+        raise InputError(msg)

@@ -1,0 +1,116 @@
+"""Launcher detection (torchrun, Slurm, Open MPI / PMI), and real torchrun launches of the
+torch backend on CPU: rank 0 alone prints and writes; ranks started with different
+arguments stop with one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from mgpu_bench import launch
+from mgpu_bench.errors import InputError
+
+TORCHRUN = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+            "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "x"}
+SLURM = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+         "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "123456",
+         "SLURM_STEP_ID": "0"}
+OMPI = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "h0", "MASTER_PORT": "29501"}
+
+
+def test_no_launcher():
+    assert launch.detect({"PATH": "/bin"}) is None
+
+
+def test_torchrun():
+    le = launch.detect(TORCHRUN)
+    assert (le.launcher, le.rank, le.world_size, le.local_rank, le.local_world_size) == ("torchrun", 3, 8, 1, 2)
+    assert (le.node_rank, le.nnodes, le.master_addr, le.master_port) == (1, 4, "10.0.0.1", 29400)
+
+
+def test_slurm_first_node_is_the_master_and_the_port_comes_from_the_job():
+    le = launch.detect(SLURM)
+    assert (le.launcher, le.rank, le.world_size, le.local_rank, le.local_world_size) == ("slurm", 5, 8, 1, 4)
+    assert (le.nnodes, le.node_rank, le.master_addr, le.master_port) == (2, 1, "gpu07", 29500 + 456)
+    assert launch.detect({**SLURM, "MASTER_ADDR": "ib-gpu07", "MASTER_PORT": "30000"}).master_addr == "ib-gpu07"
+
+
+def test_torchrun_inside_slurm_wins():
+    assert launch.detect({**SLURM, **TORCHRUN}).launcher == "torchrun"
+
+
+def test_open_mpi_needs_a_master_address():
+    le = launch.detect(OMPI)
+    assert (le.launcher, le.rank, le.world_size, le.local_rank, le.nnodes) == ("mpi", 2, 4, 0, 2)
+    with pytest.raises(InputError, match="MASTER_ADDR"):
+        launch.detect({k: v for k, v in OMPI.items() if k != "MASTER_ADDR"})
+
+
+@pytest.mark.parametrize("drop,name", [("WORLD_SIZE", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_RANK"),
+                                       ("MASTER_PORT", "MASTER_PORT")])
+def test_half_set_torchrun_names_the_missing_variable(drop, name):
+    with pytest.raises(InputError, match=f"half-set: {name} is missing"):
+        launch.detect({k: v for k, v in TORCHRUN.items() if k != drop})
+
+
+def test_half_set_slurm_and_bad_values():
+    with pytest.raises(InputError, match="SLURM_LOCALID is missing"):
+        launch.detect({k: v for k, v in SLURM.items() if k != "SLURM_LOCALID"})
+    with pytest.raises(InputError, match="not a whole number"):
+        launch.detect({**TORCHRUN, "RANK": "three"})
+    with pytest.raises(InputError, match="outside the world"):
+        launch.detect({**TORCHRUN, "RANK": "8"})
+
+
+def test_expand_hostlist():
+    assert launch.expand_hostlist("gpu[01-03,07],login-a") == ["gpu01", "gpu02", "gpu03", "gpu07", "login-a"]
+    assert launch.expand_hostlist("node9") == ["node9"]
+    assert launch.expand_hostlist("a[8-10]-ib") == ["a8-ib", "a9-ib", "a10-ib"]
+
+
+def test_disagreement_names_the_ranks():
+    assert launch.disagreement(["x", "x", "x"]) is None
+    assert launch.disagreement(["x", "y", "x", "z"]).startswith("rank(s) 1, 3 were started with different")
+
+
+def _torchrun(args: list[str], tmp_path, timeout=240):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           *args], capture_output=True, text=True, timeout=timeout, cwd=tmp_path, check=False)
+
+
+def test_torchrun_two_gloo_ranks_rank0_prints_and_writes(tmp_path):
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("the GPU tests launch NCCL ranks instead")
+    out = tmp_path / "r.json"
+    proc = _torchrun(["-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops", "allreduce", "--sizes",
+                      "1K,64K", "--json", str(out), "--no-progress"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("allreduce  (2 ranks, torch-gloo") == 1  # one table: rank 0's
+    doc = json.loads(out.read_text())
+    assert doc["environment"]["launcher"]["kind"] == "torchrun"
+    assert doc["environment"]["launcher"]["world_size"] == 2
+    assert len(doc["measurements"]) == 4 and all(sum(m["wrong"]) == 0 for m in doc["measurements"])
+    # the samples of both ranks reached rank 0: per-iteration figures are the slowest rank's
+    assert all(len(m["samples"]) == 2 for m in doc["measurements"])
+
+
+def test_torchrun_ranks_with_different_arguments_stop_with_one_line(tmp_path):
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0 or shutil.which("sh") is None:
+        pytest.skip("CPU only")
+    script = (f'exec {sys.executable} -m mgpu_bench.cli comm --backend torch --ops allreduce --no-progress '
+              '--sizes $([ "$RANK" = 0 ] && echo 1K || echo 2K)')
+    proc = _torchrun(["--no-python", "sh", "-c", script], tmp_path)
+    assert proc.returncode != 0
+    assert "were started with different arguments than rank 0" in proc.stderr
+    # our ranks print one line each; the traceback after it is torchrun's own report of the exit
+    ours = proc.stderr.split("elastic/multiprocessing")[0]
+    assert "Traceback" not in ours and ours.count("mgpu-bench: error:") == 2
