@@ -715,6 +715,14 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
         if not (1 <= nproc <= 64):
             raise InputError("--nproc must be between 1 and 64")
         available = nproc
+    from . import launch
+
+    le = launch.detect()
+    if le is not None:  # the launcher decided the process count
+        if scaling_text:
+            raise InputError(f"--scaling starts its own processes: drop it under {le.launcher} "
+                             f"(this job has {le.world_size})")
+        available = le.world_size
     if scaling_text:
         try:
             counts = sorted({int(x) for x in scaling_text.split(",") if x.strip()})
@@ -726,7 +734,7 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
     else:
         counts = [available]
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    rank = int(os.environ.get("RANK", "0"))
+    rank = le.rank if le is not None else 0
     show = (sys.stderr.isatty() if progress is None else progress) and rank == 0
     cfg = model_bench.ModelConfig(model=spec.name, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
                                   steps=steps, warmup_steps=warmup_steps, parallel=parallel,

@@ -266,10 +266,10 @@ def worker(cfg_dict: dict) -> dict:
 
 def _profile_split(run) -> dict:
     """Kernel time in NCCL kernels against all other kernels over a few steps (torch.profiler)."""
+    import warnings
+
     import torch
     from torch.profiler import ProfilerActivity, profile
-
-    import warnings
 
     with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle": one cycle here
         warnings.simplefilter("ignore", UserWarning)
@@ -301,7 +301,11 @@ def launch(cfg: ModelConfig, nprocs: int) -> list[dict]:
     """Runs worker() on nprocs local processes through torch's elastic launcher (a c10d
     rendezvous on localhost) and returns each rank's result, rank order. Under an outer
     launcher (RANK and WORLD_SIZE set) it runs this process's rank only."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    from . import launch as launcher
+
+    le = launcher.detect()
+    if le is not None:
+        launcher.export_env(le)
         return [worker(asdict(cfg))]
     if nprocs == 1:
         return [worker(asdict(cfg))]

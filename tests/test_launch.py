@@ -114,3 +114,17 @@ def test_torchrun_ranks_with_different_arguments_stop_with_one_line(tmp_path):
     # our ranks print one line each; the traceback after it is torchrun's own report of the exit
     ours = proc.stderr.split("elastic/multiprocessing")[0]
     assert "Traceback" not in ours and ours.count("mgpu-bench: error:") == 2
+
+
+def test_torchrun_model_rank0_reports_the_whole_job(tmp_path):
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only")
+    out = tmp_path / "m.json"
+    proc = _torchrun(["-m", "mgpu_bench.cli", "model", "--steps", "3", "--warmup-steps", "1", "--batch-size", "2",
+                      "--seq-len", "64", "--no-progress", "--json", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("tiny training steps") == 1
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["world"] == 2 and run["tokens_per_step"] == 2 * 64 * 2
