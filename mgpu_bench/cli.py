@@ -176,6 +176,8 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
         show_progress = False
     run = _run_with_progress(comm.run_comm, cfg, err, show_progress)
     if le is not None and le.rank != 0:  # under a launcher, rank 0 alone prints and writes
+        if run.stopped:
+            err.print(f"mgpu-bench: rank {le.rank}: {run.stop_message}", highlight=False)
         return EXIT_INTERRUPTED if run.stopped == "interrupted" else (EXIT_FAILED if run.stopped else 0)
     environment.update(backend_versions(run.backend))
     if le is not None:

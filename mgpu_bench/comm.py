@@ -433,8 +433,12 @@ def _run_torch(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progres
 
         sweep = run_joined(run.requests, le, device=device, timing=cfg.timing, timeout_s=cfg.timeout_s,
                            on_result=on_result)
-        if le.rank != 0:
-            return  # rank 0 alone holds the results
+        if le.rank != 0:  # rank 0 alone holds the results; the others report only a fault
+            if sweep.interrupted:
+                _stop(run, KeyboardInterrupt(), run.requests[0])
+            elif sweep.error is not None:
+                _stop(run, sweep.error, run.requests[0])
+            return
     else:
         sweep = run_sweep(run.requests, nproc=run.nranks, device=device, timing=cfg.timing,
                           timeout_s=cfg.timeout_s, on_result=on_result, gpus=gpus or None)

@@ -159,3 +159,66 @@ def agree(what: str, all_gather: Callable[[str], list[str]]) -> None:
     msg = disagreement(all_gather(fingerprint(what)))
     if msg:
         raise InputError(msg)
+
+
+def _prefix(env: Mapping[str, str] | None = None) -> str:
+    """Keys of this job (a restarted torchrun job gets fresh ones)."""
+    env = os.environ if env is None else env
+    return f"mgpu_bench/{env.get('TORCHELASTIC_RUN_ID', 'run')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def open_store(le: LaunchEnv, timeout_s: float):
+    """torch.distributed's TCPStore at MASTER_ADDR:MASTER_PORT: rank 0 serves it, unless
+    torchrun's agent already does (TORCHELASTIC_USE_AGENT_STORE), as the env:// rendezvous does.
+    A rank that cannot reach it within timeout_s gets CommTimeoutError naming rank 0."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from .errors import CommTimeoutError
+
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    master = le.rank == 0 and not agent
+    try:
+        return dist.TCPStore(le.master_addr, le.master_port, None, master, timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
+    except Exception as exc:  # noqa: BLE001 - every failure here means the meeting point is not there
+        who = "this rank could not serve it" if master else "rank 0 (which serves it) never arrived"
+        raise CommTimeoutError(f"rank {le.rank}: no store at {le.master_addr}:{le.master_port} within "
+                               f"{timeout_s:g} s: {who} ({type(exc).__name__})") from None
+
+
+def wait_for_ranks(store, le: LaunchEnv, timeout_s: float, poll_s: float = 0.05) -> None:
+    """Every rank announces itself and waits for the others; after timeout_s the ranks that
+    never arrived are named (CommTimeoutError), so nobody hangs in a collective."""
+    import time
+
+    from .errors import CommTimeoutError
+
+    prefix = _prefix()
+    store.set(f"{prefix}/arrived/{le.rank}", le.host)
+    keys = [f"{prefix}/arrived/{r}" for r in range(le.world_size)]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+            raise CommTimeoutError(f"rank(s) {shown} of {le.world_size} never arrived at {le.master_addr}:"
+                                   f"{le.master_port} within {timeout_s:g} s (--timeout): check that every node "
+                                   "and process started")
+        time.sleep(poll_s)
+
+
+def init_group(le: LaunchEnv, backend: str, timeout_s: float, device=None):
+    """Store, arrival check, then the process group on that store; returns the store."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = open_store(le, timeout_s)
+    wait_for_ranks(store, le, timeout_s)
+    dist.init_process_group(backend, store=dist.PrefixStore(_prefix() + "/pg", store), rank=le.rank,
+                            world_size=le.world_size, timeout=timedelta(seconds=timeout_s), device_id=device)
+    return store

@@ -488,15 +488,11 @@ def run_joined(requests: list[CommRequest], le, *, device: str, timing: TimingOp
         dev, backend = torch.device("cpu"), "gloo"
     if timing.graph:
         raise InputError("the torch backend does not capture CUDA graphs: drop --graph")
-    limit = timedelta(seconds=max(timeout_s, STARTUP_TIMEOUT_S))
     sweep = TorchSweep()
     try:
-        dist.init_process_group(backend, init_method="env://", timeout=limit,
-                                device_id=dev if device == "cuda" else None)
-    except Exception as exc:  # noqa: BLE001 - reported like any fault of the sweep
-        sweep.error = CommTimeoutError(f"rank {le.rank}: the {le.world_size} ranks did not meet at "
-                                       f"{le.master_addr}:{le.master_port} within {limit.total_seconds():g} s "
-                                       f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
+        launch.init_group(le, backend, timeout_s, dev if device == "cuda" else None)
+    except CommTimeoutError as exc:
+        sweep.error = exc
         return sweep
     try:
         plans = [_plan(req, le.world_size, device) for req in requests]

@@ -128,3 +128,34 @@ def test_torchrun_model_rank0_reports_the_whole_job(tmp_path):
     assert proc.stdout.count("tiny training steps") == 1
     (run,) = json.loads(out.read_text())["runs"]
     assert run["world"] == 2 and run["tokens_per_step"] == 2 * 64 * 2
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("rank,expect", [(0, "rank(s) 1 of 2 never arrived"),
+                                         (1, "rank 0 (which serves it) never arrived")])
+def test_a_rank_that_never_arrives_is_named_within_the_timeout(tmp_path, rank, expect):
+    """One process of a two-rank job, started alone: it stops after --timeout with the missing
+    rank named, exit code 1, no hang."""
+    import os
+    import time
+
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only")
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops",
+                           "allreduce", "--sizes", "1K", "--timeout", "3", "--no-progress"], env=env,
+                          capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert expect in " ".join((proc.stdout + proc.stderr).split())
+    assert time.monotonic() - t0 < 30
