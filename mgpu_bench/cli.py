@@ -130,7 +130,6 @@ x 1 (broadcast, reduce, sendrecv). GB/s = 10^9 bytes/s.
 def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, only_inplace, only_outofplace,
                  gpus, backend, nproc, iters, warmup_iters, min_time, graph, check, timeout, json_path,
                  csv_path, report_dir, progress) -> int:
-    from rich.console import Console
 
     from . import comm, ops, report
     from .env import backend_versions, fingerprint
@@ -166,8 +165,8 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
                              check=check),
         timeout_s=timeout,
     )
-    out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
-    err = Console(stderr=True)
+    out = _out_console()
+    err = _err_console()
     show_progress = err.is_terminal if progress is None else progress
 
     environment = fingerprint()  # before the run: a device fault must not cost the results
@@ -205,6 +204,20 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
                   style="bold red", highlight=False)
         return EXIT_FAILED
     return EXIT_FAILED if write_failed else 0
+
+
+def _out_console():
+    """stdout at 100 columns when not a terminal. markup=False: error texts carry "[file:line]"
+    and other outside text that rich would otherwise read as markup tags."""
+    from rich.console import Console
+
+    return Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False, markup=False)
+
+
+def _err_console():
+    from rich.console import Console
+
+    return Console(stderr=True, markup=False)
 
 
 def _write_outputs(outputs, err) -> bool:
@@ -288,13 +301,11 @@ def topo_command(json_path) -> int:
     top. Without NVIDIA GPUs it says so and shows the host part."""
     import json as _json
 
-    from rich.console import Console
-
     from . import topo
 
     _check_writable(json_path)
     snapshot = topo.collect()
-    out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
+    out = _out_console()
     topo.render(snapshot, out)
     if json_path:
         try:
@@ -324,7 +335,6 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
     \b
     GB/s = 10^9 bytes/s, per direction: a bidirectional copy moves --size each way.
     """
-    from rich.console import Console
 
     from . import links, report
     from .env import fingerprint
@@ -337,7 +347,7 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
     _check_writable(json_path)
     _check_report_dir(report_dir)
     gpu_list = links.gpus_or_error(gpus)
-    out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
+    out = _out_console()
     environment = fingerprint()
     try:
         run = links.run_links(gpu_list, size=size, iters=iters, warmup=warmup, engines=engine_list,
@@ -431,7 +441,6 @@ power and temperature (the limit-throughput round).
 def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates, samples, sample_time, warmup,
                  check, search, search_range, search_refine, duration_text, interval, peak_text, fp8_fast_accum,
                  init, workspace_text, json_path, csv_path, report_dir, progress) -> int:
-    from rich.console import Console
 
     from . import _native, gemm, hardware, report
     from .env import fingerprint
@@ -470,8 +479,8 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
                           fp8_fast_accum=fp8_fast_accum, init=init)
     gemm.validate(cfg, devices, free)
 
-    out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
-    err = Console(stderr=True)
+    out = _out_console()
+    err = _err_console()
     show = err.is_terminal if progress is None else progress
     environment = fingerprint()
     if show:
@@ -503,6 +512,10 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
         return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
     if any(r.wrong for r in run.results):
         err.print("mgpu-bench: wrong GEMM results (see the findings)", style="bold red", highlight=False)
+        return EXIT_FAILED
+    if any(r.best is None for r in run.results):
+        err.print("mgpu-bench: no algorithm ran for some GEMMs (see the findings)", style="bold red",
+                  highlight=False)
         return EXIT_FAILED
     return EXIT_FAILED if write_failed else 0
 
@@ -562,7 +575,6 @@ without activation checkpointing.
 @click.option("--progress/--no-progress", default=None, help="Progress on stderr [default: when a terminal].")
 def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth, torch_text, torch_model, torch_batch,
                    seq_lens, steps, max_batch_model, seq_len, timeout, gpus, json_path, report_dir, progress) -> int:
-    from rich.console import Console
 
     from . import memory, report
     from .env import fingerprint
@@ -583,8 +595,15 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
             settings = tuple(torch_memory.parse_settings(torch_text))
             models.get_model_spec(torch_model)
             torch_memory.parse_seq_lens(seq_lens)
+            spec = models.get_model_spec(torch_model)
+            longest = max(torch_memory.parse_seq_lens(seq_lens))
+            if longest > spec.max_seq:
+                raise InputError(f"--seq-lens reaches {longest} tokens; {spec.name} takes at most {spec.max_seq}")
         if max_batch_model:
-            models.get_model_spec(max_batch_model)
+            spec = models.get_model_spec(max_batch_model)
+            if seq_len > spec.max_seq:
+                raise InputError(f"--seq-len {seq_len} does not fit {spec.name}: it takes at most {spec.max_seq} "
+                                 "tokens")
     if not (churn or bandwidth or settings or max_batch_model):
         raise InputError("nothing to run: drop --no-churn, or add --bandwidth, --torch-allocators or --max-batch")
     _check_writable(json_path)
@@ -595,8 +614,8 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
                               torch_model=torch_model, torch_batch=torch_batch, torch_seq_lens=seq_lens,
                               torch_steps=steps, max_batch_model=max_batch_model, max_batch_seq=seq_len,
                               timeout_s=timeout)
-    out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
-    err = Console(stderr=True)
+    out = _out_console()
+    err = _err_console()
     show = err.is_terminal if progress is None else progress
     environment = fingerprint()
     if show:
@@ -615,6 +634,12 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
     if run.stopped:
         err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
         return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
+    failed = [k for k, d in run.torch.items() if d.get("error")] + [
+        f"max batch ({'with' if m['checkpointing'] else 'without'} checkpointing)" for m in run.max_batch
+        if m.get("error")]
+    if failed:
+        err.print(f"mgpu-bench: failed: {', '.join(failed)} (see the findings)", highlight=False, style="bold red")
+        return EXIT_FAILED
     return EXIT_FAILED if write_failed else 0
 
 
@@ -675,7 +700,6 @@ at each GPU count with the same per-GPU batch: efficiency = T_N / (N x T_1).
 def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_steps, parallel, data_mode, num_workers,
                   preprocess_ms, data_dir, checkpointing, scaling_text, gpus, nproc, peak_tflops, exposed_comm, profile,
                   json_path, report_dir, progress) -> int:
-    from rich.console import Console
 
     from . import hardware, model_bench, models, report
     from .comm import parse_gpus, visible_gpu_count
@@ -709,7 +733,9 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
     _check_report_dir(report_dir)
     if on_gpu:
         chosen = parse_gpus(gpus, ngpu)
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in chosen)
+        # indices count within what is visible: map them through an existing CUDA_VISIBLE_DEVICES
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[g] if g < len(visible) else str(g) for g in chosen)
         available = len(chosen)
     else:
         if gpus is not None:
@@ -750,18 +776,21 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
     elif on_gpu:
         from . import _native
 
-        name = _native.device_info(int(os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]))["name"]
+        name = _native.device_info(chosen[0])["name"]
         peak = hardware.peak_flops(name, "bf16")
     environment = fingerprint()
-    err = Console(stderr=True)
+    err = _err_console()
     run = model_bench.run_model(cfg, counts, modes, peak, (lambda t: err.print(f"model: {t}", highlight=False))
                                 if show else None)
-    if rank != 0:
-        return 0
+    if rank != 0:  # rank 0 reports the job; the others say only that it failed
+        if run.stopped:
+            err.print(f"mgpu-bench: rank {rank}: {run.stop_message}", highlight=False)
+            return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
+        return EXIT_FAILED if any(s.error for s in run.stats) else 0
     if peak is None:
         run.notes.append("no MFU: " + ("this GPU has no bf16 peak in the hardware database; give --peak-tflops"
                                         if on_gpu else "CPU processes have no peak figure; give --peak-tflops"))
-    out = Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False)
+    out = _out_console()
     for line in model_bench.findings(run):
         out.print(f"finding: {line}", highlight=False, soft_wrap=True, style="bold yellow")
     for note in run.notes:

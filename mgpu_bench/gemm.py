@@ -32,8 +32,9 @@ _ALIASES = {"float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp
 # The datasheet figure each dtype is measured against: DGEMM runs on the fp64 tensor cores.
 PEAK_KEY = {"fp64": "fp64_tensor", "fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16",
             "fp8": "fp8"}
-# Largest normalised error |D - ref| / sum|A B| accepted on the checked sample. It bounds the
-# output rounding (D is stored in the input type; bf16 for fp8) plus accumulation error.
+# Largest error accepted on the checked sample, relative to max(|ref|, sqrt(sum (A B)^2)) (see the
+# probe's check kernel): a few times the output type's half ulp (D is stored in the input type;
+# bf16 for fp8) plus accumulation error; a wrong element scores about 1.
 TOLERANCE = {"fp64": 1e-11, "fp32": 1e-4, "tf32": 5e-3, "fp16": 2e-3, "bf16": 1e-2, "fp8": 1e-2}
 ELEMENT_BYTES = {"fp64": (8, 8), "fp32": (4, 4), "tf32": (4, 4), "fp16": (2, 2), "bf16": (2, 2),
                  "fp8": (1, 2)}  # (inputs, output)
@@ -339,10 +340,14 @@ def validate(cfg: GemmConfig, devices: Sequence[Mapping[str, Any]], free_bytes: 
         if "fp8" in cfg.dtypes and cc < FP8_MIN_CC:
             raise InputError(f"fp8 needs fp8 tensor cores (compute capability 8.9 or later); GPU {dev['index']} "
                              f"({dev['name']}) is {cc[0]}.{cc[1]}: drop fp8 from --dtype")
-    shapes = list(cfg.shapes) + ([Shape(*(max(cfg.search),) * 3)] if cfg.search else [])
+    # The probe sizes its buffers for the largest M, N and K over all shapes (see _largest), and
+    # fp8 keeps a separate C; 4x L2 per buffer at least, which is small beside these.
+    shapes = [_largest(cfg)] if (cfg.shapes or cfg.search) else []
     for dtype in cfg.dtypes:
         for shape in shapes:
             need = operand_bytes(dtype, shape) + cfg.workspace
+            if dtype == "fp8":
+                need += shape.m * shape.n * ELEMENT_BYTES["fp8"][1]
             for dev in devices:
                 free = free_bytes.get(dev["index"])
                 if free is not None and need > 0.9 * free:
@@ -601,6 +606,10 @@ def findings(run: GemmRun) -> list[str]:
 
     lines: list[str] = []
     for r in run.results:
+        if r.best is None and r.candidates and not r.wrong:
+            errors = sorted({c.error for c in r.candidates if c.error})
+            lines.append(f"GPU {r.gpu} {r.dtype} {r.shape}: none of the {len(r.candidates)} algorithms cuBLASLt "
+                         f"proposed ran ({'; '.join(errors) or 'no timings'})")
         for c in r.wrong:
             lines.append(f"GPU {r.gpu} {r.dtype} {r.shape}: algorithm {c.name()} gave wrong results "
                          f"(normalised error {c.max_error:.2e} > tolerance {r.tolerance:.0e}): a faulty GPU "

@@ -47,12 +47,16 @@ def _int(env: Mapping[str, str], name: str, launcher: str) -> int:
         raise InputError(f"the {launcher} environment has {name}={raw!r}, not a whole number") from None
 
 
-def _tasks_per_node(text: str) -> int:
-    """Slurm's SLURM_TASKS_PER_NODE, e.g. '4(x2)' or '4,4' or '2(x3),1': the first node's."""
-    m = re.match(r"\s*(\d+)", text)
-    if not m:
-        raise InputError(f"SLURM_TASKS_PER_NODE={text!r} is not a task count")
-    return int(m.group(1))
+def _tasks_per_node(text: str) -> list[int]:
+    """Slurm's SLURM_TASKS_PER_NODE, e.g. '4(x2)', '4,4' or '2(x3),1': the count per node, in node
+    order ([2, 2, 2, 1] for the last)."""
+    out: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise InputError(f"SLURM_TASKS_PER_NODE={text!r} is not a task count list")
+        out += [int(m.group(1))] * int(m.group(2) or 1)
+    return out
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -90,10 +94,10 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv | None:
         if not env.get("MASTER_ADDR"):
             raise InputError("the torchrun environment is half-set: MASTER_ADDR is missing")
         port = _int(env, "MASTER_PORT", "torchrun")
-        lws = int(env.get("LOCAL_WORLD_SIZE") or world)
+        lws = _int(env, "LOCAL_WORLD_SIZE", "torchrun") if env.get("LOCAL_WORLD_SIZE") else world
         nnodes = max(1, world // max(1, lws))
-        le = LaunchEnv("torchrun", rank, world, local, lws, int(env.get("GROUP_RANK") or rank // max(1, lws)),
-                       nnodes, env["MASTER_ADDR"], port, host)
+        group = _int(env, "GROUP_RANK", "torchrun") if env.get("GROUP_RANK") else rank // max(1, lws)
+        le = LaunchEnv("torchrun", rank, world, local, lws, group, nnodes, env["MASTER_ADDR"], port, host)
     elif "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_NTASKS" in env):
         rank = _int(env, "SLURM_PROCID", "Slurm")
         world = _int(env, "SLURM_NTASKS", "Slurm")
@@ -102,22 +106,26 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv | None:
                                 or env.get("SLURM_NODELIST") or "")
         if not nodes:
             raise InputError("the Slurm environment is half-set: SLURM_JOB_NODELIST is missing")
-        lws = _tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or str(world))
-        job = int(env.get("SLURM_JOB_ID") or 0)
-        port = int(env.get("MASTER_PORT") or DEFAULT_PORT + job % 1000)
-        le = LaunchEnv("slurm", rank, world, local, lws, int(env.get("SLURM_NODEID") or 0), len(nodes),
-                       env.get("MASTER_ADDR") or nodes[0], port, host)
+        node = _int(env, "SLURM_NODEID", "Slurm") if env.get("SLURM_NODEID") else 0
+        per_node = _tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+                                   or str(world))
+        lws = per_node[node] if node < len(per_node) else per_node[-1]
+        job = _int(env, "SLURM_JOB_ID", "Slurm") if env.get("SLURM_JOB_ID") else 0
+        port = _int(env, "MASTER_PORT", "Slurm") if env.get("MASTER_PORT") else DEFAULT_PORT + job % 1000
+        le = LaunchEnv("slurm", rank, world, local, lws, node, len(nodes), env.get("MASTER_ADDR") or nodes[0], port,
+                       host)
     elif "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
         ompi = "OMPI_COMM_WORLD_RANK" in env
         launcher = "Open MPI" if ompi else "PMI"
         rank = _int(env, "OMPI_COMM_WORLD_RANK" if ompi else "PMI_RANK", launcher)
         world = _int(env, "OMPI_COMM_WORLD_SIZE" if ompi else "PMI_SIZE", launcher)
         local = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK" if ompi else "MPI_LOCALRANKID", launcher)
-        lws = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS") or world)
+        size_key = "OMPI_COMM_WORLD_LOCAL_SIZE" if ompi else "MPI_LOCALNRANKS"
+        lws = _int(env, size_key, launcher) if env.get(size_key) else world
         if not env.get("MASTER_ADDR"):
             raise InputError(f"under {launcher}, set MASTER_ADDR (and MASTER_PORT) to the first host: "
                              "mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500 ...")
-        port = int(env.get("MASTER_PORT") or DEFAULT_PORT)
+        port = _int(env, "MASTER_PORT", launcher) if env.get("MASTER_PORT") else DEFAULT_PORT
         le = LaunchEnv("mpi", rank, world, local, lws, rank // max(1, lws), max(1, world // max(1, lws)),
                        env["MASTER_ADDR"], port, host)
     else:
@@ -196,11 +204,16 @@ def wait_for_ranks(store, le: LaunchEnv, timeout_s: float, poll_s: float = 0.05)
     from .errors import CommTimeoutError
 
     prefix = _prefix()
-    store.set(f"{prefix}/arrived/{le.rank}", le.host)
     keys = [f"{prefix}/arrived/{r}" for r in range(le.world_size)]
     deadline = time.monotonic() + timeout_s
     while True:
-        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        try:
+            if keys[le.rank] and not store.check([keys[le.rank]]):
+                store.set(keys[le.rank], le.host)
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        except Exception as exc:  # noqa: BLE001 - the store went away: rank 0 (its server) gave up or died
+            raise CommTimeoutError(f"rank {le.rank}: the store at {le.master_addr}:{le.master_port} went away "
+                                   f"while waiting for the other ranks (rank 0 left; {type(exc).__name__})") from None
         if not missing:
             return
         if time.monotonic() > deadline:
@@ -217,8 +230,14 @@ def init_group(le: LaunchEnv, backend: str, timeout_s: float, device=None):
 
     import torch.distributed as dist
 
+    from .errors import CommTimeoutError
+
     store = open_store(le, timeout_s)
     wait_for_ranks(store, le, timeout_s)
-    dist.init_process_group(backend, store=dist.PrefixStore(_prefix() + "/pg", store), rank=le.rank,
-                            world_size=le.world_size, timeout=timedelta(seconds=timeout_s), device_id=device)
+    try:
+        dist.init_process_group(backend, store=dist.PrefixStore(_prefix() + "/pg", store), rank=le.rank,
+                                world_size=le.world_size, timeout=timedelta(seconds=timeout_s), device_id=device)
+    except Exception as exc:  # noqa: BLE001 - a peer left between arriving and forming the group
+        raise CommTimeoutError(f"rank {le.rank}: the process group did not form ({type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
     return store

@@ -146,7 +146,8 @@ def worker(cfg_dict: dict) -> dict:
         device = torch.device("cuda", local)
     else:
         device = torch.device("cpu")
-    if world > 1 and not dist.is_initialized():
+    owns_group = world > 1 and not dist.is_initialized()  # under a launcher the group outlives us
+    if owns_group:
         dist.init_process_group("nccl" if on_gpu else "gloo", device_id=device if on_gpu else None)
     out: dict[str, Any] = {"rank": rank, "world": world, "device": str(device), "error": None,
                            "gpu_name": torch.cuda.get_device_name(device) if on_gpu else None,
@@ -258,7 +259,7 @@ def worker(cfg_dict: dict) -> dict:
         out["peak_allocated"] = torch.cuda.max_memory_allocated(device) if on_gpu else None
     except InputError as exc:
         out["error"] = str(exc)
-    if world > 1 and dist.is_initialized():
+    if owns_group and dist.is_initialized():
         with contextlib.suppress(Exception):  # teardown of a failed group must not hide the result
             dist.destroy_process_group()
     return out
@@ -305,8 +306,7 @@ def launch(cfg: ModelConfig, nprocs: int) -> list[dict]:
 
     le = launcher.detect()
     if le is not None:
-        launcher.export_env(le)
-        return [worker(asdict(cfg))]
+        return _joined(cfg, le)
     if nprocs == 1:
         return [worker(asdict(cfg))]
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -316,6 +316,34 @@ def launch(cfg: ModelConfig, nprocs: int) -> list[dict]:
                       monitor_interval=0.1, start_method="spawn")
     results = elastic_launch(lc, worker)(asdict(cfg))
     return [results[r] for r in sorted(results)]
+
+
+def _joined(cfg: ModelConfig, le) -> list[dict]:
+    """This process as one rank of a launcher's job: one process group for every configuration
+    (formed once, through the store that names a rank that never arrives), the ranks' arguments
+    checked to agree, and every rank's result gathered so that rank 0 reports the whole job."""
+    import torch.distributed as dist
+
+    from . import launch as launcher
+
+    launcher.export_env(le)
+    if not dist.is_initialized():
+        if cfg.device == "cuda":
+            import torch
+
+            torch.cuda.set_device(le.local_rank)
+            launcher.init_group(le, "nccl", 600.0, torch.device("cuda", le.local_rank))
+        else:
+            launcher.init_group(le, "gloo", 600.0)
+
+    def all_gather(value):
+        out: list = [None] * le.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+    launcher.agree(repr(asdict(cfg)), all_gather)
+    mine = worker(asdict(cfg))
+    return all_gather(mine)
 
 
 # ------------------------------------------------------------------------------------ results
@@ -475,6 +503,8 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
     except KeyboardInterrupt:
         run.stopped = "interrupted"
         run.stop_message = "interrupted: the configurations measured so far are kept"
+    except InputError:
+        raise
     except Exception as exc:  # noqa: BLE001 - a launcher failure (a rank died) ends the run, results kept
         run.stopped = "failed"
         run.stop_message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]

@@ -502,7 +502,7 @@ def run_joined(requests: list[CommRequest], le, *, device: str, timing: TimingOp
             dist.all_gather_object(out, value)
             return out
 
-        launch.agree(repr(plans), all_gather)
+        launch.agree(repr((plans, timing)), all_gather)  # same requests and stopping rule
 
         def emit(index: int, raw: dict) -> None:
             sweep.results.append(raw)

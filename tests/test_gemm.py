@@ -163,6 +163,24 @@ def test_findings_name_the_slow_gpu_and_its_cause():
     assert not any(x.startswith(("GPU 0 bf16", "GPU 1 bf16")) for x in lines)
 
 
+def test_a_gemm_no_algorithm_ran_for_is_a_finding():
+    run = GemmRun(GemmConfig(), devices=[])
+    r = result(0, 780.0)
+    r.candidates = [cand(i, [], max_error=None, error="cublasLtMatmul: CUBLAS_STATUS_NOT_SUPPORTED") for i in range(3)]
+    run.results = [r]
+    assert r.best is None
+    (line,) = gemm.findings(run)
+    assert "none of the 3 algorithms" in line and "NOT_SUPPORTED" in line
+
+
+def test_validate_counts_the_buffers_of_the_largest_shape():
+    h200 = {"index": 0, "name": "NVIDIA H200", "compute_capability": (9, 0)}
+    # each shape alone fits in 140 GiB; the probe's buffers for max M, N, K (262144 x 262144 x 1024) do not
+    cfg = GemmConfig(dtypes=("fp32",), shapes=(Shape(262144, 1024, 1024), Shape(1024, 262144, 1024)))
+    with pytest.raises(InputError, match="smaller --shape"):
+        gemm.validate(cfg, [h200], {0: 140 << 30})
+
+
 def test_sustained_drop():
     flops = Shape(8192, 8192, 8192).flops
     steady = [(0.5 * i, flops / 780e12) for i in range(40)]

@@ -159,3 +159,53 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout(tmp_path, rank, e
     assert proc.returncode == 1
     assert expect in " ".join((proc.stdout + proc.stderr).split())
     assert time.monotonic() - t0 < 30
+
+
+def test_uneven_slurm_layout_and_bad_numbers():
+    env = {**SLURM, "SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+           "SLURM_TASKS_PER_NODE": "1,2"}
+    le = launch.detect(env)
+    assert (le.rank, le.local_rank, le.local_world_size, le.node_rank) == (2, 1, 2, 1)
+    assert launch._tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    for bad in ({**TORCHRUN, "LOCAL_WORLD_SIZE": "x"}, {**TORCHRUN, "GROUP_RANK": "one"},
+                {**SLURM, "MASTER_PORT": "http"}, {**OMPI, "MASTER_PORT": "p"}):
+        with pytest.raises(InputError, match="not a whole number"):
+            launch.detect(bad)
+
+
+def test_every_waiting_rank_names_the_missing_one(tmp_path):
+    """Ranks 0 and 1 of a three-rank job: both stop after --timeout naming rank 2."""
+    import os
+
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only")
+    port = str(_free_port())
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        procs.append(subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops",
+                                       "allreduce", "--sizes", "1K", "--timeout", "3", "--no-progress"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
+    for p in procs:
+        out, err = p.communicate(timeout=90)
+        assert p.returncode == 1
+        text = " ".join((out + err).split())
+        assert "rank(s) 2 of 3 never arrived" in text and "Traceback" not in text
+
+
+def test_torchrun_model_both_data_sources_and_argument_agreement(tmp_path):
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only")
+    proc = _torchrun(["-m", "mgpu_bench.cli", "model", "--steps", "2", "--warmup-steps", "1", "--batch-size", "2",
+                      "--seq-len", "64", "--data", "both", "--num-workers", "0", "--no-progress"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "input-pipeline loss" in proc.stdout  # both configurations ran on one process group
+    script = (f'exec {sys.executable} -m mgpu_bench.cli model --steps 2 --warmup-steps 1 --seq-len 64 --no-progress '
+              '--batch-size $([ "$RANK" = 0 ] && echo 2 || echo 8)')
+    proc = _torchrun(["--no-python", "sh", "-c", script], tmp_path)
+    assert proc.returncode != 0 and "were started with different arguments than rank 0" in proc.stderr
