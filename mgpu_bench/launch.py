@@ -206,14 +206,18 @@ def wait_for_ranks(store, le: LaunchEnv, timeout_s: float, poll_s: float = 0.05)
     prefix = _prefix()
     keys = [f"{prefix}/arrived/{r}" for r in range(le.world_size)]
     deadline = time.monotonic() + timeout_s
+    missing: list[int] = []
     while True:
         try:
             if keys[le.rank] and not store.check([keys[le.rank]]):
                 store.set(keys[le.rank], le.host)
             missing = [r for r, k in enumerate(keys) if not store.check([k])]
         except Exception as exc:  # noqa: BLE001 - the store went away: rank 0 (its server) gave up or died
+            still = (f"; rank(s) {', '.join(map(str, missing[:16]))} of {le.world_size} never arrived"
+                     if missing else "")
             raise CommTimeoutError(f"rank {le.rank}: the store at {le.master_addr}:{le.master_port} went away "
-                                   f"while waiting for the other ranks (rank 0 left; {type(exc).__name__})") from None
+                                   f"while waiting for the other ranks (rank 0 left; {type(exc).__name__}){still}"
+                                   ) from None
         if not missing:
             return
         if time.monotonic() > deadline:

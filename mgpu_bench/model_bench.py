@@ -508,8 +508,20 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
     except Exception as exc:  # noqa: BLE001 - a launcher failure (a rank died) ends the run, results kept
         run.stopped = "failed"
         run.stop_message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+    finally:
+        _leave_group()
     run.wall_seconds = time.monotonic() - t0
     return run
+
+
+def _leave_group() -> None:
+    """Under a launcher the process group lives for the whole run; it is destroyed before the
+    interpreter exits, or gloo's threads outlive it and abort the process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
 
 def findings(run: ModelRun) -> list[str]:
