@@ -521,6 +521,8 @@ def _leave_group() -> None:
 
     if dist.is_available() and dist.is_initialized():
         with contextlib.suppress(Exception):
+            dist.barrier()  # nobody tears down while a peer still talks to it
+        with contextlib.suppress(Exception):
             dist.destroy_process_group()
 
 
