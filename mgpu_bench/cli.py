@@ -220,6 +220,14 @@ def _err_console():
     return Console(stderr=True, markup=False)
 
 
+def _with_status(err, show: bool, name: str, fn):
+    """fn(say) with a spinner on stderr that say(text) updates (say is None when not shown)."""
+    if not show:
+        return fn(None)
+    with err.status(name) as status:
+        return fn(lambda text: status.update(f"{name}: {text}"))
+
+
 def _write_outputs(outputs, err) -> bool:
     """Writes each (path, writer) whose path is set; a path that cannot be written is one line
     on stderr, not a lost run. True when any failed."""
@@ -483,11 +491,7 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
     err = _err_console()
     show = err.is_terminal if progress is None else progress
     environment = fingerprint()
-    if show:
-        with err.status("gemm") as status:
-            run = gemm.run_gemm(cfg, devices, lambda text: status.update(f"gemm: {text}"))
-    else:
-        run = gemm.run_gemm(cfg, devices)
+    run = _with_status(err, show, "gemm", lambda say: gemm.run_gemm(cfg, devices, say))
     for dev in devices:
         for d in dtypes:
             if gemm.peak_for(dev["name"], d, peaks) is None:
@@ -618,11 +622,7 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
     err = _err_console()
     show = err.is_terminal if progress is None else progress
     environment = fingerprint()
-    if show:
-        with err.status("memory") as status:
-            run = memory.run_memory(cfg, devices, lambda text: status.update(f"memory: {text}"))
-    else:
-        run = memory.run_memory(cfg, devices)
+    run = _with_status(err, show, "memory", lambda say: memory.run_memory(cfg, devices, say))
     for line in memory.findings(run):
         out.print(f"finding: {line}", highlight=False, soft_wrap=True, style="bold yellow")
     for note in dict.fromkeys(run.notes):
