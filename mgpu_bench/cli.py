@@ -127,9 +127,13 @@ x 1 (broadcast, reduce, sendrecv). GB/s = 10^9 bytes/s.
               help="Write busbw-vs-size PNGs with the theory line, a self-contained HTML page and a "
                    "Markdown summary into this folder.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr [default: when a terminal].")
+@click.option("--launch", "launch_mode", default="single", show_default=True,
+              type=click.Choice(["single", "processes"]),
+              help="processes: start one process per local GPU (--nproc on CPU) through torch's elastic "
+                   "launcher and measure as torchrun would (torch backend); single: one process drives all GPUs.")
 def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, only_inplace, only_outofplace,
                  gpus, backend, nproc, iters, warmup_iters, min_time, graph, check, timeout, json_path,
-                 csv_path, report_dir, progress) -> int:
+                 csv_path, report_dir, progress, launch_mode) -> int:
 
     from . import comm, ops, report
     from .env import backend_versions, fingerprint
@@ -155,6 +159,13 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
         placements = (False,)
     else:
         placements = (False, True)
+    if launch_mode == "processes" and comm.launcher() is None:
+        if backend == "native":
+            raise InputError("--launch processes runs the torch backend (the native one drives every GPU from "
+                             "one process): drop --backend native")
+        if graph:
+            raise InputError("--launch processes runs the torch backend, which has no CUDA graphs: drop --graph")
+        return _relaunch(gpus, nproc, timeout)
     if sizes_text is None:
         sizes_text = "1M-1G" if comm.visible_gpu_count() > 0 else "1K-4M"
     sizes = parse_sizes(sizes_text, factor, step_text)
@@ -218,6 +229,57 @@ def _err_console():
     from rich.console import Console
 
     return Console(stderr=True, markup=False)
+
+
+def _relaunch(gpus: str | None, nproc: int, timeout: float) -> int:
+    """The same command again in one process per local GPU (or --nproc CPU processes), started by
+    torch's elastic launcher on a localhost rendezvous; the processes join as under torchrun and
+    rank 0 prints and writes. Exit code: 0, or 1 when a process failed (it said why)."""
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from . import comm, launch
+
+    ngpu = comm.visible_gpu_count()
+    if ngpu:
+        chosen = comm.parse_gpus(gpus, ngpu)
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[g] if g < len(visible) else str(g) for g in chosen)
+        n = len(chosen)
+    else:
+        if gpus is not None:
+            raise InputError("--gpus given but no NVIDIA GPU is visible here")
+        n = nproc
+    if n < 2:
+        raise InputError(f"--launch processes needs at least 2 processes ({n} selected)")
+    argv, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if arg == "--launch":
+            skip = True
+            continue
+        if arg == "--gpus" or arg.startswith(("--launch=", "--gpus=")):
+            skip = arg == "--gpus"  # the GPUs are chosen through CUDA_VISIBLE_DEVICES instead
+            continue
+        argv.append(arg)
+    if "--backend" not in argv and not any(a.startswith("--backend=") for a in argv):
+        argv += ["--backend", "torch"]
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
+                      rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,
+                      monitor_interval=0.1, start_method="spawn", rdzv_timeout=int(max(60, timeout)))
+    try:
+        elastic_launch(lc, sys.executable)("-m", "mgpu_bench.cli", *argv)
+    except ChildFailedError:
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        click.echo("mgpu-bench: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    return 0
 
 
 def _with_status(err, show: bool, name: str, fn):

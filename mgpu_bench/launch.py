@@ -148,6 +148,13 @@ def export_env(le: LaunchEnv) -> None:
             os.environ.setdefault(key, str(value))
 
 
+def free_port() -> int:
+    """A free localhost TCP port for a local rendezvous (closed again before the launcher binds it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def fingerprint(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

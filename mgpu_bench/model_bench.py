@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import socket
 import statistics
 import sys
 import time
@@ -292,12 +291,6 @@ def _profile_split(run) -> dict:
 
 # ------------------------------------------------------------------------------------ launching
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(cfg: ModelConfig, nprocs: int) -> list[dict]:
     """Runs worker() on nprocs local processes through torch's elastic launcher (a c10d
     rendezvous on localhost) and returns each rank's result, rank order. Under an outer
@@ -312,7 +305,7 @@ def launch(cfg: ModelConfig, nprocs: int) -> list[dict]:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
-                      rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0,
+                      rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launcher.free_port()}", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn")
     results = elastic_launch(lc, worker)(asdict(cfg))
     return [results[r] for r in sorted(results)]

@@ -209,3 +209,23 @@ def test_torchrun_model_both_data_sources_and_argument_agreement(tmp_path):
               '--batch-size $([ "$RANK" = 0 ] && echo 2 || echo 8)')
     proc = _torchrun(["--no-python", "sh", "-c", script], tmp_path)
     assert proc.returncode != 0 and "were started with different arguments than rank 0" in proc.stderr
+
+
+def test_launch_processes_reruns_the_command_under_the_elastic_launcher(tmp_path):
+    """`comm --launch processes`: one process per rank started by torch's elastic launcher,
+    joined as under torchrun; rank 0 alone prints and writes."""
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only")
+    out = tmp_path / "l.json"
+    proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--nproc", "2",
+                           "--ops", "allreduce", "--sizes", "1K", "--no-progress", "--json", str(out)],
+                          capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("allreduce  (2 ranks, torch-gloo") == 1
+    doc = json.loads(out.read_text())
+    assert doc["environment"]["launcher"]["world_size"] == 2 and len(doc["measurements"]) == 2
+    bad = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--backend",
+                          "native"], capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "drop --backend native" in bad.stderr
