@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import math
 import re
 import statistics
 import threading
@@ -677,9 +676,6 @@ def document(run: GemmRun, environment: dict, command: list[str] | None = None) 
         "results": [r.to_dict() for r in run.results],
     }
 
-
-def finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
 
 
 # ------------------------------------------------------------------------------------ rendering

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -392,18 +392,3 @@ def devices_or_error(spec: str | None) -> tuple[list[int], list[dict]]:
     from .comm import require_gpus
 
     return require_gpus("memory", spec)
-
-
-def summary_mapping(run: MemoryRun) -> Mapping[str, Any]:
-    """Headline figures per GPU (for history and the suite): worst fragmentation and its case,
-    copy bandwidth."""
-    out: dict[str, Any] = {}
-    for r in run.churn:
-        key = f"gpu{r.gpu}"
-        cur = out.setdefault(key, {"fragmentation_max": 0.0, "worst": None})
-        if (r.fragmentation or 0) >= cur["fragmentation_max"]:
-            cur["fragmentation_max"] = r.fragmentation or 0.0
-            cur["worst"] = f"{r.allocator} {r.pattern}"
-    for h in run.hbm:
-        out.setdefault(f"gpu{h.gpu}", {})[f"hbm_{h.kind}"] = h.bandwidth
-    return out

@@ -17,7 +17,6 @@ gives --peak-tflops).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import statistics
 import sys
@@ -441,9 +440,6 @@ def input_loss(effective: StepStats, gross: StepStats | None) -> float | None:
         return None
     return max(0.0, 1.0 - gross.derived["tokens_per_s"] / effective.derived["tokens_per_s"])
 
-
-def finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
 
 
 # ------------------------------------------------------------------------------------ a whole run
