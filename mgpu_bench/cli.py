@@ -231,6 +231,13 @@ def _err_console():
     return Console(stderr=True, markup=False)
 
 
+def _pin_gpus(chosen: list[int]) -> None:
+    """Child processes see only the chosen GPUs. The indices count within what is visible now,
+    so they are mapped through an existing CUDA_VISIBLE_DEVICES (indices or UUIDs)."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[g] if g < len(visible) else str(g) for g in chosen)
+
+
 def _relaunch(gpus: str | None, nproc: int, timeout: float) -> int:
     """The same command again in one process per local GPU (or --nproc CPU processes), started by
     torch's elastic launcher on a localhost rendezvous; the processes join as under torchrun and
@@ -245,8 +252,7 @@ def _relaunch(gpus: str | None, nproc: int, timeout: float) -> int:
     ngpu = comm.visible_gpu_count()
     if ngpu:
         chosen = comm.parse_gpus(gpus, ngpu)
-        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[g] if g < len(visible) else str(g) for g in chosen)
+        _pin_gpus(chosen)
         n = len(chosen)
     else:
         if gpus is not None:
@@ -795,9 +801,7 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
     _check_report_dir(report_dir)
     if on_gpu:
         chosen = parse_gpus(gpus, ngpu)
-        # indices count within what is visible: map them through an existing CUDA_VISIBLE_DEVICES
-        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[g] if g < len(visible) else str(g) for g in chosen)
+        _pin_gpus(chosen)
         available = len(chosen)
     else:
         if gpus is not None:

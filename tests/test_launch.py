@@ -5,6 +5,7 @@ arguments stop with one line."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -229,3 +230,14 @@ def test_launch_processes_reruns_the_command_under_the_elastic_launcher(tmp_path
     bad = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--backend",
                           "native"], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "drop --backend native" in bad.stderr
+
+
+def test_gpu_choice_maps_through_an_existing_cuda_visible_devices(monkeypatch):
+    from mgpu_bench.cli import _pin_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,GPU-abc")
+    _pin_gpus([1, 2])
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,GPU-abc"  # not the other job's 1,2
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    _pin_gpus([0, 3])
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,3"
