@@ -186,9 +186,7 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
         show_progress = False
     run = _run_with_progress(comm.run_comm, cfg, err, show_progress)
     if le is not None and le.rank != 0:  # under a launcher, rank 0 alone prints and writes
-        if run.stopped:
-            err.print(f"mgpu-bench: rank {le.rank}: {run.stop_message}", highlight=False)
-        return EXIT_INTERRUPTED if run.stopped == "interrupted" else (EXIT_FAILED if run.stopped else 0)
+        return _stopped(run, err, le.rank) if run.stopped else 0
     environment.update(backend_versions(run.backend))
     if le is not None:
         environment["launcher"] = {"kind": le.launcher, "world_size": le.world_size, "nnodes": le.nnodes,
@@ -204,12 +202,12 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
             out.print(line, highlight=False, soft_wrap=True)  # one line each, for grep
     out.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s wall, "
               f"communicator set-up included", highlight=False)
-    write_failed = _write_outputs(((json_path, lambda p: report.write_json(p, report.result_document(run, environment, sys.argv))),
-                        (csv_path, lambda p: Path(p).write_text(report.render_csv(run))),
-                        (report_dir, lambda p: _write_comm_report(run, p, environment) if run.measurements else None)), err)
+    write_failed = _write_outputs((
+        (json_path, lambda p: report.write_json(p, report.result_document(run, environment, sys.argv))),
+        (csv_path, lambda p: Path(p).write_text(report.render_csv(run))),
+        (report_dir, lambda p: _write_comm_report(run, p, environment) if run.measurements else None)), err)
     if run.stopped:
-        err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
-        return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
+        return _stopped(run, err)
     if run.total_wrong:
         err.print(f"mgpu-bench: {run.total_wrong} wrong element(s): the data did not arrive intact",
                   style="bold red", highlight=False)
@@ -294,6 +292,13 @@ def _with_status(err, show: bool, name: str, fn):
         return fn(None)
     with err.status(name) as status:
         return fn(lambda text: status.update(f"{name}: {text}"))
+
+
+def _stopped(run, err, rank: int = 0) -> int:
+    """A run that ended early (run.stopped "interrupted" or "failed"): one line, exit 130 or 1."""
+    where = f"rank {rank}: " if rank else ""
+    err.print(f"mgpu-bench: {where}{run.stop_message}", highlight=False, style="bold red")
+    return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
 
 
 def _write_outputs(outputs, err) -> bool:
@@ -576,12 +581,12 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
         gemm.render_terminal(run, out)
     out.print(f"{len(run.results)} measurement(s) in {run.wall_seconds:.2f} s wall, probe set-up and algorithm "
               "selection included", highlight=False)
-    write_failed = _write_outputs(((json_path, lambda p: report.write_json(p, gemm.document(run, environment, sys.argv))),
-                        (csv_path, lambda p: Path(p).write_text(gemm.render_csv(run))),
-                        (report_dir, lambda p: _write_gemm_report(run, p, environment) if run.results else None)), err)
+    write_failed = _write_outputs((
+        (json_path, lambda p: report.write_json(p, gemm.document(run, environment, sys.argv))),
+        (csv_path, lambda p: Path(p).write_text(gemm.render_csv(run))),
+        (report_dir, lambda p: _write_gemm_report(run, p, environment) if run.results else None)), err)
     if run.stopped:
-        err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
-        return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
+        return _stopped(run, err)
     if any(r.wrong for r in run.results):
         err.print("mgpu-bench: wrong GEMM results (see the findings)", style="bold red", highlight=False)
         return EXIT_FAILED
@@ -697,11 +702,11 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
         err.print(f"note: {note}", highlight=False)
     memory.render_terminal(run, out)
     out.print(f"memory: {run.wall_seconds:.1f} s wall", highlight=False)
-    write_failed = _write_outputs(((json_path, lambda p: report.write_json(p, memory.document(run, environment, sys.argv))),
-                        (report_dir, lambda p: _write_memory_report(run, p, environment))), err)
+    write_failed = _write_outputs((
+        (json_path, lambda p: report.write_json(p, memory.document(run, environment, sys.argv))),
+        (report_dir, lambda p: _write_memory_report(run, p, environment))), err)
     if run.stopped:
-        err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
-        return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
+        return _stopped(run, err)
     failed = [k for k, d in run.torch.items() if d.get("error")] + [
         f"max batch ({'with' if m['checkpointing'] else 'without'} checkpointing)" for m in run.max_batch
         if m.get("error")]
@@ -850,8 +855,7 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
                                 if show else None)
     if rank != 0:  # rank 0 reports the job; the others say only that it failed
         if run.stopped:
-            err.print(f"mgpu-bench: rank {rank}: {run.stop_message}", highlight=False)
-            return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
+            return _stopped(run, err, rank)
         return EXIT_FAILED if any(s.error for s in run.stats) else 0
     if peak is None:
         run.notes.append("no MFU: " + ("this GPU has no bf16 peak in the hardware database; give --peak-tflops"
@@ -864,12 +868,12 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
     if run.stats:
         model_bench.render_terminal(run, out)
     out.print(f"model: {run.wall_seconds:.1f} s wall, process start-up included", highlight=False)
-    write_failed = _write_outputs(((json_path, lambda p: report.write_json(p, model_bench.document(run, environment, sys.argv))),
-                        (report_dir, lambda p: _write_model_report(run, p, environment))), err)
+    write_failed = _write_outputs((
+        (json_path, lambda p: report.write_json(p, model_bench.document(run, environment, sys.argv))),
+        (report_dir, lambda p: _write_model_report(run, p, environment))), err)
     failed = [s for s in run.stats if s.error]
     if run.stopped:
-        err.print(f"mgpu-bench: {run.stop_message}", highlight=False, style="bold red")
-        return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
+        return _stopped(run, err)
     if failed:
         fit = [s.ranks[0] for s in run.stats if not s.error]
         hint = (f"; run 'mgpu-bench memory --no-churn --max-batch {spec.name} --seq-len {seq_len}' for the largest "

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from pathlib import Path
 
-from . import report
+from . import html_page, report
 from .comm import CommRun
+from .plotting import png as _png
+from .plotting import pyplot as _pyplot
 from .sizes import format_bytes
 
 
@@ -26,12 +27,8 @@ def _theory(run: CommRun) -> dict | None:
 def plot_op(run: CommRun, op: str) -> bytes:
     """PNG of busbw (GB/s) against size (log2 axis) for `op`, one line per placement, with
     the theory and the practical ring ceiling as horizontal lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
     try:
         for inplace, style in ((False, "o-"), (True, "s--")):
             ms = sorted((m for m in run.measurements if m.spec.op == op and m.spec.inplace == inplace),
@@ -52,24 +49,23 @@ def plot_op(run: CommRun, op: str) -> bytes:
         ax.set_title(f"{op}: {run.nranks} ranks, {run.backend}")
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
-        buf = io.BytesIO()
-        fig.tight_layout()
-        fig.savefig(buf, format="png")
-        return buf.getvalue()
-    finally:
+    except BaseException:
         plt.close(fig)
+        raise
+    return _png(plt, fig)
 
 
 def markdown(run: CommRun, environment: dict) -> str:
-    gpus = ", ".join(g.get("name", "?") for g in environment.get("gpus", []) if "name" in g) or "no GPU"
-    lines = [f"# mgpu-bench comm: {run.nranks} ranks ({run.backend})", "",
-             f"- host: {environment.get('host')}; GPUs: {gpus}; driver {environment.get('nvidia_driver')}; "
-             f"NCCL {environment.get('nccl')}; torch {environment.get('torch')}"]
+    md = html_page.md  # outside text: one line, table pipes escaped
+    gpus = ", ".join(md(g.get("name", "?")) for g in environment.get("gpus", []) if "name" in g) or "no GPU"
+    facts = (f"- host: {md(environment.get('host'))}; GPUs: {gpus}; driver {md(environment.get('nvidia_driver'))}; "
+             f"NCCL {md(environment.get('nccl'))}; torch {md(environment.get('torch'))}")
+    lines = [f"# mgpu-bench comm: {run.nranks} ranks ({md(run.backend)})", "", facts]
     t = _theory(run)
     if t:
-        lines.append(f"- theory: {t['summary']}")
+        lines.append(f"- theory: {md(t['summary'])}")
     for f in run.findings:
-        lines.append(f"- finding: {f}")
+        lines.append(f"- finding: {md(f)}")
     lines += ["", "| op | placement | busbw at largest size | mean busbw >= 64 MiB | % of theory | wrong |",
               "|---|---|---|---|---|---|"]
     for s in report.summary(run):
@@ -78,7 +74,7 @@ def markdown(run: CommRun, environment: dict) -> str:
         lines.append(f"| {s['op']} | {s['placement']} | {s['busbw_at_largest'] / 1e9:.1f} GB/s at "
                      f"{format_bytes(s['largest_bytes'])} | {mean} | {pct} | {s['wrong']} |")
     if run.stopped:
-        lines += ["", f"Stopped early: {run.stop_message}"]
+        lines += ["", f"Stopped early: {md(run.stop_message)}"]
     return "\n".join(lines) + "\n"
 
 

@@ -93,3 +93,15 @@ def test_algorithm_spans_group_sizes(run):
     run.algorithms = {"allreduce@1048576": "Ring/LL128", "allreduce@67108864": "Ring/Simple",
                       "allreduce@1073741824": "Ring/Simple"}
     assert report._algorithm_spans(run, "allreduce") == "Ring/LL128 1 MiB, Ring/Simple 64 MiB-1 GiB"
+
+
+def test_markdown_keeps_outside_text_on_one_line():
+    """A host name with a newline or a pipe cannot start a heading or split a table row."""
+    import json
+    from pathlib import Path
+
+    from mgpu_bench.comm_report import markdown, run_from_document
+
+    doc = json.loads((Path(__file__).with_name("fixtures") / "comm_2x_h200.json").read_text())
+    md = markdown(run_from_document(doc), {"host": "evil\n# injected | heading", "gpus": []})
+    assert "\n# injected" not in md and "evil # injected \\| heading" in md
