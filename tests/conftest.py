@@ -47,3 +47,10 @@ def interrupt_cli(args: list[str], after_s: float, env: dict | None = None):
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
     return proc.returncode, err
+
+
+@pytest.fixture(autouse=True)
+def _private_history(tmp_path_factory, monkeypatch):
+    """Every test (and every process it starts) stores runs in a database of its own, never in
+    the user's data directory."""
+    monkeypatch.setenv("MGPU_BENCH_DB", str(tmp_path_factory.mktemp("history") / "history.sqlite3"))
