@@ -130,7 +130,8 @@ x 1 (broadcast, reduce, sendrecv). GB/s = 10^9 bytes/s.
 @click.option("--launch", "launch_mode", default="single", show_default=True,
               type=click.Choice(["single", "processes"]),
               help="processes: start one process per local GPU (--nproc on CPU) through torch's elastic "
-                   "launcher and measure as torchrun would (torch backend); single: one process drives all GPUs.")
+                   "launcher and measure as torchrun would (native backend on GPUs, one communicator per "
+                   "process); single: one process drives all GPUs.")
 def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, only_inplace, only_outofplace,
                  gpus, backend, nproc, iters, warmup_iters, min_time, graph, check, timeout, json_path,
                  csv_path, report_dir, progress, launch_mode) -> int:
@@ -160,11 +161,8 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
     else:
         placements = (False, True)
     if launch_mode == "processes" and comm.launcher() is None:
-        if backend == "native":
-            raise InputError("--launch processes runs the torch backend (the native one drives every GPU from "
-                             "one process): drop --backend native")
-        if graph:
-            raise InputError("--launch processes runs the torch backend, which has no CUDA graphs: drop --graph")
+        if backend == "native" and comm.visible_gpu_count() == 0:
+            comm._native_error_as_input()
         return _relaunch(gpus, nproc, timeout)
     if sizes_text is None:
         sizes_text = "1M-1G" if comm.visible_gpu_count() > 0 else "1K-4M"

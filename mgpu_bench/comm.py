@@ -52,6 +52,9 @@ class CommRun:
     # "op@bytes" -> "Algorithm/Protocol" NCCL's tuning model rates fastest (a model, not a trace)
     algorithms: dict[str, str] | None = None
     findings: list[str] = field(default_factory=list)  # printed at the top
+    # Under a launcher on more than one node: "world" / "intra-node" / "inter-node" -> the
+    # theory (theory.RingTheory at run time, its dict once loaded); None otherwise.
+    scope_theory: dict | None = None
     stopped: str | None = None  # None, "out_of_memory", "nccl_error", "timeout", "interrupted"
     stop_message: str | None = None
     wall_seconds: float = 0.0
@@ -127,16 +130,17 @@ def resolve_backend(cfg: CommConfig) -> tuple[str, list[str], list[int]]:
         raise InputError(f"unknown backend '{cfg.backend}': choose from {', '.join(BACKENDS)}")
     ngpu = visible_gpu_count()
     le = launcher()
-    if le is not None:  # one rank of a job torchrun / srun / mpirun started
-        if cfg.backend == "native":
-            raise InputError("the native backend does not join a launcher's processes yet: under "
-                             f"{le.launcher} use --backend torch (or auto)")
+    if le is not None:  # one rank of a job torchrun / srun / mpirun started: one GPU per process
         if le.world_size < 2:
             raise InputError(f"{le.launcher} started {le.world_size} process: collectives need at least 2 ranks")
+        if cfg.backend == "native" and ngpu == 0:
+            _native_error_as_input()
         if ngpu and le.local_rank >= ngpu:
             raise InputError(f"local rank {le.local_rank} has no GPU: {ngpu} visible on {le.host}")
         labels = [f"rank {r}" for r in range(le.world_size)]
-        return ("torch-nccl" if ngpu else "torch-gloo"), labels, []
+        if not ngpu:
+            return "torch-gloo", labels, []
+        return ("native" if cfg.backend in ("auto", "native") else "torch-nccl"), labels, [le.local_rank]
     if cfg.backend == "native" and ngpu == 0:
         _native_error_as_input()
     if ngpu == 0:
@@ -326,11 +330,14 @@ def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
     requests, notes = plan(cfg, len(devices))
     check_memory(requests, len(devices), gpus if backend == "native" else [])
     run = CommRun(backend=backend, devices=devices, requests=requests, notes=notes)
-    if gpus:
+    le = launcher()
+    if gpus and le is None:
         run.theory, run.topology = ring_theory_for(gpus)
     t0 = time.perf_counter()
     try:
-        if backend == "native":
+        if le is not None:
+            _run_joined(run, cfg, le, gpus, progress)
+        elif backend == "native":
             _run_native(run, cfg, gpus, progress)
         else:
             _run_torch(run, cfg, gpus, progress)
@@ -427,23 +434,155 @@ def _run_torch(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progres
 
     if progress:
         progress(0, len(run.requests), run.requests[0])
-    le = launcher()
-    if le is not None:
-        from .torch_backend import run_joined
-
-        sweep = run_joined(run.requests, le, device=device, timing=cfg.timing, timeout_s=cfg.timeout_s,
-                           on_result=on_result)
-        if le.rank != 0:  # rank 0 alone holds the results; the others report only a fault
-            if sweep.interrupted:
-                _stop(run, KeyboardInterrupt(), run.requests[0])
-            elif sweep.error is not None:
-                _stop(run, sweep.error, run.requests[0])
-            return
-    else:
-        sweep = run_sweep(run.requests, nproc=run.nranks, device=device, timing=cfg.timing,
-                          timeout_s=cfg.timeout_s, on_result=on_result, gpus=gpus or None)
+    sweep = run_sweep(run.requests, nproc=run.nranks, device=device, timing=cfg.timing,
+                      timeout_s=cfg.timeout_s, on_result=on_result, gpus=gpus or None)
     failed_at = run.requests[min(len(run.measurements), len(run.requests) - 1)]
     if sweep.interrupted:
         _stop(run, KeyboardInterrupt(), failed_at)
     elif sweep.error is not None:
         _stop(run, sweep.error, failed_at)
+
+
+# -- one rank of a launcher's job --------------------------------------------------------------
+
+
+def _run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: ProgressFn | None) -> None:
+    """This process as one rank of a job torchrun / srun / mpirun started (one GPU each, the
+    local rank's). The ranks meet at the launcher's store, check that they run the same sweep
+    and learn where each runs; the native backend takes its NCCL unique ids from that store,
+    the torch backend forms its process group there. Every rank measures, rank 0 keeps the
+    combined results (joined.sweep). A fault on any rank stops every rank with the measurements
+    so far kept on rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    from . import joined, launch
+
+    launch.export_env(le)
+    native = run.backend == "native"
+    gpu = gpus[0] if gpus else None
+    if gpu is not None:
+        torch.cuda.set_device(gpu)
+    pg_backend = "nccl" if run.backend == "torch-nccl" else "gloo"  # native: gloo carries control only
+    device = torch.device("cuda", gpu) if gpu is not None else torch.device("cpu")
+    req = run.requests[0]
+    sessions: dict[str, object] = {}
+    try:
+        store = launch.init_group(le, pg_backend, cfg.timeout_s, device if pg_backend == "nccl" else None)
+    except CommTimeoutError as exc:
+        _stop(run, exc, req)
+        return
+    try:
+        def all_gather(value: object) -> list:
+            out: list = [None] * le.world_size
+            dist.all_gather_object(out, value)
+            return out
+
+        launch.agree(repr((run.backend, run.requests, cfg.timing)), all_gather)
+        me = launch.Member(le.rank, le.host, le.node_rank, le.local_rank, "cpu" if gpu is None else f"cuda:{gpu}")
+        members: list[launch.Member] = all_gather(me)
+        groups = launch.scopes(members)
+        multinode = len({m.node for m in members}) > 1
+        run.devices = [f"{m.host}:{m.device}" if multinode else m.device for m in members]
+        if le.rank == 0 and gpu is not None:
+            _joined_theory(run, members, groups)
+        if native:
+            measure = _native_measure(cfg, store, me, members, gpu, sessions)
+        else:
+            measure = _torch_measure(cfg, members, groups, device)
+        def emit(index: int, scope: str, group, raw: dict) -> None:
+            r = run.requests[index]
+            devices = run.devices if group is None else [run.devices[x] for x in group.ranks]
+            spec = _spec(r, raw["counts"], run.backend, devices, cfg.timing.graph)
+            if group is not None:
+                from dataclasses import replace
+
+                spec = replace(spec, scope=scope, group=group.label)
+            run.measurements.append(CommMeasurement.from_raw(spec, raw, cfg.timing.check))
+            if progress and scope == "world" and index + 1 < len(run.requests):
+                progress(index + 1, len(run.requests), run.requests[index + 1])
+
+        if progress:
+            progress(0, len(run.requests), run.requests[0])
+
+        def measure_tracked(r: CommRequest, group, place: int, size: int) -> dict:
+            nonlocal req
+            req = r
+            return measure(r, group, place, size)
+
+        joined.sweep(run.requests, me, members, groups, measure_tracked, all_gather, emit)
+        if le.rank == 0:
+            run.findings += joined.stragglers(run.measurements, [m.host for m in members])
+            if native:
+                run.notes.append("under a launcher NCCL's transports are not read from its log")
+    except InputError:
+        raise
+    except (Exception, KeyboardInterrupt) as exc:  # any fault: keep what was measured, say why
+        _stop(run, exc, req)
+    finally:
+        for key in list(sessions):
+            del sessions[key]  # communicators destroyed (or left aborted) here
+        import contextlib
+
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _joined_theory(run: CommRun, members, groups) -> None:
+    """Theory per scope from this node's topology (every node is assumed to look like it)."""
+    from . import theory, topo
+
+    local = [int(m.device.split(":")[1]) for m in members if m.node == members[0].node]
+    run.topology = topo.collect()
+    if groups:
+        run.scope_theory = theory.hierarchy_theory(run.topology, local)
+        run.theory = run.scope_theory["world"]
+    else:
+        run.theory = theory.ring_theory(run.topology, theory.cuda_devices(local))
+
+
+def _native_measure(cfg: CommConfig, store, me, members, gpu: int, sessions: dict):
+    """measure() for joined.sweep on the native core: one CommSession per communicator this
+    rank belongs to, created on first use; its NCCL unique id comes from the communicator's
+    lowest rank through the launcher's store."""
+    from . import launch
+
+    prefix = launch._prefix()
+
+    def session(group, place: int, size: int):
+        key = "world" if group is None else f"{group.scope}/{group.label}"
+        if key not in sessions:
+            store_key = f"{prefix}/nccl-id/{key}"
+            if place == 0:
+                store.set(store_key, _native.nccl_unique_id())
+            uid = store.get(store_key)  # waits up to the store's timeout (--timeout)
+            sessions[key] = _native.CommSession([gpu], size, place, bytes(uid), cfg.timeout_s)
+        return sessions[key]
+
+    def measure(req: CommRequest, group, place: int, size: int) -> dict:
+        raw = session(group, place, size).measure(_native_args(req, cfg.timing))
+        return {"counts": raw["counts"], "iters": raw["iters"], "batch": raw["batch"],
+                "burst": raw["burst_seconds"][0], "samples": list(raw["samples"][0]), "wrong": raw["wrong"][0],
+                "estimate": raw["warmup_seconds_per_iter"]}
+
+    return measure
+
+
+def _torch_measure(cfg: CommConfig, members, groups, device):
+    """measure() for joined.sweep on torch.distributed: the scopes' groups are formed once, by
+    every rank in the same order, as torch requires."""
+    import torch.distributed as dist
+
+    from .torch_backend import _measure, _plan
+
+    pgs = {g.label + g.scope: dist.new_group(list(g.ranks)) for g in groups}
+    kind = "cuda" if device.type == "cuda" else "cpu"
+
+    def measure(req: CommRequest, group, place: int, size: int) -> dict:
+        plan = _plan(req, size, kind)
+        pg = None if group is None else pgs[group.label + group.scope]
+        m = _measure(plan, place, size, device, cfg.timing, pg, None if group is None else group.ranks)
+        return {"counts": plan["counts"], "iters": m["iters"], "batch": m["batch"], "burst": m["burst"],
+                "samples": m["samples"], "wrong": m["wrong"], "estimate": m["estimate"]}
+
+    return measure

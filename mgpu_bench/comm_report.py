@@ -31,11 +31,22 @@ def plot_op(run: CommRun, op: str) -> bytes:
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     try:
         for inplace, style in ((False, "o-"), (True, "s--")):
-            ms = sorted((m for m in run.measurements if m.spec.op == op and m.spec.inplace == inplace),
-                        key=lambda m: m.spec.bytes)
+            ms = sorted((m for m in run.measurements if m.spec.op == op and m.spec.inplace == inplace
+                         and m.spec.scope == "world"), key=lambda m: m.spec.bytes)
             if ms:
                 ax.plot([m.spec.bytes for m in ms], [m.busbw / 1e9 for m in ms], style,
                         label="in-place" if inplace else "out-of-place", markersize=4)
+        for scope, style in (("intra-node", "^-"), ("inter-node", "v-")):
+            slowest: dict[int, float] = {}  # bytes -> the slowest communicator's busbw, out-of-place
+            groups = set()
+            for m in run.measurements:
+                if m.spec.op == op and m.spec.scope == scope and not m.spec.inplace:
+                    groups.add(m.spec.group)
+                    slowest[m.spec.bytes] = min(slowest.get(m.spec.bytes, float("inf")), m.busbw)
+            if slowest:
+                xs = sorted(slowest)
+                ax.plot(xs, [slowest[x] / 1e9 for x in xs], style, markersize=4,
+                        label=f"{scope} (slowest of {len(groups)})")
         t = _theory(run)
         if t and t.get("bandwidth"):
             ax.axhline(t["bandwidth"] / 1e9, color="tab:red", linewidth=1,
@@ -70,8 +81,11 @@ def markdown(run: CommRun, environment: dict) -> str:
               "|---|---|---|---|---|---|"]
     for s in report.summary(run):
         mean = f"{s['mean_busbw_large'] / 1e9:.1f} GB/s" if s["mean_busbw_large"] is not None else "n/a"
-        pct = f"{100 * s['busbw_at_largest'] / t['bandwidth']:.0f}%" if t and t.get("bandwidth") else "n/a"
-        lines.append(f"| {s['op']} | {s['placement']} | {s['busbw_at_largest'] / 1e9:.1f} GB/s at "
+        st = report.theory_dict((run.scope_theory or {}).get(s["scope"], run.theory)
+                                if s["scope"] != "world" else run.theory)
+        pct = f"{100 * s['busbw_at_largest'] / st['bandwidth']:.0f}%" if st and st.get("bandwidth") else "n/a"
+        what = s["op"] if s["scope"] == "world" else f"{s['op']} {s['scope']} {md(s['group'])}"
+        lines.append(f"| {what} | {s['placement']} | {s['busbw_at_largest'] / 1e9:.1f} GB/s at "
                      f"{format_bytes(s['largest_bytes'])} | {mean} | {pct} | {s['wrong']} |")
     if run.stopped:
         lines += ["", f"Stopped early: {md(run.stop_message)}"]
@@ -98,15 +112,19 @@ def page(run: CommRun, environment: dict, images: dict[str, bytes]) -> str:
         head.append(f"<p class=finding>{e(run.stop_message or '')}</p>")
     body = []
     cols = report.COLUMNS
+    all_series = report.series(run)
     for op, png in images.items():
         body.append(f"<h2>{e(op)}</h2>")
         body.append(f"<img alt='busbw of {e(op)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
-        body.append("<table><tr>" + "".join(f"<th>{e(c.title)}<br>{e(c.unit)}</th>" for c in cols) + "</tr>")
-        for m in run.measurements:
-            if m.spec.op == op:
-                r = report.row(m, run.theory)
-                body.append("<tr>" + "".join(f"<td>{e(report.format_cell(c, r[c.key]))}</td>" for c in cols) + "</tr>")
-        body.append("</table>")
+        for sr in (x for x in all_series if x.op == op):
+            if sr.scope != "world":
+                body.append(f"<h3>{e(sr.title)}</h3>")
+            body.append("<table><tr>" + "".join(f"<th>{e(c.title)}<br>{e(c.unit)}</th>" for c in cols) + "</tr>")
+            for m in sr.measurements:
+                r = report.row(m, report.theory_for(run, m))
+                body.append("<tr>" + "".join(f"<td>{e(report.format_cell(c, r[c.key]))}</td>" for c in cols)
+                            + "</tr>")
+            body.append("</table>")
     notes = "".join(f"<li>{e(n)}</li>" for n in run.notes)
     style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse;"
              "margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
@@ -141,6 +159,7 @@ def run_from_document(doc: dict) -> CommRun:
                   notes=list(doc.get("notes", [])), stopped=doc["status"]["stopped"],
                   stop_message=doc["status"]["message"], wall_seconds=doc.get("wall_seconds", 0.0))
     run.theory = doc.get("theory")
+    run.scope_theory = doc.get("scope_theory")
     run.findings = list(doc.get("findings") or [])
     run.transports = doc.get("transports")
     return run

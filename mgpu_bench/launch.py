@@ -252,3 +252,42 @@ def init_group(le: LaunchEnv, backend: str, timeout_s: float, device=None):
         raise CommTimeoutError(f"rank {le.rank}: the process group did not form ({type(exc).__name__}: "
                                f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
     return store
+
+
+@dataclass(frozen=True)
+class Member:
+    """One rank as the others see it: where it runs."""
+
+    rank: int
+    host: str
+    node: int  # the launcher's node rank
+    local_rank: int
+    device: str  # "cuda:1", "cpu"
+
+
+@dataclass(frozen=True)
+class Group:
+    scope: str  # "intra-node" or "inter-node"
+    label: str  # "node 1 (gpu07)", "local rank 3"
+    ranks: tuple[int, ...]  # global ranks, ascending; a rank's place here is its rank in the group
+
+
+def scopes(members: list[Member]) -> list[Group]:
+    """The communicators of the node hierarchy, one list for every backend: on more than one
+    node, one intra-node group per node (its ranks) and one inter-node group per local rank
+    (that local rank on every node that has it, as NCCL's rail-aligned rings cross nodes);
+    [] on one node. Groups of one rank measure nothing and are left out."""
+    nodes = sorted({m.node for m in members})
+    if len(nodes) < 2:
+        return []
+    out = []
+    for node in nodes:
+        ranks = tuple(sorted(m.rank for m in members if m.node == node))
+        host = next(m.host for m in members if m.node == node)
+        if len(ranks) > 1:
+            out.append(Group("intra-node", f"node {node} ({host})", ranks))
+    for local in sorted({m.local_rank for m in members}):
+        ranks = tuple(sorted(m.rank for m in members if m.local_rank == local))
+        if len(ranks) > 1:
+            out.append(Group("inter-node", f"local rank {local}", ranks))
+    return out

@@ -37,6 +37,11 @@ class CommSpec:
     devices: tuple[str, ...]  # one entry per rank: "cuda:0", "cpu", ...
     graph: bool = False
     root: int = 0
+    # Which communicator: "world" (every rank), or across more than one node also "intra-node"
+    # (the ranks of one node) and "inter-node" (one rank per node, same local rank); `group`
+    # names the communicator within its scope ("node gpu07", "local rank 3"), "" for world.
+    scope: str = "world"
+    group: str = ""
 
     @property
     def placement(self) -> str:

@@ -56,6 +56,37 @@ def theory_dict(theory) -> dict | None:
     return theory.to_dict()
 
 
+def theory_for(run: CommRun, m: CommMeasurement):
+    """The theory of the communicator `m` ran on: its scope's under a multi-node launch."""
+    scoped = run.scope_theory or {}
+    return scoped.get(m.spec.scope, run.theory) if m.spec.scope != "world" else run.theory
+
+
+@dataclass(frozen=True)
+class Series:
+    """The measurements of one op on one communicator, in run order: what one table shows."""
+
+    op: str
+    scope: str
+    group: str
+    measurements: tuple[CommMeasurement, ...]
+
+    @property
+    def title(self) -> str:
+        return self.op if self.scope == "world" else f"{self.op}, {self.scope} ({self.group})"
+
+
+def series(run: CommRun) -> list[Series]:
+    """World first per op, then each intra-node and inter-node communicator."""
+    keys = list(dict.fromkeys((m.spec.op, m.spec.scope, m.spec.group) for m in run.measurements))
+    order = {"world": 0, "intra-node": 1, "inter-node": 2}
+    ops = list(dict.fromkeys(k[0] for k in keys))
+    keys.sort(key=lambda k: (ops.index(k[0]), order.get(k[1], 3)))
+    return [Series(op, scope, group, tuple(m for m in run.measurements
+                                           if (m.spec.op, m.spec.scope, m.spec.group) == (op, scope, group)))
+            for op, scope, group in keys]
+
+
 def pct_theory(m: CommMeasurement, theory) -> float | None:
     """busbw as a percentage of the ring's per-direction theory (mgpu_bench.theory)."""
     t = theory_dict(theory)
@@ -99,25 +130,27 @@ def summary(run: CommRun) -> list[dict]:
     """Per op and placement: busbw at the largest size and the mean over sizes >= 64 MiB
     (not nccl-tests' mean over all sizes, which small-message latency drags down)."""
     out = []
-    keys = []
-    for m in run.measurements:
-        k = (m.spec.op, m.spec.inplace)
-        if k not in keys:
-            keys.append(k)
-    for op, inplace in keys:
-        ms = [m for m in run.measurements if m.spec.op == op and m.spec.inplace == inplace]
-        largest = max(ms, key=lambda m: m.spec.bytes)
-        large = [m.busbw for m in ms if m.spec.size >= LARGE]  # as asked: 64M stays large after rounding
-        out.append({
-            "op": op,
+    for sr in series(run):
+        for inplace in dict.fromkeys(m.spec.inplace for m in sr.measurements):
+            ms = [m for m in sr.measurements if m.spec.inplace == inplace]
+            out.append(_summary_entry(sr, inplace, ms))
+    return out
+
+
+def _summary_entry(sr: Series, inplace: bool, ms: list[CommMeasurement]) -> dict:
+    largest = max(ms, key=lambda m: m.spec.bytes)
+    large = [m.busbw for m in ms if m.spec.size >= LARGE]  # as asked: 64M stays large after rounding
+    return {
+            "op": sr.op,
+            "scope": sr.scope,
+            "group": sr.group,
             "placement": "in-place" if inplace else "out-of-place",
             "largest_bytes": largest.spec.bytes,
             "busbw_at_largest": largest.busbw,
             "mean_busbw_large": sum(large) / len(large) if large else None,
             "large_sizes": len(large),
             "wrong": sum(m.total_wrong for m in ms),
-        })
-    return out
+    }
 
 
 def summary_lines(run: CommRun) -> list[str]:
@@ -125,8 +158,9 @@ def summary_lines(run: CommRun) -> list[str]:
     for s in summary(run):
         mean = (f"mean {s['mean_busbw_large'] / 1e9:.2f} GB/s over {s['large_sizes']} sizes >= 64 MiB"
                 if s["mean_busbw_large"] is not None else "no size >= 64 MiB measured")
+        where = "" if s["scope"] == "world" else f" [{s['scope']} {s['group']}]"
         lines.append(
-            f"{s['op']} {s['placement']}: busbw {s['busbw_at_largest'] / 1e9:.2f} GB/s at "
+            f"{s['op']}{where} {s['placement']}: busbw {s['busbw_at_largest'] / 1e9:.2f} GB/s at "
             f"{format_bytes(s['largest_bytes'])}; {mean}; {s['wrong']} wrong"
         )
     return lines
@@ -136,15 +170,16 @@ def render_terminal(run: CommRun, console) -> None:
     """Rich tables, one per op, readable at 100 columns."""
     from rich.table import Table
 
-    for op in dict.fromkeys(m.spec.op for m in run.measurements):
-        ms = [m for m in run.measurements if m.spec.op == op]
-        title = f"{op}  ({run.nranks} ranks, {run.backend}, {', '.join(dict.fromkeys(run.devices))})"
+    for sr in series(run):
+        ms = sr.measurements
+        devices = ms[0].spec.devices
+        title = f"{sr.title}  ({len(devices)} ranks, {run.backend}, {', '.join(dict.fromkeys(devices))})"
         table = Table(title=title, title_justify="left", pad_edge=False, box=None, header_style="bold")
         for col in COLUMNS:
             head = f"{col.title}\n{col.unit}" if col.unit and col.key != "size" else col.title
             table.add_column(head, justify="left" if col.key in ("dtype", "redop", "placement") else "right")
         for m in ms:
-            r = row(m, run.theory)
+            r = row(m, theory_for(run, m))
             style = "red" if r["wrong"] else None
             table.add_row(*[format_cell(c, r[c.key]) for c in COLUMNS], style=style)
         console.print(table)
@@ -153,6 +188,10 @@ def render_terminal(run: CommRun, console) -> None:
     if t is not None:
         practical = f"; NCCL rings reach about {t['practical'] / 1e9:.0f} GB/s (80%)" if t.get("practical") else ""
         console.print(f"theory: {t['summary']}{practical}", highlight=False, soft_wrap=True)
+    for scope, st in (run.scope_theory or {}).items():
+        st = theory_dict(st)
+        if scope != "world" and st:
+            console.print(f"theory {scope}: {st['summary']}", highlight=False, soft_wrap=True)
     if run.algorithms:
         for op in dict.fromkeys(m.spec.op for m in run.measurements):
             spans = _algorithm_spans(run, op)
@@ -182,14 +221,14 @@ def _algorithm_spans(run: CommRun, op: str) -> str:
 def render_csv(run: CommRun) -> str:
     """One row per measurement, base units (bytes, seconds, bytes/s)."""
     buf = io.StringIO()
-    fields = ["op", "bytes", "requested_bytes", "count", "dtype", "redop", "placement", "nranks", "backend",
+    fields = ["op", "scope", "group", "bytes", "requested_bytes", "count", "dtype", "redop", "placement", "nranks", "backend",
               "iters", "time_s", "algbw_Bps", "busbw_Bps", "theory_Bps", "pct_theory", "median_s", "p99_s", "cov", "nsamples", "wrong"]
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
-    theory_bw = (theory_dict(run.theory) or {}).get("bandwidth")
     for m in run.measurements:
+        theory_bw = (theory_dict(theory_for(run, m)) or {}).get("bandwidth")
         w.writerow({
-            "op": m.spec.op, "bytes": m.spec.bytes, "requested_bytes": m.spec.size, "count": m.spec.count,
+            "op": m.spec.op, "scope": m.spec.scope, "group": m.spec.group, "bytes": m.spec.bytes, "requested_bytes": m.spec.size, "count": m.spec.count,
             "dtype": m.spec.dtype, "redop": m.spec.redop or "", "placement": m.spec.placement,
             "nranks": m.spec.nranks, "backend": m.spec.backend, "iters": m.iters,
             "time_s": f"{m.time_s:.9g}", "algbw_Bps": f"{m.algbw:.6g}", "busbw_Bps": f"{m.busbw:.6g}",
@@ -220,6 +259,7 @@ def result_document(run: CommRun, environment: dict, command: list[str] | None =
         "wall_seconds": run.wall_seconds,
         "summary": summary(run),
         "theory": theory_dict(run.theory),
+        "scope_theory": {k: theory_dict(v) for k, v in run.scope_theory.items()} if run.scope_theory else None,
         "findings": run.findings,
         "transports": run.transports,
         "algorithms_modelled": run.algorithms,

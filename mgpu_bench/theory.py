@@ -6,7 +6,8 @@ the ring runs at the speed of its slowest hop. A hop's rate, per direction:
   rate of their NVLink generation (hardware.json; nominal, e.g. 25 GB/s for NVLink 4);
 - otherwise PCIe: the lower of the two GPUs' maximum generation x width (hardware.json, after
   line encoding), whatever switch or host bridge lies between;
-- across nodes (not modelled yet): the NIC rate.
+- across nodes: the rate of the InfiniBand/RoCE port nearest the GPU (topo's NICs; NCCL's
+  rings leave a node through the NIC on the GPU's PCIe switch), per direction.
 busbw is set against that figure ("% of theory"). NCCL's ring protocols reach about 80% of it
 after protocol overhead (shared/ANCHORS.md: 360-370 GB/s of 450 on 8x H100/H200 at >= 1 GiB),
 the practical ceiling drawn beside the theory. Algorithms that are not rings (NVLS, CollNet)
@@ -26,7 +27,7 @@ PRACTICAL_RING_SHARE = 0.80  # shared/ANCHORS.md, NCCL ring protocols at >= 1 Gi
 class Hop:
     src: int  # CUDA device index
     dst: int
-    kind: str  # "nvlink", "pcie" or "unknown"
+    kind: str  # "nvlink", "pcie", "network" or "unknown"
     bandwidth: float | None  # bytes/s per direction
     detail: str  # "NVLink 4 x18", "PCIe Gen5 x16 via PHB", or why it is unknown
 
@@ -123,3 +124,39 @@ def pair_hops(snapshot: dict | None, gpus: list[int]) -> dict[tuple[int, int], H
     """The hop for every ordered pair of CUDA devices: NVLink links x rate, or PCIe."""
     bus = dict(cuda_devices(gpus))
     return {(a, b): hop(snapshot or {}, bus[a], bus[b], a, b) for a in gpus for b in gpus if a != b}
+
+
+def nic_hop(snapshot: dict | None, gpu: int, bus: str) -> Hop:
+    """The hop out of the node for CUDA device `gpu` (PCI bus id `bus`): its nearest active
+    IB/RoCE port's rate (the best PCIe path in the snapshot; ties go to the faster port)."""
+    nics = [n for n in (snapshot or {}).get("nics", []) if n.get("state") == "ACTIVE"]
+    if not nics:
+        return Hop(gpu, gpu, "unknown", None,
+                   "no active InfiniBand/RoCE port in /sys/class/infiniband: NCCL would use TCP sockets")
+    index = next((g["index"] for g in snapshot.get("gpus", []) if g.get("pci_bus_id") == _norm(bus)), None)
+    from .topo import PATH_RANK
+
+    def rank(n: dict) -> tuple:
+        path = next((p["path"] for p in n.get("gpu_paths", []) if p["gpu"] == index), None)
+        return (PATH_RANK.get(path, 99), -(n.get("rate_Bps") or 0))
+
+    best = min(nics, key=rank)
+    if not best.get("rate_Bps"):
+        return Hop(gpu, gpu, "unknown", None, f"{best['device']} port {best['port']}: rate unknown")
+    path = next((p["path"] for p in best.get("gpu_paths", []) if p["gpu"] == index), "?")
+    return Hop(gpu, gpu, "network", float(best["rate_Bps"]),
+               f"{best['device']} port {best['port']} {best.get('rate_text') or ''} ({path} from the GPU)".strip())
+
+
+def hierarchy_theory(snapshot: dict | None, gpus: list[int]) -> dict[str, RingTheory]:
+    """Per scope, for a job whose nodes all look like this one (local GPUs `gpus`, one per local
+    rank): intra-node = the ring over the local GPUs; inter-node = the slowest local GPU's NIC
+    (each rail's ring runs through its own NIC); world = the slower of the two."""
+    devices = cuda_devices(gpus)
+    intra = ring_theory(snapshot, devices)
+    nic = tuple(nic_hop(snapshot, g, bus) for g, bus in devices)
+    known = [h.bandwidth for h in nic]
+    inter = RingTheory(min(known) if all(x is not None for x in known) else None, nic)
+    both = [t.bandwidth for t in (intra, inter)]
+    world = RingTheory(min(both) if all(x is not None for x in both) else None, intra.hops + nic)
+    return {"world": world, "intra-node": intra, "inter-node": inter}

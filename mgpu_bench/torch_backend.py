@@ -16,7 +16,6 @@ Differences from the native core, forced by torch's API:
 
 from __future__ import annotations
 
-import contextlib
 import math
 import pickle
 import queue as queue_module
@@ -287,32 +286,35 @@ class _CudaClock:
         return a.elapsed_time(b) * 1e-3  # elapsed_time is in ms
 
 
-def _agree_max(value: int, device: torch.device) -> int:
+def _agree_max(value: int, device: torch.device, group=None) -> int:
     t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return int(t.item())
 
 
 def _launcher(op: str, send: torch.Tensor, recv: torch.Tensor, redop: str | None, root: int,
-              rank: int, nranks: int) -> Callable[[], None]:
+              rank: int, nranks: int, group=None, ranks: tuple[int, ...] | None = None) -> Callable[[], None]:
+    """The call for `op` on `group` (None: the world). rank, nranks and root count within the
+    group; `ranks` maps them to the global ranks torch's rooted and point-to-point calls take."""
     rop = _REDOPS.get(redop or "sum")
+    glob = (lambda r: r) if ranks is None else (lambda r: ranks[r])
     if op == "allreduce":
-        return lambda: dist.all_reduce(recv, op=rop)
+        return lambda: dist.all_reduce(recv, op=rop, group=group)
     if op == "reduce":
-        return lambda: dist.reduce(recv, dst=root, op=rop)
+        return lambda: dist.reduce(recv, dst=glob(root), op=rop, group=group)
     if op == "broadcast":
-        return lambda: dist.broadcast(recv, src=root)
+        return lambda: dist.broadcast(recv, src=glob(root), group=group)
     if op == "allgather":
-        return lambda: _ALL_GATHER(recv, send)
+        return lambda: _ALL_GATHER(recv, send, group=group)
     if op == "reducescatter":
-        return lambda: _REDUCE_SCATTER(recv, send, op=rop)
+        return lambda: _REDUCE_SCATTER(recv, send, op=rop, group=group)
     if op == "alltoall":
-        return lambda: dist.all_to_all_single(recv, send)
+        return lambda: dist.all_to_all_single(recv, send, group=group)
     if op == "sendrecv":
-        nxt, prev = (rank + 1) % nranks, (rank - 1) % nranks
+        nxt, prev = glob((rank + 1) % nranks), glob((rank - 1) % nranks)
 
         def ring() -> None:
-            ops = [dist.P2POp(dist.isend, send, nxt), dist.P2POp(dist.irecv, recv, prev)]
+            ops = [dist.P2POp(dist.isend, send, nxt, group), dist.P2POp(dist.irecv, recv, prev, group)]
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
 
@@ -320,9 +322,11 @@ def _launcher(op: str, send: torch.Tensor, recv: torch.Tensor, redop: str | None
     raise InputError(f"unknown op '{op}'")
 
 
-def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: TimingOptions) -> dict:
+def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: TimingOptions, group=None,
+             ranks: tuple[int, ...] | None = None) -> dict:
     """Worker::measure, step for step; returns this rank's (burst, samples, wrong) and, on every
-    rank, the figures that were agreed (iters, batch) and its own warm-up estimate."""
+    rank, the figures that were agreed (iters, batch) and its own warm-up estimate. With a
+    `group` (global `ranks`), rank and nranks count within it."""
     op, dtype, redop, inplace, root = plan["op"], plan["dtype"], plan["redop"], plan["inplace"], plan["root"]
     c = plan["counts"]
     tdtype = TORCH_DTYPES[dtype]
@@ -342,7 +346,7 @@ def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: T
         if "can't allocate memory" not in str(exc):
             raise
         ok = False
-    if _agree_max(0 if ok else 1, device) != 0:
+    if _agree_max(0 if ok else 1, device, group) != 0:
         work = send = None
         need = (work_count + (0 if inplace else c["send_count"])) * tdtype.itemsize
         raise OutOfMemoryError(
@@ -354,7 +358,7 @@ def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: T
     else:
         send_view, recv_view = send, work[: c["recv_count"]]
     load = op in _INPUT_IS_OUTPUT and not inplace  # the call's input is recv_view (docstring)
-    launch = _launcher(op, send_view, recv_view, redop, root, rank, nranks)
+    launch = _launcher(op, send_view, recv_view, redop, root, rank, nranks, group, ranks)
     pattern = make_pattern(dtype, plan["reduces"], redop, nranks)
     _fill(send_view, rank, pattern)
     if load:
@@ -371,7 +375,7 @@ def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: T
     estimate = clock.seconds(w0, w1) / (warm - 1)
 
     # 3. Iteration count: fixed, or enough to fill min_time at the slowest rank's estimate.
-    agreed = _agree_max(int(estimate * 1e9), device) * 1e-9
+    agreed = _agree_max(int(estimate * 1e9), device, group) * 1e-9
     iters = timing.iters
     if iters <= 0:
         want = math.ceil(timing.min_time_s / agreed) if agreed > 0 else timing.max_iters
@@ -382,7 +386,7 @@ def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: T
 
     # 4. Burst: iters back to back, timed at its ends only.
     if on_cpu:
-        dist.barrier()  # start together: the first call would otherwise absorb the skew
+        dist.barrier(group=group)  # start together: the first call would otherwise absorb the skew
     start = clock.mark()
     for _ in range(iters):
         launch()
@@ -392,7 +396,7 @@ def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: T
 
     # 5. Samples: nsamples * batch iterations, a timestamp after every batch.
     if on_cpu:
-        dist.barrier()
+        dist.barrier(group=group)
     marks = [clock.mark()]
     for _ in range(nsamples):
         for _ in range(batch):
@@ -470,56 +474,6 @@ def _worker(rank: int, nranks: int, device_kind: str, gpu: int, port: int, plans
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - everything goes to the parent
         out.put(("error", rank, _portable(exc)))
-
-
-def run_joined(requests: list[CommRequest], le, *, device: str, timing: TimingOptions, timeout_s: float,
-               on_result: Callable[[int, dict], None] | None = None) -> TorchSweep:
-    """This process as one rank of a job an outer launcher started (torchrun, srun, mpirun):
-    the ranks meet through torch.distributed's env:// store, check that they run the same
-    requests, and measure; rank 0 receives every result (on_result), the others return an
-    empty sweep. A rank that dies or never arrives ends the others within the timeout."""
-    from . import launch
-
-    launch.export_env(le)
-    if device == "cuda":
-        torch.cuda.set_device(le.local_rank)
-        dev, backend = torch.device("cuda", le.local_rank), "nccl"
-    else:
-        dev, backend = torch.device("cpu"), "gloo"
-    if timing.graph:
-        raise InputError("the torch backend does not capture CUDA graphs: drop --graph")
-    sweep = TorchSweep()
-    try:
-        launch.init_group(le, backend, timeout_s, dev if device == "cuda" else None)
-    except CommTimeoutError as exc:
-        sweep.error = exc
-        return sweep
-    try:
-        plans = [_plan(req, le.world_size, device) for req in requests]
-
-        def all_gather(value: str) -> list[str]:
-            out: list = [None] * le.world_size
-            dist.all_gather_object(out, value)
-            return out
-
-        launch.agree(repr((plans, timing)), all_gather)  # same requests and stopping rule
-
-        def emit(index: int, raw: dict) -> None:
-            sweep.results.append(raw)
-            if on_result is not None:
-                on_result(index, raw)
-
-        _rank_loop(plans, le.rank, le.world_size, dev, timing, emit)
-    except KeyboardInterrupt:
-        sweep.interrupted = True
-    except InputError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a dead peer or a timeout: kept as the sweep's error
-        sweep.error = exc
-    finally:
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
-    return sweep
 
 
 # -- the parent ------------------------------------------------------------------------------------

@@ -197,3 +197,42 @@ def test_sample_median_agrees_with_the_burst_at_8_bytes(session, graph):
     # Stream mode: within 10%. Graph mode: each replay of a batch graph costs a few tens of us
     # (seen: median 6.2 vs 5.4 us at 8 B on H200), so within 25%.
     assert abs(median - burst) / burst < (0.25 if graph else 0.10), (median, burst)
+
+
+def test_native_under_torchrun_matches_the_single_process_sweep(tmp_path):
+    """One process per GPU (torchrun), NCCL unique id through the store: busbw at >= 64 MiB within
+    5% of the single-process native sweep (benchmarks/comm_joined_vs_single.py measures it closer)."""
+    figures = {}
+    for mode in ("single", "joined"):
+        out = tmp_path / f"{mode}.json"
+        args = ["-m", "mgpu_bench.cli", "comm", "--ops", "allreduce", "--sizes", "64M,256M", "--outofplace",
+                "--no-progress", "--json", str(out)]
+        cmd = [sys.executable, *args, "--gpus", "2"] if mode == "single" else \
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        doc = json.loads(out.read_text())
+        assert doc["backend"] == "native"
+        figures[mode] = {m["spec"]["bytes"]: m for m in doc["measurements"]}
+        if mode == "joined":
+            assert proc.stdout.count("allreduce  (2 ranks, native") == 1  # rank 0 alone prints
+            assert doc["environment"]["launcher"]["kind"] == "torchrun"
+            assert all(len(m["samples"]) == 2 and sum(m["wrong"]) == 0 for m in doc["measurements"])
+    from mgpu_bench.measurement import CommMeasurement
+
+    for size, single in figures["single"].items():
+        a = CommMeasurement.from_dict(single).busbw
+        b = CommMeasurement.from_dict(figures["joined"][size]).busbw
+        assert abs(b / a - 1) < 0.05, (size, a / 1e9, b / 1e9)
+
+
+def test_launch_processes_runs_native_ranks(tmp_path):
+    out = tmp_path / "p.json"
+    proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--ops",
+                           "allreduce,sendrecv", "--sizes", "1M,16M", "--no-progress", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["backend"] == "native" and doc["environment"]["launcher"]["world_size"] == 2
+    assert {m["spec"]["op"] for m in doc["measurements"]} == {"allreduce", "sendrecv"}
+    assert doc["theory"]["bandwidth"] > 0 and all(sum(m["wrong"]) == 0 for m in doc["measurements"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -229,7 +230,7 @@ def test_launch_processes_reruns_the_command_under_the_elastic_launcher(tmp_path
     assert doc["environment"]["launcher"]["world_size"] == 2 and len(doc["measurements"]) == 2
     bad = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--backend",
                           "native"], capture_output=True, text=True, timeout=60, check=False)
-    assert bad.returncode == 2 and "drop --backend native" in bad.stderr
+    assert bad.returncode == 2 and "use --backend torch for CPU ranks" in bad.stderr
 
 
 def test_gpu_choice_maps_through_an_existing_cuda_visible_devices(monkeypatch):
@@ -241,3 +242,39 @@ def test_gpu_choice_maps_through_an_existing_cuda_visible_devices(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     _pin_gpus([0, 3])
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,3"
+
+
+def test_two_torchrun_agents_as_two_nodes_split_intra_and_inter_node(tmp_path):
+    """Two torchrun agents (--nnodes 2) on one machine: the job is measured as a whole, per
+    node and across nodes (one communicator per local rank); rank 0 alone writes."""
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only")
+    port = launch.free_port()
+    out = tmp_path / "two-nodes.json"
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+         "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+         "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops", "allreduce,sendrecv", "--sizes", "4K,64K",
+         "--outofplace", "--no-progress", "--json", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path) for node in (0, 1)]
+    results = [a.communicate(timeout=300) for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    doc = json.loads(out.read_text())
+    ms = doc["measurements"]
+    by_scope = {}
+    for m in ms:
+        by_scope.setdefault(m["spec"]["scope"], []).append(m)
+    # 2 ops x 2 sizes: world (4 ranks), 2 nodes x intra-node (2 ranks), 2 local ranks x inter-node (2 ranks)
+    assert len(by_scope["world"]) == 4 and all(m["spec"]["nranks"] == 4 for m in by_scope["world"])
+    assert len(by_scope["intra-node"]) == 8 and len(by_scope["inter-node"]) == 8
+    assert {m["spec"]["group"] for m in by_scope["intra-node"]} == {f"node {n} ({socket.gethostname()})"
+                                                                   for n in (0, 1)}
+    assert {m["spec"]["group"] for m in by_scope["inter-node"]} == {"local rank 0", "local rank 1"}
+    for m in by_scope["intra-node"] + by_scope["inter-node"]:
+        assert m["spec"]["nranks"] == 2 and len(m["samples"]) == 2 and sum(m["wrong"]) == 0
+    assert all(sum(m["wrong"]) == 0 and len(m["samples"]) == 4 for m in by_scope["world"])
+    stdout = results[0][0] + results[1][0]
+    assert stdout.count("allreduce, inter-node (local rank 1)") == 1  # rank 0's tables only
+    assert "[intra-node node 0" in stdout  # the summary line per communicator

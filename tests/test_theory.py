@@ -67,3 +67,23 @@ def test_real_2x_h200_snapshot():
     assert t.bandwidth == pytest.approx(450e9)
     # The VM's two GPUs sit on an NVSwitch board: NVML reports the links' far end as a switch.
     assert [h.detail for h in t.hops] == ["NVLink 4 x18 via NVSwitch"] * 2
+
+
+def nic(device, rate_text, paths, state="ACTIVE"):
+    from mgpu_bench.topo import parse_ib_rate
+
+    return {"device": device, "port": 1, "state": state, **parse_ib_rate(rate_text),
+            "gpu_paths": [{"gpu": g, "path": p} for g, p in paths.items()]}
+
+
+def test_inter_node_hop_is_the_nearest_active_nic():
+    snap = snapshot([gpu(0, "0000:18:00.0", 18), gpu(1, "0000:2a:00.0", 18)], nvlinks=18)
+    snap["nics"] = [nic("mlx5_0", "400 Gb/sec (4X NDR)", {0: "PIX", 1: "SYS"}),
+                    nic("mlx5_1", "200 Gb/sec (4X HDR)", {0: "SYS", 1: "PIX"}),
+                    nic("mlx5_2", "400 Gb/sec (4X NDR)", {0: "SYS", 1: "PIX"}, state="DOWN")]
+    h0, h1 = theory.nic_hop(snap, 0, "0000:18:00.0"), theory.nic_hop(snap, 1, "0000:2a:00.0")
+    assert (h0.kind, h0.bandwidth) == ("network", pytest.approx(50e9))
+    assert h0.detail.startswith("mlx5_0 port 1 400 Gb/sec (4X NDR) (PIX")
+    assert h1.bandwidth == pytest.approx(25e9)  # the DOWN NDR port next to it does not count
+    none = theory.nic_hop({"gpus": snap["gpus"], "nics": []}, 0, "0000:18:00.0")
+    assert none.bandwidth is None and "TCP sockets" in none.detail
