@@ -268,8 +268,6 @@ def _relaunch(gpus: str | None, nproc: int, timeout: float) -> int:
             skip = arg == "--gpus"  # the GPUs are chosen through CUDA_VISIBLE_DEVICES instead
             continue
         argv.append(arg)
-    if "--backend" not in argv and not any(a.startswith("--backend=") for a in argv):
-        argv += ["--backend", "torch"]
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,
