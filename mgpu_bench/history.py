@@ -1,0 +1,840 @@
+"""The run history: every result document stored in SQLite with its headline metrics, baselines
+per kind, and the comparison of two runs that decides what regressed.
+
+The store is a file (never only memory): $MGPU_BENCH_DB, else
+$XDG_DATA_HOME/mgpu-bench/history.sqlite3 (XDG_DATA_HOME defaults to ~/.local/share). It runs
+in WAL mode with a 30 s busy timeout, so several processes (a cron job and a person) can write
+at once; every run is a new row and nothing is overwritten. The file carries PRAGMA
+application_id = APPLICATION_ID and PRAGMA user_version = the schema version; the schema is
+built by MIGRATIONS, applied in order inside one transaction. A file that is not SQLite, or
+belongs to another program, or was written by a newer mgpu-bench, is refused with an
+InputError and left untouched.
+
+Comparison (`compare`): per metric, the change is signed so that a positive `gain` is better
+whatever the metric's direction. A metric regresses when it is worse by more than
+max(tolerance, NOISE_K x the larger of the two runs' noise); see NOISE_K for why 3.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import shlex
+import sqlite3
+import statistics
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import InputError
+from .headline import Metric, document_kind, metrics_from_document
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+APPLICATION_ID = 0x6D475042  # "mGPB": marks the file as an mgpu-bench history
+BUSY_TIMEOUT_S = 30.0
+RESULT_SCHEMA = "mgpu-bench/result"  # as report.RESULT_SCHEMA (not imported: report pulls in comm and numpy)
+
+# Each migration is a list of SQL statements; migration i (from 1) takes user_version i-1 to i.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE runs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: a run id names one run forever
+            created TEXT NOT NULL,                 -- UTC ISO 8601, the document's own time
+            kind TEXT NOT NULL,                    -- comm, gemm, memory, model, links, suite, ...
+            command TEXT,                          -- the command line, shell-quoted
+            host TEXT,
+            fingerprint TEXT NOT NULL,             -- JSON: the document's environment
+            document TEXT NOT NULL                 -- JSON: the whole result document
+        )""",
+        "CREATE INDEX runs_by_kind ON runs (kind, id)",
+        """CREATE TABLE metrics (
+            run INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            value REAL NOT NULL,                   -- base units
+            unit TEXT NOT NULL,
+            better TEXT NOT NULL CHECK (better IN ('higher', 'lower')),
+            samples TEXT NOT NULL,                 -- JSON list, base units
+            labels TEXT NOT NULL,                  -- JSON object
+            PRIMARY KEY (run, name)
+        )""",
+        "CREATE INDEX metrics_by_name ON metrics (name, run)",
+        """CREATE TABLE baselines (
+            scope TEXT PRIMARY KEY,                -- a run kind
+            run INTEGER NOT NULL REFERENCES runs (id),
+            set_at TEXT NOT NULL
+        )""",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def default_path() -> Path:
+    """$MGPU_BENCH_DB, else $XDG_DATA_HOME/mgpu-bench/history.sqlite3 (~/.local/share by default)."""
+    env = os.environ.get("MGPU_BENCH_DB")
+    if env:
+        return Path(env).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data).expanduser() / "mgpu-bench" / "history.sqlite3"
+
+
+def run_label(row_id: int) -> str:
+    """The public id of a run: 'r12'."""
+    return f"r{row_id}"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One stored run as `history list` shows it. created: UTC ISO 8601."""
+
+    run_id: str
+    created: str
+    kind: str
+    host: str | None
+    command: str | None
+    metric_count: int
+    baseline: bool  # this run is the baseline of its kind
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One stored run in full: the fingerprint and the result document as stored."""
+
+    run_id: str
+    created: str
+    kind: str
+    host: str | None
+    command: str | None
+    fingerprint: dict
+    document: dict
+
+
+@dataclass(frozen=True)
+class TrendPoint:
+    """One run's value of one metric (base units)."""
+
+    run_id: str
+    created: str
+    host: str | None
+    value: float
+    unit: str
+    better: str
+
+
+class History:
+    """The history database. Open with `History.open(path)`; use as a context manager or call
+    close(). Every public method raises InputError for bad input (an unknown run id, a file
+    that is not a history database) with a one-line message naming the file and the fix."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self._conn = conn
+        self.path = path
+
+    # -- opening ----------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | os.PathLike | None = None) -> History:
+        """Opens (creating and migrating when needed) the database at `path`, default
+        `default_path()`. The folder must exist and be writable, except the XDG default's,
+        which is created. Refuses (InputError, file untouched) a file that is not SQLite, an
+        SQLite file of another program, or one with a schema newer than SCHEMA_VERSION."""
+        p = Path(path).expanduser() if path is not None else default_path()
+        if path is None and not os.environ.get("MGPU_BENCH_DB"):
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InputError(
+                    f"cannot create {p.parent} for the history: {exc.strerror or exc}"
+                ) from None
+        _check_location(p)
+        try:
+            conn = sqlite3.connect(str(p), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise InputError(f"cannot open the history database {p}: {exc}") from None
+        try:
+            _check_owner(conn, p)
+            _set_wal(conn, p)
+            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            _migrate(conn, p)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise _db_error(p, exc) from None
+        except BaseException:
+            conn.close()
+            raise
+        return cls(conn, p)
+
+    def close(self) -> None:
+        """Closes the connection (idempotent)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None  # type: ignore[assignment]
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def save(self, doc: Mapping, metrics: Sequence[Metric] | None = None) -> str:
+        """Stores a result document as a new run with its headline metrics (by default
+        metrics_from_document(doc)); returns the run id ('r12'). One transaction: a run is
+        stored with all its metrics or not at all."""
+        if not isinstance(doc, Mapping) or doc.get("schema") != RESULT_SCHEMA:
+            raise InputError(
+                "not an mgpu-bench result document: give one written by a command's --json"
+            )
+        kind = document_kind(doc) or "unknown"
+        metrics = metrics_from_document(doc) if metrics is None else list(metrics)
+        names = [m.name for m in metrics]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"metric {dup} appears twice in one run")
+        environment = (
+            doc.get("environment")
+            if isinstance(doc.get("environment"), Mapping)
+            else {}
+        )
+        command = doc.get("command")
+        if isinstance(command, (list, tuple)):
+            command = shlex.join(str(c) for c in command)
+        created = doc.get("created") if isinstance(doc.get("created"), str) else _now()
+        try:
+            document_json = json.dumps(doc)
+            fingerprint_json = json.dumps(environment)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"the result document cannot be stored as JSON: {exc}"
+            ) from None
+        with self._write():
+            cur = self._conn.execute(
+                "INSERT INTO runs (created, kind, command, host, fingerprint, document) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    created,
+                    kind,
+                    command,
+                    environment.get("host"),
+                    fingerprint_json,
+                    document_json,
+                ),
+            )
+            row = cur.lastrowid
+            self._conn.executemany(
+                "INSERT INTO metrics (run, name, value, unit, better, samples, labels) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        row,
+                        m.name,
+                        float(m.value),
+                        m.unit,
+                        m.better,
+                        json.dumps([float(x) for x in m.samples]),
+                        json.dumps(dict(m.labels)),
+                    )
+                    for m in metrics
+                ],
+            )
+        return run_label(row)
+
+    def set_baseline(self, run_id: str) -> str:
+        """Makes `run_id` the baseline of its kind (replacing the previous one); returns the kind."""
+        with self._write():
+            row = self._resolve(run_id)
+            kind = self._conn.execute(
+                "SELECT kind FROM runs WHERE id = ?", (row,)
+            ).fetchone()[0]
+            self._conn.execute(
+                "INSERT INTO baselines (scope, run, set_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (scope) DO UPDATE SET run = excluded.run, set_at = excluded.set_at",
+                (kind, row, _now()),
+            )
+        return kind
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def resolve(self, run_id: str) -> str:
+        """'r12', '12' or 'latest' -> the canonical run id; InputError for an unknown one."""
+        with self._read():
+            return run_label(self._resolve(run_id))
+
+    def get(self, run_id: str) -> RunRecord:
+        """The stored run with its fingerprint and document."""
+        with self._read():
+            row = self._resolve(run_id)
+            r = self._conn.execute(
+                "SELECT id, created, kind, host, command, fingerprint, document FROM runs "
+                "WHERE id = ?",
+                (row,),
+            ).fetchone()
+        return RunRecord(
+            run_label(r[0]), r[1], r[2], r[3], r[4], json.loads(r[5]), json.loads(r[6])
+        )
+
+    def metrics(self, run_id: str) -> builtins.list[Metric]:
+        """The run's headline metrics as stored, in stored order."""
+        with self._read():
+            row = self._resolve(run_id)
+            rows = self._conn.execute(
+                "SELECT name, value, unit, better, samples, labels FROM metrics WHERE run = ? "
+                "ORDER BY rowid",
+                (row,),
+            ).fetchall()
+        return [
+            Metric(n, v, u, b, tuple(json.loads(s)), json.loads(lab))
+            for n, v, u, b, s, lab in rows
+        ]
+
+    def trend(self, metric_name: str, limit: int = 20) -> builtins.list[TrendPoint]:
+        """The metric's value in the last `limit` runs that have it, oldest first."""
+        with self._read():
+            rows = self._conn.execute(
+                "SELECT r.id, r.created, r.host, m.value, m.unit, m.better FROM metrics m JOIN runs r ON r.id = m.run "
+                "WHERE m.name = ? ORDER BY r.id DESC LIMIT ?",
+                (metric_name, int(limit)),
+            ).fetchall()
+        return [
+            TrendPoint(run_label(i), c, h, v, u, b)
+            for i, c, h, v, u, b in reversed(rows)
+        ]
+
+    def metric_names(
+        self, like: str | None = None, limit: int = 10
+    ) -> builtins.list[str]:
+        """Stored metric names containing `like` (all when None), most recent first."""
+        with self._read():
+            rows = self._conn.execute(
+                "SELECT name FROM metrics WHERE instr(name, ?) > 0 GROUP BY name ORDER BY max(run) DESC LIMIT ?",
+                (like or "", int(limit)),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def baseline(self, kind: str) -> str | None:
+        """The baseline run id of `kind`, or None when none is set."""
+        with self._read():
+            r = self._conn.execute(
+                "SELECT run FROM baselines WHERE scope = ?", (kind,)
+            ).fetchone()
+        return run_label(r[0]) if r else None
+
+    def baselines(self) -> dict[str, str]:
+        """kind -> baseline run id, for every kind that has one."""
+        with self._read():
+            rows = self._conn.execute(
+                "SELECT scope, run FROM baselines ORDER BY scope"
+            ).fetchall()
+        return {k: run_label(r) for k, r in rows}
+
+    def list(self, limit: int = 20, kind: str | None = None) -> builtins.list[RunInfo]:
+        """The last `limit` runs (of `kind` when given), newest first."""
+        sql = (
+            "SELECT r.id, r.created, r.kind, r.host, r.command, "
+            "(SELECT count(*) FROM metrics m WHERE m.run = r.id), "
+            "EXISTS (SELECT 1 FROM baselines b WHERE b.run = r.id AND b.scope = r.kind) FROM runs r"
+        )
+        args: tuple = ()
+        if kind is not None:
+            sql += " WHERE r.kind = ?"
+            args = (kind,)
+        with self._read():
+            rows = self._conn.execute(
+                sql + " ORDER BY r.id DESC LIMIT ?", (*args, int(limit))
+            ).fetchall()
+        return [
+            RunInfo(run_label(i), c, k, h, cmd, n, bool(b))
+            for i, c, k, h, cmd, n, b in rows
+        ]
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _resolve(self, run_id: str) -> int:
+        text = str(run_id).strip().lower()
+        if text == "latest":
+            r = self._conn.execute("SELECT max(id) FROM runs").fetchone()
+            if r[0] is None:
+                raise InputError(f"no runs stored in {self.path} yet")
+            return int(r[0])
+        digits = text.removeprefix("r")
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
+            raise InputError(
+                f"'{run_id}' is not a run id: write r12 (as `mgpu-bench history list` prints), 12 or "
+                "latest"
+            )
+        row = int(digits)
+        if (
+            self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (row,)).fetchone()
+            is None
+        ):
+            raise InputError(
+                f"no run {run_label(row)} in {self.path}: see `mgpu-bench history list`"
+            )
+        return row
+
+    def _write(self):
+        return _Transaction(self._conn, self.path, "BEGIN IMMEDIATE")
+
+    def _read(self):
+        return _Transaction(self._conn, self.path, "BEGIN")
+
+
+class _Transaction:
+    """BEGIN ... COMMIT (ROLLBACK on an exception); SQLite errors become InputErrors naming the file."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, begin: str) -> None:
+        if conn is None:
+            raise ValueError("the history database is closed")
+        self.conn, self.path, self.begin = conn, path, begin
+
+    def __enter__(self) -> None:
+        try:
+            self.conn.execute(self.begin)
+        except sqlite3.DatabaseError as exc:
+            raise _db_error(self.path, exc) from None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        except sqlite3.DatabaseError as e:
+            if exc_type is None:
+                raise _db_error(self.path, e) from None
+        if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, _BUGS):
+            raise _db_error(self.path, exc) from None
+        return False
+
+
+# Errors of this code, not of the file: they stay what they are.
+_BUGS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError)
+
+
+def _db_error(path: Path, exc: sqlite3.DatabaseError) -> InputError:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return InputError(
+            f"the history database {path} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s: "
+            "try again when it has finished"
+        )
+    if "readonly" in text or "read-only" in text:
+        return InputError(
+            f"the history database {path} is read-only: give a writable --db path"
+        )
+    return InputError(
+        f"{path} is not a usable mgpu-bench history database ({text}): give another --db path, or "
+        "move this file away"
+    )
+
+
+def _check_location(p: Path) -> None:
+    """The folder exists and is writable (WAL mode writes two files beside the database); an
+    existing file is SQLite (its first 16 bytes) and writable."""
+    if p.is_dir():
+        raise InputError(
+            f"{p} is a folder: give a database file name, e.g. {p / 'history.sqlite3'}"
+        )
+    folder = p.parent
+    if not folder.is_dir():
+        raise InputError(
+            f"the folder of the history database {p} does not exist: create it first"
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(
+            f"the folder of the history database {p} is not writable: give a --db path in a "
+            "writable folder"
+        )
+    if p.exists():
+        if not os.access(p, os.R_OK | os.W_OK):
+            raise InputError(
+                f"the history database {p} is not readable and writable: fix its permissions or give "
+                "another --db path"
+            )
+        with open(p, "rb") as f:
+            head = f.read(16)
+        if head and head != b"SQLite format 3\x00":
+            raise InputError(
+                f"{p} is not an SQLite database (so not an mgpu-bench history): give another --db "
+                "path, or move this file away"
+            )
+
+
+def _check_owner(conn: sqlite3.Connection, p: Path) -> None:
+    """Only reads: the file is an empty database, or ours with a schema this code knows."""
+    app = conn.execute("PRAGMA application_id").fetchone()[0]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if app == 0:
+        objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if objects or version:
+            raise InputError(
+                f"{p} is an SQLite database of another program (application_id 0, {objects} "
+                "tables and indexes): give another --db path"
+            )
+    elif app != APPLICATION_ID:
+        raise InputError(
+            f"{p} is an SQLite database of another program (application_id {app:#x}): give another "
+            "--db path"
+        )
+    elif version > SCHEMA_VERSION:
+        raise InputError(
+            f"{p} was written by a newer mgpu-bench (history schema {version}, this one knows "
+            f"{SCHEMA_VERSION}): upgrade mgpu-bench or give another --db path"
+        )
+
+
+def _set_wal(conn: sqlite3.Connection, p: Path) -> None:
+    """WAL mode (persistent in the file). Switching needs a moment without other writers;
+    SQLite does not always wait on its own for that, so retry within the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            break
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    if str(mode).lower() != "wal":
+        raise InputError(
+            f"the history database {p} cannot use WAL mode (journal mode stays {mode}): put it on a "
+            "local file system"
+        )
+
+
+def _migrate(conn: sqlite3.Connection, p: Path) -> None:
+    """Applies the missing MIGRATIONS in one write transaction, after checking again under the
+    lock (another process may have created the schema meanwhile)."""
+    with _Transaction(conn, p, "BEGIN IMMEDIATE"):
+        _check_owner(conn, p)
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        for i in range(version, SCHEMA_VERSION):
+            for statement in MIGRATIONS[i]:
+                conn.execute(statement)
+        if version < SCHEMA_VERSION:
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+
+# -- comparison -------------------------------------------------------------------------------
+
+# A metric regresses when it is worse by more than max(tolerance, NOISE_K x noise), noise being
+# the larger robust spread (1.4826 x MAD / median) of the two runs' samples. 3, as the GEMM
+# outlier rule (max(2%, 3x noise)) and links' robust z of 3: under a normal model a sample lies
+# beyond 3 sigma with 0.3% chance. The spread is that of single samples, not of their median, on
+# purpose: run-to-run drift (clocks, temperature, placement) exceeds what one run's samples show,
+# so the threshold is not shrunk by sqrt(n).
+NOISE_K = 3.0
+MIN_SAMPLES_FOR_NOISE = (
+    5  # as measurement.MIN_SAMPLES_FOR_NOISE: fewer give no estimate
+)
+STATUSES = (
+    "regression",
+    "improvement",
+    "within noise",
+    "unchanged",
+    "added",
+    "missing",
+)
+
+
+def noise(samples: Sequence[float], absolute: bool = False) -> float | None:
+    """Robust spread of the samples: 1.4826 x MAD / |median| (relative), or 1.4826 x MAD in the
+    samples' own unit when `absolute` (fractions, compared in points). None with fewer than
+    MIN_SAMPLES_FOR_NOISE samples, or a zero median for a relative spread."""
+    xs = [float(x) for x in samples if math.isfinite(float(x))]
+    if len(xs) < MIN_SAMPLES_FOR_NOISE:
+        return None
+    med = statistics.median(xs)
+    mad = 1.4826 * statistics.median(abs(x - med) for x in xs)
+    if absolute:
+        return mad
+    return mad / abs(med) if med else None
+
+
+@dataclass(frozen=True)
+class Change:
+    """One metric of two runs.
+
+    change: new - base relative to |base| (fractions: in absolute terms, a share of 1, since a
+    relative change of a share near 0 says little); None when the metric is in one run only.
+    gain: change signed so that positive is better and negative worse, whatever `better` is.
+    noise_base / noise_new: each run's spread in the same terms as `change` (None: fewer than
+    5 samples). threshold: max(tolerance, NOISE_K x the larger noise). status: one of STATUSES.
+    """
+
+    name: str
+    unit: str
+    better: str
+    base: float | None
+    new: float | None
+    change: float | None
+    gain: float | None
+    noise_base: float | None
+    noise_new: float | None
+    threshold: float | None
+    status: str
+
+    @property
+    def absolute(self) -> bool:
+        """The change is in absolute terms (percentage points of a fraction)."""
+        return self.unit == "fraction"
+
+
+def compare(
+    base_metrics: Iterable[Metric],
+    new_metrics: Iterable[Metric],
+    tolerance: float = 0.05,
+) -> list[Change]:
+    """Per metric of the two runs, the change and its status (see Change), in the new run's
+    order, then the base's metrics missing from the new run. tolerance: a fraction in (0, 1).
+    InputError when the runs share no metric (a baseline on a different metric set)."""
+    if not (0 < tolerance < 1):
+        raise InputError(
+            f"tolerance {tolerance:g} is out of range: give more than 0 and less than 100%"
+        )
+    base = {m.name: m for m in base_metrics}
+    new = {m.name: m for m in new_metrics}
+    if not set(base) & set(new):
+        raise InputError(
+            f"the two runs share no metric ({len(base)} and {len(new)} metrics): compare runs of the "
+            "same kind and configuration, or set a matching baseline"
+        )
+    out = []
+    for name, n in new.items():
+        b = base.get(name)
+        if b is None:
+            out.append(
+                Change(
+                    name,
+                    n.unit,
+                    n.better,
+                    None,
+                    n.value,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    "added",
+                )
+            )
+            continue
+        out.append(_change(b, n, tolerance))
+    for name, b in base.items():
+        if name not in new:
+            out.append(
+                Change(
+                    name,
+                    b.unit,
+                    b.better,
+                    b.value,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    "missing",
+                )
+            )
+    return out
+
+
+def _change(b: Metric, n: Metric, tolerance: float) -> Change:
+    absolute = n.unit == "fraction"
+    diff = n.value - b.value
+    if absolute:
+        change = diff
+    elif b.value:
+        change = diff / abs(b.value)
+    else:
+        change = 0.0 if diff == 0 else math.copysign(math.inf, diff)
+    gain = change if n.better == "higher" else -change
+    nb, nn = noise(b.samples, absolute), noise(n.samples, absolute)
+    known = [x for x in (nb, nn) if x is not None]
+    threshold = max(tolerance, NOISE_K * max(known)) if known else tolerance
+    if abs(change) <= tolerance:
+        status = "unchanged"
+    elif abs(change) <= threshold:
+        status = "within noise"
+    else:
+        status = "regression" if gain < 0 else "improvement"
+    return Change(
+        n.name,
+        n.unit,
+        n.better,
+        b.value,
+        n.value,
+        change,
+        gain,
+        nb,
+        nn,
+        threshold,
+        status,
+    )
+
+
+# -- fingerprints -----------------------------------------------------------------------------
+
+
+def topology_hash(fp: Mapping) -> str | None:
+    """A short hash of the topology facts a fingerprint holds: each GPU's index and PCI bus id,
+    and where a topo snapshot is present ("topology"), each GPU's current PCIe link and active
+    NVLinks and each pair's path. None when the fingerprint has none of them."""
+    facts: list = []
+    for g in fp.get("gpus") or []:
+        if isinstance(g, Mapping):
+            facts.append(["gpu", g.get("index"), g.get("pci_bus_id")])
+    topo = fp.get("topology")
+    if isinstance(topo, Mapping):
+        for g in topo.get("gpus") or []:
+            pcie = g.get("pcie") or {}
+            links = sum(1 for lk in g.get("nvlinks") or [] if lk.get("active"))
+            facts.append(
+                [
+                    "link",
+                    g.get("index"),
+                    g.get("pci_bus_id"),
+                    pcie.get("gen"),
+                    pcie.get("width"),
+                    links,
+                ]
+            )
+        for pr in topo.get("pairs") or []:
+            facts.append(["pair", pr.get("src"), pr.get("dst"), pr.get("path")])
+    if not facts:
+        return None
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _gpu_names(fp: Mapping) -> str | None:
+    names = [
+        str(g.get("name"))
+        for g in fp.get("gpus") or []
+        if isinstance(g, Mapping) and g.get("name")
+    ]
+    if not names:
+        return None
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{c}x {n}" for n, c in counts.items())
+
+
+def _uuids(fp: Mapping) -> tuple | None:
+    u = tuple(
+        str(g.get("uuid"))
+        for g in fp.get("gpus") or []
+        if isinstance(g, Mapping) and g.get("uuid")
+    )
+    return u or None
+
+
+def fingerprint_diff(fp_a: Mapping, fp_b: Mapping) -> list[str]:
+    """What differs between two environment fingerprints among host, GPU models, GPU UUIDs,
+    NVIDIA driver, CUDA runtime and driver API, NCCL (and torch's own NCCL), torch, and the
+    topology hash; one line each, e.g. 'driver 550.54.15 vs 580.159.04'. Absent values show
+    as 'unknown'; a fact absent from both is not a difference."""
+    fp_a, fp_b = fp_a or {}, fp_b or {}
+    out = []
+
+    def show(v) -> str:
+        return "unknown" if v is None else str(v)
+
+    for key, label in (
+        ("host", "host"),
+        ("nvidia_driver", "driver"),
+        ("cuda_runtime", "CUDA runtime"),
+        ("cuda_driver", "CUDA driver API"),
+        ("nccl", "NCCL"),
+        ("torch_nccl", "torch's NCCL"),
+        ("torch", "torch"),
+    ):
+        a, b = fp_a.get(key), fp_b.get(key)
+        if a != b:
+            out.append(f"{label} {show(a)} vs {show(b)}")
+    a, b = _gpu_names(fp_a), _gpu_names(fp_b)
+    if a != b:
+        out.append(f"GPUs {show(a)} vs {show(b)}")
+    ua, ub = _uuids(fp_a), _uuids(fp_b)
+    if ua != ub:
+        changed = sum(1 for x, y in zip(ua or (), ub or ()) if x != y) + abs(
+            len(ua or ()) - len(ub or ())
+        )
+        out.append(
+            f"GPU UUIDs differ ({changed} GPU(s)): other physical GPUs, or another order"
+        )
+    ta, tb = topology_hash(fp_a), topology_hash(fp_b)
+    if ta != tb:
+        out.append(
+            f"topology {show(ta)} vs {show(tb)} (GPU PCI bus ids or links differ)"
+        )
+    return out
+
+
+# -- two stored runs --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two stored runs compared: base and new run ids, fingerprint differences, changes."""
+
+    base: str
+    new: str
+    tolerance: float
+    fingerprint_differences: list[str]
+    changes: list[Change]
+
+    @property
+    def regressions(self) -> list[Change]:
+        return [c for c in self.changes if c.status == "regression"]
+
+    def to_dict(self) -> dict:
+        """The JSON document `compare --json` writes (base units, fractions as fractions)."""
+        from dataclasses import asdict
+
+        def clean(v):
+            return None if isinstance(v, float) and not math.isfinite(v) else v
+
+        return {
+            "schema": "mgpu-bench/compare",
+            "schema_version": 1,
+            "created": _now(),
+            "base": self.base,
+            "new": self.new,
+            "tolerance": self.tolerance,
+            "noise_k": NOISE_K,
+            "rule": "regression: worse by more than max(tolerance, noise_k x the larger noise); noise = 1.4826 x "
+            "MAD / median of a run's samples (fractions: in points), none under 5 samples",
+            "fingerprint_differences": self.fingerprint_differences,
+            "regressions": len(self.regressions),
+            "changes": [
+                {k: clean(v) for k, v in asdict(c).items()} for c in self.changes
+            ],
+        }
+
+
+def compare_runs(
+    history: History, base_id: str, new_id: str, tolerance: float = 0.05
+) -> Comparison:
+    """Compares two stored runs' metrics and fingerprints (see `compare`, `fingerprint_diff`)."""
+    base, new = history.get(base_id), history.get(new_id)
+    changes = compare(
+        history.metrics(base.run_id), history.metrics(new.run_id), tolerance
+    )
+    return Comparison(
+        base.run_id,
+        new.run_id,
+        tolerance,
+        fingerprint_diff(base.fingerprint, new.fingerprint),
+        changes,
+    )

@@ -1,0 +1,552 @@
+"""`mgpu-bench history`, `mgpu-bench baseline` and `mgpu-bench compare`: the stored runs, the
+baseline per kind, and the regression check a cron job or CI can gate on.
+
+The main group registers these with `register(cli)`. Bad input raises InputError, which the
+main group turns into one line on stderr and exit code 2. `python -m mgpu_bench.history_cli`
+runs the main command line with these commands registered.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import InputError
+
+EXIT_REGRESSION = 1
+
+_DB_HELP = "History database [default: $MGPU_BENCH_DB, else $XDG_DATA_HOME/mgpu-bench/history.sqlite3]."
+
+
+def _db_option(f):
+    return click.option("--db", "db_path", default=None, metavar="PATH", help=_DB_HELP)(
+        f
+    )
+
+
+def _out():
+    """stdout at 100 columns when not a terminal; markup and highlighting off: run ids, host
+    names and commands are outside text."""
+    from rich.console import Console
+
+    return Console(
+        width=100 if not sys.stdout.isatty() else None,
+        soft_wrap=False,
+        markup=False,
+        highlight=False,
+    )
+
+
+def _open(db_path: str | None):
+    from .history import History
+
+    return History.open(db_path)
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+
+def format_value(value: float | None, unit: str) -> str:
+    """A base-unit value as a person reads it: GB/s or TB/s, TFLOP/s or GFLOP/s, s/ms/us, %
+    for fractions, GiB for bytes."""
+    if value is None:
+        return "-"
+    if not math.isfinite(value):
+        return str(value)
+    if unit == "B/s":
+        return (
+            f"{value / 1e12:.2f} TB/s"
+            if abs(value) >= 1e12
+            else f"{value / 1e9:.2f} GB/s"
+        )
+    if unit == "FLOP/s":
+        return (
+            f"{value / 1e12:.1f} TFLOP/s"
+            if abs(value) >= 1e11
+            else f"{value / 1e9:.2f} GFLOP/s"
+        )
+    if unit == "s":
+        if abs(value) >= 1:
+            return f"{value:.3f} s"
+        return (
+            f"{value * 1e3:.3f} ms" if abs(value) >= 1e-3 else f"{value * 1e6:.2f} us"
+        )
+    if unit == "fraction":
+        return f"{100 * value:.1f}%"
+    if unit == "B":
+        return f"{value / 2**30:.2f} GiB"
+    if unit == "tokens/s":
+        return f"{value:,.0f} tok/s"
+    if unit == "samples/s":
+        return f"{value:,.0f} samples/s"
+    if unit == "samples":
+        return f"{value:.0f}"
+    return f"{value:.4g} {unit}"
+
+
+def format_change(change: float | None, absolute: bool) -> str:
+    """'+3.2%' (relative) or '+1.2 pp' (a fraction's change in percentage points)."""
+    if change is None:
+        return "-"
+    if math.isinf(change):
+        return "+inf" if change > 0 else "-inf"
+    return f"{100 * change:+.1f} pp" if absolute else f"{100 * change:+.1f}%"
+
+
+def format_noise(value: float | None, absolute: bool) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:.1f} pp" if absolute else f"{100 * value:.1f}%"
+
+
+def parse_tolerance(text: str) -> float:
+    """'5%' or '0.05' -> 0.05; must be more than 0 and less than 100%."""
+    t = str(text).strip()
+    try:
+        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise InputError(
+            f"--tolerance '{text}' is not a number: write 5% or 0.05"
+        ) from None
+    if not (math.isfinite(value) and 0 < value < 1):
+        raise InputError(
+            f"--tolerance '{text}' must be more than 0 and less than 100%: write e.g. 5% or 0.05"
+        )
+    return value
+
+
+def _check_writable(path: str | None) -> None:
+    if not path:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{path} is a directory: give a file name")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"the folder of {path} does not exist: create it first")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise InputError(f"{path} is not writable")
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _short_command(command: str | None) -> str:
+    """The stored command line with the program's folder dropped (shown on one line)."""
+    if not command:
+        return "-"
+    program, _, rest = command.partition(" ")
+    return " ".join(x for x in (os.path.basename(program), rest) if x)
+
+
+# -- history ----------------------------------------------------------------------------------
+
+
+@click.group("history")
+def history_group() -> None:
+    """Stored runs: every result stored with its machine fingerprint, never overwritten.
+
+    \b
+    mgpu-bench history add result.json   store a result document (from any --json)
+    mgpu-bench history list              the last runs, newest first
+    mgpu-bench history show r12          one run's headline metrics
+    mgpu-bench history trend NAME        one metric over the runs, oldest first
+    """
+
+
+@history_group.command("add")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@_db_option
+def history_add(files, db_path) -> int:
+    """Stores result documents (written by a command's --json) as new runs."""
+    docs = []
+    for f in files:
+        try:
+            doc = json.loads(Path(f).read_text())
+        except OSError as exc:
+            raise InputError(f"cannot read {f}: {exc.strerror or exc}") from None
+        except ValueError:
+            raise InputError(
+                f"{f} is not JSON: give a file written by an mgpu-bench command's --json"
+            ) from None
+        if not isinstance(doc, dict) or doc.get("schema") != "mgpu-bench/result":
+            raise InputError(
+                f"{f} is not an mgpu-bench result document: give a file written by --json"
+            )
+        docs.append((f, doc))
+    out = _out()
+    with _open(db_path) as h:
+        for f, doc in docs:
+            run_id = h.save(doc)
+            rec = h.get(run_id)
+            out.print(
+                f"stored {run_id}: {rec.kind}, {len(h.metrics(run_id))} headline metric(s), from {f}"
+            )
+    return 0
+
+
+@history_group.command("list")
+@click.option(
+    "--limit",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="Runs to show.",
+)
+@click.option(
+    "--kind",
+    default=None,
+    help="Only runs of this kind (comm, gemm, memory, model, links, suite).",
+)
+@_db_option
+def history_list(limit, kind, db_path) -> int:
+    """The last runs, newest first; * marks the baseline of its kind."""
+    from rich.table import Table
+
+    out = _out()
+    with _open(db_path) as h:
+        runs = h.list(limit, kind)
+        path = h.path
+    if not runs:
+        out.print(f"no {kind + ' ' if kind else ''}runs stored in {path}")
+        return 0
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    for name, just in (
+        ("run", "right"),
+        ("created UTC", "left"),
+        ("kind", "left"),
+        ("host", "left"),
+        ("metrics", "right"),
+        ("command", "left"),
+    ):
+        t.add_column(name, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    for r in runs:  # one line per run at 100 columns: long hosts and commands are cut
+        t.add_row(
+            ("*" if r.baseline else "") + r.run_id,
+            r.created.replace("T", " ")[:16],
+            r.kind,
+            _cut(r.host or "-", 16),
+            str(r.metric_count),
+            _cut(_short_command(r.command), 44),
+        )
+    out.print(t)
+    return 0
+
+
+@history_group.command("show")
+@click.argument("run")
+@click.option(
+    "--prometheus",
+    "prom_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Also write the metrics for node_exporter's textfile collector (a .prom file).",
+)
+@_db_option
+def history_show(run, prom_path, db_path) -> int:
+    """One run's headline metrics (RUN: r12 as `history list` prints it, 12, or latest)."""
+    from rich.table import Table
+
+    from .history import noise
+
+    _check_writable(prom_path)
+    out = _out()
+    with _open(db_path) as h:
+        rec = h.get(run)
+        metrics = h.metrics(rec.run_id)
+        is_baseline = h.baseline(rec.kind) == rec.run_id
+    out.print(
+        f"run {rec.run_id}: {rec.kind}{' (baseline)' if is_baseline else ''}, created {rec.created}, host "
+        f"{rec.host or '-'}"
+    )
+    if rec.command:
+        out.print(f"command: {rec.command}", soft_wrap=True)
+    fp = rec.fingerprint
+    out.print(
+        "driver {}, CUDA {}, NCCL {}, torch {}".format(
+            fp.get("nvidia_driver") or "-",
+            fp.get("cuda_runtime") or "-",
+            fp.get("nccl") or "-",
+            fp.get("torch") or "-",
+        )
+    )
+    if not metrics:
+        out.print("no headline metrics in this run")
+    else:
+        t = Table(box=None, pad_edge=False, header_style="bold")
+        t.add_column("metric", overflow="fold")
+        t.add_column("value", justify="right", no_wrap=True)
+        t.add_column("noise", justify="right", no_wrap=True)
+        t.add_column("samples", justify="right")
+        for m in metrics:
+            absolute = m.unit == "fraction"
+            t.add_row(
+                m.name,
+                format_value(m.value, m.unit),
+                format_noise(noise(m.samples, absolute), absolute),
+                str(len(m.samples)),
+            )
+        out.print(t)
+        out.print(
+            "noise: 1.4826 x MAD / median of the samples (fractions: in points); - under 5 samples"
+        )
+    if prom_path:
+        from .prometheus import write_textfile
+
+        try:
+            write_textfile(prom_path, metrics, rec.run_id, fp)
+        except OSError as exc:
+            click.echo(
+                f"mgpu-bench: could not write {prom_path}: {exc.strerror or exc}",
+                err=True,
+            )
+            return 1
+        out.print(f"wrote {prom_path}")
+    return 0
+
+
+@history_group.command("trend")
+@click.argument("metric")
+@click.option(
+    "--limit",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="Latest runs to show.",
+)
+@_db_option
+def history_trend(metric, limit, db_path) -> int:
+    """One metric over the runs that have it, oldest first, with the change against the first
+    (METRIC: a dotted name as `history show` prints it)."""
+    from rich.table import Table
+
+    out = _out()
+    with _open(db_path) as h:
+        points = h.trend(metric, limit)
+        if not points:
+            parts = metric.split(".")
+            hint: list[str] = []
+            # the stored names closest to it: those sharing the longest start
+            for k in range(len(parts) - 1, 0, -1):
+                hint = h.metric_names(".".join(parts[:k]) + ".", 3)
+                if hint:
+                    break
+            raise InputError(
+                f"no stored run has the metric '{metric}'"
+                + (
+                    f": did you mean {', '.join(hint)}?"
+                    if hint
+                    else ": see `mgpu-bench history show RUN`"
+                )
+            )
+    first = points[0]
+    absolute = first.unit == "fraction"
+    out.print(f"{metric} ({first.better} is better), oldest first", soft_wrap=True)
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    for name, just in (
+        ("run", "right"),
+        ("created UTC", "left"),
+        ("host", "left"),
+        ("value", "right"),
+        ("vs first", "right"),
+    ):
+        t.add_column(name, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    for p in points:
+        if absolute:
+            change: float | None = p.value - first.value
+        else:
+            change = (p.value - first.value) / abs(first.value) if first.value else None
+        t.add_row(
+            p.run_id,
+            p.created.replace("T", " ")[:16],
+            _cut(p.host or "-", 24),
+            format_value(p.value, p.unit),
+            format_change(change, absolute),
+        )
+    out.print(t)
+    return 0
+
+
+# -- baseline ---------------------------------------------------------------------------------
+
+
+@click.group("baseline")
+def baseline_group() -> None:
+    """The run each kind is compared with by default (`mgpu-bench compare`)."""
+
+
+@baseline_group.command("set")
+@click.argument("run")
+@_db_option
+def baseline_set(run, db_path) -> int:
+    """Makes RUN (r12, 12 or latest) the baseline of its kind, replacing the previous one."""
+    with _open(db_path) as h:
+        run_id = h.resolve(run)
+        kind = h.set_baseline(run_id)
+    _out().print(f"{run_id} is now the baseline for {kind} runs")
+    return 0
+
+
+@baseline_group.command("show")
+@click.option("--kind", default=None, help="Only this kind's baseline.")
+@_db_option
+def baseline_show(kind, db_path) -> int:
+    """The baseline run of each kind (exit code 2 when --kind has none)."""
+    out = _out()
+    with _open(db_path) as h:
+        if kind is not None:
+            run_id = h.baseline(kind)
+            if run_id is None:
+                raise InputError(
+                    f"no baseline for {kind} runs: set one with `mgpu-bench baseline set RUN`"
+                )
+            items = {kind: run_id}
+        else:
+            items = h.baselines()
+        if not items:
+            out.print(
+                f"no baselines set in {h.path}: set one with `mgpu-bench baseline set RUN`"
+            )
+            return 0
+        for k, run_id in items.items():
+            rec = h.get(run_id)
+            out.print(f"{k}: {run_id} (created {rec.created}, host {rec.host or '-'})")
+    return 0
+
+
+# -- compare ----------------------------------------------------------------------------------
+
+_COMPARE_HELP = """Compares a stored run with a baseline, metric by metric.
+
+\b
+RUN and --baseline: r12 (as `history list` prints it), 12, or latest. Without --baseline,
+the baseline set for RUN's kind (`mgpu-bench baseline set`).
+Per metric: change = (new - base) / base; fractions (MFU, shares) change in percentage
+points. Noise of a run = 1.4826 x MAD / median of the metric's own samples (iterations,
+steps, bursts), none with fewer than 5. A metric is a regression when it is worse by more
+than max(--tolerance, 3 x the larger noise of the two runs), an improvement when better by
+as much, "within noise" when beyond the tolerance but inside that noise band, else
+unchanged. Differences of host, GPUs, driver, CUDA, NCCL, torch or topology between the
+two runs are printed first as a warning.
+
+\b
+Exit codes: 0 no regression; 1 at least one regression (gate cron jobs and CI on it);
+2 bad input (unknown run, no baseline, bad --tolerance, an unusable database).
+"""
+
+
+@click.command("compare", help=_COMPARE_HELP)
+@click.argument("run")
+@click.option(
+    "--baseline",
+    "base",
+    default=None,
+    metavar="RUN",
+    help="The run to compare with [default: RUN's kind's baseline].",
+)
+@click.option(
+    "--tolerance",
+    "tolerance_text",
+    default="5%",
+    show_default=True,
+    help="Changes up to this are unchanged: 5% or 0.05 (more than 0, less than 100%).",
+)
+@click.option(
+    "--json",
+    "json_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Write the comparison (base units, every metric) as JSON.",
+)
+@_db_option
+def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
+    from rich.table import Table
+
+    from .history import NOISE_K, STATUSES, compare_runs
+
+    tolerance = parse_tolerance(tolerance_text)
+    _check_writable(json_path)
+    with _open(db_path) as h:
+        new = h.get(run)
+        if base is None:
+            base = h.baseline(new.kind)
+            if base is None:
+                raise InputError(
+                    f"no baseline for {new.kind} runs: set one with `mgpu-bench baseline set RUN`, "
+                    "or give --baseline RUN"
+                )
+        result = compare_runs(h, base, new.run_id, tolerance)
+    out = _out()
+    for line in result.fingerprint_differences:
+        out.print(
+            f"warning: {result.base} and {result.new} ran on different setups: {line}",
+            style="bold yellow",
+            soft_wrap=True,
+        )
+    out.print(
+        f"{result.new} against {result.base}: a regression is worse by more than "
+        f"max({100 * tolerance:g}%, {NOISE_K:g} x noise)",
+        soft_wrap=True,
+    )
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    t.add_column("metric", overflow="fold")
+    for name in ("base", "new", "change", "noise"):
+        t.add_column(name, justify="right", no_wrap=True)
+    t.add_column("status", no_wrap=True)
+    styles = {"regression": "bold red", "improvement": "green", "missing": "yellow"}
+    for c in result.changes:
+        noises = [x for x in (c.noise_base, c.noise_new) if x is not None]
+        t.add_row(
+            c.name,
+            format_value(c.base, c.unit),
+            format_value(c.new, c.unit),
+            format_change(c.change, c.absolute),
+            format_noise(max(noises) if noises else None, c.absolute),
+            c.status,
+            style=styles.get(c.status),
+        )
+    out.print(t)
+    counts = {s: sum(1 for c in result.changes if c.status == s) for s in STATUSES}
+    for c in result.regressions:  # one line each, for grep and mail
+        out.print(
+            f"regression: {c.name} {format_value(c.base, c.unit)} -> {format_value(c.new, c.unit)} "
+            f"({format_change(c.change, c.absolute)}, threshold {format_noise(c.threshold, c.absolute)})",
+            soft_wrap=True,
+        )
+    out.print(", ".join(f"{n} {s}" for s, n in counts.items()))
+    if json_path:
+        from .report import write_json
+
+        try:
+            write_json(json_path, result.to_dict())
+        except OSError as exc:
+            click.echo(
+                f"mgpu-bench: could not write {json_path}: {exc.strerror or exc}",
+                err=True,
+            )
+            return 1
+    return EXIT_REGRESSION if result.regressions else 0
+
+
+def register(main: click.Group) -> None:
+    """Adds `history`, `baseline` and `compare` to the main command group (idempotent)."""
+    for command in (history_group, baseline_group, compare_command):
+        main.add_command(command)
+
+
+def main() -> None:
+    """The mgpu-bench command line with these commands registered."""
+    from .cli import cli
+
+    register(cli)
+    cli.main(prog_name="mgpu-bench")
+
+
+if __name__ == "__main__":
+    main()
