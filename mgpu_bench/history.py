@@ -741,14 +741,18 @@ def _uuids(fp: Mapping) -> tuple | None:
 
 def fingerprint_diff(fp_a: Mapping, fp_b: Mapping) -> list[str]:
     """What differs between two environment fingerprints among host, GPU models, GPU UUIDs,
-    NVIDIA driver, CUDA runtime and driver API, NCCL (and torch's own NCCL), torch, and the
-    topology hash; one line each, e.g. 'driver 550.54.15 vs 580.159.04'. Absent values show
-    as 'unknown'; a fact absent from both is not a difference."""
+    NVIDIA driver, CUDA runtime and driver API, NCCL (and torch's own NCCL), torch, the
+    recorded environment variables (NCCL_*, CUDA_*, ...) and the topology hash; one line each,
+    e.g. 'driver 550.54.15 vs 580.159.04'. Absent values show as 'unknown' ('unset' for
+    variables); a fact absent from both is not a difference."""
     fp_a, fp_b = fp_a or {}, fp_b or {}
     out = []
 
     def show(v) -> str:
         return "unknown" if v is None else str(v)
+
+    def show_env(v) -> str:
+        return "unset" if v is None else str(v)
 
     for key, label in (
         ("host", "host"),
@@ -773,6 +777,14 @@ def fingerprint_diff(fp_a: Mapping, fp_b: Mapping) -> list[str]:
         out.append(
             f"GPU UUIDs differ ({changed} GPU(s)): other physical GPUs, or another order"
         )
+    env_a, env_b = fp_a.get("env") or {}, fp_b.get("env") or {}
+    for key in sorted(
+        set(env_a) | set(env_b)
+    ):  # the recorded allowlist: NCCL_*, CUDA_*, threads
+        if env_a.get(key) != env_b.get(key):
+            out.append(
+                f"{key}={show_env(env_a.get(key))} vs {show_env(env_b.get(key))}"
+            )
     ta, tb = topology_hash(fp_a), topology_hash(fp_b)
     if ta != tb:
         out.append(

@@ -432,8 +432,8 @@ points. Noise of a run = 1.4826 x MAD / median of the metric's own samples (iter
 steps, bursts), none with fewer than 5. A metric is a regression when it is worse by more
 than max(--tolerance, 3 x the larger noise of the two runs), an improvement when better by
 as much, "within noise" when beyond the tolerance but inside that noise band, else
-unchanged. Differences of host, GPUs, driver, CUDA, NCCL, torch or topology between the
-two runs are printed first as a warning.
+unchanged. Differences of host, GPUs, driver, CUDA, NCCL, torch, NCCL_*/CUDA_* variables
+or topology between the two runs are printed first as a warning.
 
 \b
 Exit codes: 0 no regression; 1 at least one regression (gate cron jobs and CI on it);

@@ -441,6 +441,15 @@ def test_fingerprint_diff_names_what_changed():
     assert not any(line.startswith("topology") for line in lines)
 
 
+def test_fingerprint_diff_names_changed_nccl_variables():
+    a = _fp(env={"NCCL_NVLS_ENABLE": "0", "OMP_NUM_THREADS": "8"})
+    b = _fp(env={"NCCL_P2P_DISABLE": "1", "OMP_NUM_THREADS": "8"})
+    assert fingerprint_diff(a, b) == [
+        "NCCL_NVLS_ENABLE=0 vs unset",
+        "NCCL_P2P_DISABLE=unset vs 1",
+    ]
+
+
 def test_topology_hash_follows_bus_ids_and_links():
     a = _fp()
     moved = _fp()
