@@ -61,7 +61,78 @@ def cli() -> None:
     mgpu-bench gemm --dtype bf16,fp8  achievable TFLOP/s per GPU (cuBLASLt), the slow GPU named
     mgpu-bench memory --bandwidth     fragmentation per allocator, HBM bandwidth, torch allocator
     mgpu-bench model --scaling 1,2    training steps: tokens/s, MFU, exposed communication, verdict
+    mgpu-bench suite --quick          the three rounds in one report, stored and compared
+    mgpu-bench history list           stored runs; compare RUN gates on regressions (exit 1)
     """
+
+
+class _Store:
+    """Where a finished run goes besides its output files: the history database (unless
+    --no-store) and a Prometheus textfile (--prometheus)."""
+
+    def __init__(self, db: str | None, no_store: bool, prometheus: str | None) -> None:
+        self.db, self.no_store, self.prometheus = db, no_store, prometheus
+
+    def check(self) -> None:
+        """Before any measurement: a database that cannot be used, or a textfile that cannot be
+        written, is bad input now, not a lost run later."""
+        _check_writable(self.prometheus)
+        if not self.no_store:
+            from .history import History
+
+            History.open(self.db).close()
+
+    def record(self, make_doc, err) -> bool:
+        """Stores the run's document and writes the textfile; one line on stderr each. True when
+        either failed (the run's own outputs are already written)."""
+        if self.no_store and not self.prometheus:
+            return False
+        doc = make_doc()
+        run_id, failed = None, False
+        if not self.no_store:
+            from .history import History
+
+            try:
+                with History.open(self.db) as h:
+                    run_id = h.save(doc)
+                    where = h.path
+                err.print(f"stored as {run_id} in {where} (mgpu-bench history show {run_id})", highlight=False)
+            except (InputError, OSError) as exc:
+                err.print(f"mgpu-bench: the run was not stored: {exc}", highlight=False)
+                failed = True
+        return self.textfile(doc, run_id, err) or failed
+
+    def textfile(self, doc: dict, run_id: str | None, err) -> bool:
+        """The Prometheus textfile (--prometheus), if asked for; True when it failed."""
+        if not self.prometheus:
+            return False
+        from .headline import metrics_from_document
+        from .prometheus import write_textfile
+
+        try:
+            write_textfile(self.prometheus, metrics_from_document(doc), run_id, doc.get("environment") or {})
+        except OSError as exc:
+            err.print(f"mgpu-bench: could not write {self.prometheus}: {exc.strerror or exc}", highlight=False)
+            return True
+        return False
+
+
+def _store_options(f):
+    """--db, --no-store and --prometheus for a command that measures; it receives `store`."""
+    import functools
+
+    @functools.wraps(f)
+    def wrapper(*args, db_path, no_store, prometheus_path, **kw):
+        return f(*args, store=_Store(db_path, no_store, prometheus_path), **kw)
+
+    wrapper = click.option("--prometheus", "prometheus_path", default=None, type=click.Path(dir_okay=False),
+                           help="Also write the headline figures in Prometheus' text format here (for "
+                                "node_exporter's textfile collector).")(wrapper)
+    wrapper = click.option("--no-store", is_flag=True, help="Do not keep this run in the history database.")(wrapper)
+    wrapper = click.option("--db", "db_path", default=None, type=click.Path(dir_okay=False),
+                           help="History database [default: $MGPU_BENCH_DB, else "
+                                "$XDG_DATA_HOME/mgpu-bench/history.sqlite3].")(wrapper)
+    return wrapper
 
 
 # -- comm ------------------------------------------------------------------------------------
@@ -132,9 +203,10 @@ x 1 (broadcast, reduce, sendrecv). GB/s = 10^9 bytes/s.
               help="processes: start one process per local GPU (--nproc on CPU) through torch's elastic "
                    "launcher and measure as torchrun would (native backend on GPUs, one communicator per "
                    "process); single: one process drives all GPUs.")
+@_store_options
 def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, only_inplace, only_outofplace,
                  gpus, backend, nproc, iters, warmup_iters, min_time, graph, check, timeout, json_path,
-                 csv_path, report_dir, progress, launch_mode) -> int:
+                 csv_path, report_dir, progress, launch_mode, store) -> int:
 
     from . import comm, ops, report
     from .env import backend_versions, fingerprint
@@ -152,6 +224,8 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
     for path in (json_path, csv_path):
         _check_writable(path)
     _check_report_dir(report_dir)
+    if rank_of_launcher() == 0:
+        store.check()
     if only_inplace and only_outofplace:
         placements = (False, True)
     elif only_inplace:
@@ -200,10 +274,12 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
             out.print(line, highlight=False, soft_wrap=True)  # one line each, for grep
     out.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s wall, "
               f"communicator set-up included", highlight=False)
+    doc = _once(lambda: report.result_document(run, environment, sys.argv))
     write_failed = _write_outputs((
-        (json_path, lambda p: report.write_json(p, report.result_document(run, environment, sys.argv))),
+        (json_path, lambda p: report.write_json(p, doc())),
         (csv_path, lambda p: Path(p).write_text(report.render_csv(run))),
         (report_dir, lambda p: _write_comm_report(run, p, environment) if run.measurements else None)), err)
+    write_failed |= store.record(doc, err) if run.measurements else False
     if run.stopped:
         return _stopped(run, err)
     if run.total_wrong:
@@ -295,6 +371,26 @@ def _stopped(run, err, rank: int = 0) -> int:
     where = f"rank {rank}: " if rank else ""
     err.print(f"mgpu-bench: {where}{run.stop_message}", highlight=False, style="bold red")
     return EXIT_INTERRUPTED if run.stopped == "interrupted" else EXIT_FAILED
+
+
+def rank_of_launcher() -> int:
+    """This process's rank under torchrun / srun / mpirun, 0 otherwise (rank 0 alone stores)."""
+    from .launch import detect
+
+    le = detect()
+    return 0 if le is None else le.rank
+
+
+def _once(make):
+    """make() the first time, the same object after (a document written and stored is one)."""
+    cache: list = []
+
+    def get():
+        if not cache:
+            cache.append(make())
+        return cache[0]
+
+    return get
 
 
 def _write_outputs(outputs, err) -> bool:
@@ -404,7 +500,8 @@ def topo_command(json_path) -> int:
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the result document.")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write GPU x GPU heatmap PNGs into this folder.")
-def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_path, report_dir) -> int:
+@_store_options
+def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_path, report_dir, store) -> int:
     """GPU-to-GPU copy bandwidth and latency for every ordered pair, host copies per GPU, and
     the slow pair or GPU named (each pair against the node's median: robust z-score below -3
     and 10% below the median; needs 3 pairs or more).
@@ -424,6 +521,7 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
     _check_writable(json_path)
     _check_report_dir(report_dir)
     gpu_list = links.gpus_or_error(gpus)
+    store.check()
     out = _out_console()
     environment = fingerprint()
     try:
@@ -442,18 +540,14 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
     out.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s; one ordered pair took "
               f"{run.per_pair_seconds:.2f} s, so 8 GPUs (56 pairs) would take about {run.estimate_seconds(8):.0f} s",
               highlight=False, soft_wrap=True)
-    if report_dir:
-        links.write_report(run, report_dir)
-    if json_path:
-        doc = {"schema": report.RESULT_SCHEMA, "schema_version": report.RESULT_SCHEMA_VERSION,
-               "command": sys.argv, "environment": environment, "topology": snapshot,
-               **links.document(run, hops)}
-        try:
-            report.write_json(json_path, doc)
-        except OSError as exc:
-            click.echo(f"mgpu-bench: could not write {json_path}: {exc.strerror or exc}", err=True)
-            return EXIT_FAILED
-    return 0
+    doc = _once(lambda: {"schema": report.RESULT_SCHEMA, "schema_version": report.RESULT_SCHEMA_VERSION,
+                         "command": sys.argv, "environment": environment, "topology": snapshot,
+                         **links.document(run, hops)})
+    err = _err_console()
+    write_failed = _write_outputs(((report_dir, lambda p: links.write_report(run, p)),
+                                   (json_path, lambda p: report.write_json(p, doc()))), err)
+    write_failed |= store.record(doc, err)
+    return EXIT_FAILED if write_failed else 0
 
 
 # -- gemm ------------------------------------------------------------------------------------
@@ -515,9 +609,10 @@ power and temperature (the limit-throughput round).
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write PNGs (TFLOP/s per GPU against the peak; sustained series), report.html, summary.md.")
 @click.option("--progress/--no-progress", default=None, help="Progress on stderr [default: when a terminal].")
+@_store_options
 def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates, samples, sample_time, warmup,
                  check, search, search_range, search_refine, duration_text, interval, peak_text, fp8_fast_accum,
-                 init, workspace_text, json_path, csv_path, report_dir, progress) -> int:
+                 init, workspace_text, json_path, csv_path, report_dir, progress, store) -> int:
 
     from . import _native, gemm, hardware, report
     from .env import fingerprint
@@ -547,6 +642,7 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
     for path in (json_path, csv_path):
         _check_writable(path)
     _check_report_dir(report_dir)
+    store.check()
     gpu_list, devices = gemm.devices_or_error(gpus)
     free = {g: _native.mem_get_info(g)[0] for g in gpu_list}
     cfg = gemm.GemmConfig(dtypes=dtypes, shapes=shapes, layout=layout, gpus=tuple(gpu_list), candidates=candidates,
@@ -577,10 +673,12 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
         gemm.render_terminal(run, out)
     out.print(f"{len(run.results)} measurement(s) in {run.wall_seconds:.2f} s wall, probe set-up and algorithm "
               "selection included", highlight=False)
+    doc = _once(lambda: gemm.document(run, environment, sys.argv))
     write_failed = _write_outputs((
-        (json_path, lambda p: report.write_json(p, gemm.document(run, environment, sys.argv))),
+        (json_path, lambda p: report.write_json(p, doc())),
         (csv_path, lambda p: Path(p).write_text(gemm.render_csv(run))),
         (report_dir, lambda p: _write_gemm_report(run, p, environment) if run.results else None)), err)
+    write_failed |= store.record(doc, err) if run.results else False
     if run.stopped:
         return _stopped(run, err)
     if any(r.wrong for r in run.results):
@@ -646,8 +744,10 @@ without activation checkpointing.
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write PNGs (fragmentation, HBM, reserved vs allocated over the workload), report.html, summary.md.")
 @click.option("--progress/--no-progress", default=None, help="Progress on stderr [default: when a terminal].")
+@_store_options
 def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth, torch_text, torch_model, torch_batch,
-                   seq_lens, steps, max_batch_model, seq_len, timeout, gpus, json_path, report_dir, progress) -> int:
+                   seq_lens, steps, max_batch_model, seq_len, timeout, gpus, json_path, report_dir, progress,
+                   store) -> int:
 
     from . import memory, report
     from .env import fingerprint
@@ -682,6 +782,7 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
     _check_writable(json_path)
     _check_report_dir(report_dir)
     gpu_list, devices = memory.devices_or_error(gpus)
+    store.check()
     cfg = memory.MemoryConfig(gpus=tuple(gpu_list), patterns=patterns, allocators=allocators, churn=churn,
                               budget=budget, seed=seed, bandwidth=bandwidth, torch_settings=settings,
                               torch_model=torch_model, torch_batch=torch_batch, torch_seq_lens=seq_lens,
@@ -698,9 +799,11 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
         err.print(f"note: {note}", highlight=False)
     memory.render_terminal(run, out)
     out.print(f"memory: {run.wall_seconds:.1f} s wall", highlight=False)
+    doc = _once(lambda: memory.document(run, environment, sys.argv))
     write_failed = _write_outputs((
-        (json_path, lambda p: report.write_json(p, memory.document(run, environment, sys.argv))),
+        (json_path, lambda p: report.write_json(p, doc())),
         (report_dir, lambda p: _write_memory_report(run, p, environment))), err)
+    write_failed |= store.record(doc, err)
     if run.stopped:
         return _stopped(run, err)
     failed = [k for k, d in run.torch.items() if d.get("error")] + [
@@ -766,9 +869,10 @@ at each GPU count with the same per-GPU batch: efficiency = T_N / (N x T_1).
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="Write PNGs (step time, phases, scaling), report.html and summary.md.")
 @click.option("--progress/--no-progress", default=None, help="Per-step progress on stderr [default: when a terminal].")
+@_store_options
 def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_steps, parallel, data_mode, num_workers,
                   preprocess_ms, data_dir, checkpointing, scaling_text, gpus, nproc, peak_tflops, exposed_comm, profile,
-                  json_path, report_dir, progress) -> int:
+                  json_path, report_dir, progress, store) -> int:
 
     from . import hardware, model_bench, models, report
     from .comm import parse_gpus, visible_gpu_count
@@ -800,6 +904,8 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
             raise InputError(f"--data-dir {d} is not a writable folder: give one the token file can be written to")
     _check_writable(json_path)
     _check_report_dir(report_dir)
+    if rank_of_launcher() == 0:
+        store.check()
     if on_gpu:
         chosen = parse_gpus(gpus, ngpu)
         _pin_gpus(chosen)
@@ -864,9 +970,11 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
     if run.stats:
         model_bench.render_terminal(run, out)
     out.print(f"model: {run.wall_seconds:.1f} s wall, process start-up included", highlight=False)
+    doc = _once(lambda: model_bench.document(run, environment, sys.argv))
     write_failed = _write_outputs((
-        (json_path, lambda p: report.write_json(p, model_bench.document(run, environment, sys.argv))),
+        (json_path, lambda p: report.write_json(p, doc())),
         (report_dir, lambda p: _write_model_report(run, p, environment))), err)
+    write_failed |= store.record(doc, err) if run.stats else False
     failed = [s for s in run.stats if s.error]
     if run.stopped:
         return _stopped(run, err)
@@ -884,6 +992,138 @@ def _write_model_report(run, out_dir, environment) -> None:
     from .model_report import write_report
 
     write_report(run, out_dir, environment)
+
+
+# -- suite -----------------------------------------------------------------------------------
+
+_SUITE_HELP = """The three rounds of a throughput stress test, one report, stored and compared.
+
+\b
+Round 1, single-GPU baseline: GEMM per dtype on every GPU (gemm), HBM bandwidth and
+  fragmentation (memory), the 350m GPT's training step on one GPU (model).
+Round 2, multi-GPU scaling: collective busbw against theory (comm), GPU-to-GPU links (links),
+  the model over 1, 2, 4 ... N GPUs with scaling efficiency (model --scaling).
+Round 3, limit throughput: the largest batch that fits (memory --max-batch), then a sustained
+  GEMM and a sustained training run of --duration each, with clocks, power, temperature and
+  throttle reasons sampled over time.
+
+Each probe runs as its own mgpu-bench command in a child process; one that fails is recorded
+with its reason and the suite goes on. --quick (a few minutes on 2 GPUs: fewer dtypes, sizes
+and steps, --duration 20s) is the monthly patrol; the full suite takes longer. Without GPUs the
+probes that run on CPU ranks (comm with gloo, the tiny model) run and the rest are skipped.
+
+The report folder gets report.html (one self-contained page), summary.md, suite.json and the
+PNGs. The run is stored in the history database and compared with the suite baseline when one
+is set (mgpu-bench baseline set RUN).
+
+\b
+Exit codes: 0 all probes ran and nothing regressed against the baseline; 1 a probe failed or a
+metric regressed beyond --tolerance and the noise; 2 bad input; 130 Ctrl-C (what was measured
+is written).
+"""
+
+
+@cli.command("suite", help=_SUITE_HELP)
+@click.option("--quick", is_flag=True, help="The short patrol: fewer dtypes, sizes and steps.")
+@click.option("--rounds", "rounds_text", default="1,2,3", show_default=True, help="Rounds to run, e.g. 1,2.")
+@click.option("--duration", "duration_text", default=None,
+              help="Round 3's sustained runs, each [default: 20s with --quick, else 5m].")
+@click.option("--gpus", default=None, help="N for the first N GPUs, or indices 0,1 [default: all visible].")
+@click.option("--tolerance", "tolerance_text", default="5%", show_default=True,
+              help="Smallest change that counts against the baseline (noise permitting).")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+              help="Also write the suite document here (it is always in the report folder).")
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="Report folder [default: mgpu-bench-suite-DATE-TIME in the current folder].")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="A line per probe on stderr.")
+@_store_options
+def suite_command(quick, rounds_text, duration_text, gpus, tolerance_text, json_path, report_dir, progress,
+                  store) -> int:
+    from . import comm, suite
+    from .env import fingerprint
+    from .gemm import parse_duration
+
+    rounds = suite.parse_rounds(rounds_text)
+    duration_s = parse_duration(duration_text) if duration_text else (20.0 if quick else 300.0)
+    from .history_cli import parse_tolerance
+
+    tolerance = parse_tolerance(tolerance_text)
+    report_dir = report_dir or suite.default_report_dir()
+    _check_writable(json_path)
+    _check_report_dir(report_dir)
+    ngpu = comm.visible_gpu_count()
+    if ngpu:
+        chosen = comm.parse_gpus(gpus, ngpu)
+    elif gpus is not None:
+        raise InputError("--gpus given but no NVIDIA GPU is visible here")
+    else:
+        chosen = []
+    store.check()
+    err = _err_console()
+    out = _out_console()
+    environment = fingerprint()
+    bus_ids = {g: str(d.get("pci_bus_id")) for g, d in enumerate(environment.get("gpus", [])) if g in chosen}
+    cfg = suite.SuiteConfig(quick=quick, rounds=rounds, duration_s=duration_s, gpus=gpus)
+    run = suite.run_suite(cfg, chosen, bus_ids, (lambda t: err.print(f"suite: {t}", highlight=False))
+                          if progress else None)
+    doc = suite.document(run, environment, sys.argv)
+    from . import suite_report
+
+    found = suite_report.findings(doc)
+    doc["findings"] = [f.to_dict() for f in found]
+    for f in found:
+        out.print(f"{f.severity}: {f.text}", highlight=False, soft_wrap=True)
+    for p in run.probes:
+        out.print(f"round {p['round']} {p['name']:<16} {p['status']:<11} {p['seconds']:7.1f} s"
+                  + (f"  {p['error']}" if p["error"] else ""), highlight=False, soft_wrap=True)
+    out.print(f"suite: {run.wall_seconds:.1f} s wall", highlight=False)
+
+    trend = None
+    regressed = False
+    stored = None
+    if not store.no_store:
+        from .history import History, compare_runs
+        from .history_cli import format_change, format_noise, format_value
+
+        try:
+            with History.open(store.db) as h:
+                stored = h.save(doc)
+                base = h.baseline("suite")
+                if base and base != stored:
+                    comparison = compare_runs(h, base, stored, tolerance)
+                    for line in comparison.fingerprint_differences:
+                        out.print(f"warning: not the same machine set-up as the baseline: {line}", highlight=False,
+                                  soft_wrap=True)
+                    for c in comparison.regressions:
+                        out.print(f"regression: {c.name}: {format_value(c.base, c.unit)} -> "
+                                  f"{format_value(c.new, c.unit)} ({format_change(c.change, c.absolute)}; "
+                                  f"threshold {format_noise(c.threshold, c.absolute)})", highlight=False,
+                                  soft_wrap=True)
+                    regressed = bool(comparison.regressions)
+                    out.print(f"compared with baseline {base}: {len(comparison.regressions)} regression(s)",
+                              highlight=False)
+                trend = suite.history_trend(h, doc)
+            err.print(f"stored as {stored} (mgpu-bench history show {stored})", highlight=False)
+        except (InputError, OSError) as exc:
+            err.print(f"mgpu-bench: the suite was not stored: {exc}", highlight=False)
+    store_failed = store.textfile(doc, stored, err)
+    written = _write_outputs((
+        (report_dir, lambda p: _write_suite_report(doc, p, trend)),
+        (json_path, lambda p: suite.write_document(Path(p), doc))), err)
+    if not written:
+        out.print(f"report: {Path(report_dir) / 'report.html'}", highlight=False)
+    if run.interrupted:
+        err.print("mgpu-bench: interrupted; the probes measured so far are in the report", highlight=False)
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if (run.failed or regressed or written or store_failed) else 0
+
+
+def _write_suite_report(doc: dict, out_dir: str, trend) -> None:
+    from . import suite
+    from .suite_report import write_report
+
+    write_report(doc, out_dir, history_trend=trend)
+    suite.write_document(Path(out_dir) / "suite.json", doc)
 
 
 def _run_with_progress(fn, cfg, err_console, show: bool):
@@ -908,6 +1148,15 @@ def _run_with_progress(fn, cfg, err_console, show: bool):
                        description=f"{req.op} {format_bytes(req.size)} {'in' if req.inplace else 'out'}")
 
         return fn(cfg, progress)
+
+
+def _register_history() -> None:
+    from .history_cli import register
+
+    register(cli)
+
+
+_register_history()
 
 
 def main() -> None:

@@ -1,0 +1,136 @@
+"""`mgpu-bench suite` on CPU ranks: real child processes for every probe that runs without a GPU,
+the GPU probes recorded as skipped, the report and history written, the regression gate, Ctrl-C,
+and bad input. The GPU path runs on the device machine (tests/test_gpu_suite.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+from conftest import interrupt_cli
+
+from mgpu_bench import suite
+from mgpu_bench.comm import visible_gpu_count
+from mgpu_bench.headline import metrics_from_document
+from mgpu_bench.history import History
+
+pytestmark = pytest.mark.skipif(visible_gpu_count() > 0, reason="the CPU plan; GPUs run tests/test_gpu_suite.py")
+
+
+def _suite(tmp_path, *args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "suite", "--quick", *args],
+                          capture_output=True, text=True, timeout=timeout, check=False, cwd=tmp_path)
+
+
+def test_plan_covers_three_rounds_and_picks_gpus():
+    probes = suite.plan(suite.SuiteConfig(quick=True, duration_s=20), [0, 1])
+    assert [p.round for p in probes] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    scaling = next(p for p in probes if p.name == "model-scaling")
+    assert "1,2" in scaling.args and "--gpus" in scaling.args
+    assert next(p for p in probes if p.name == "gemm-sustained").args[-3:] == ("20s", "--gpus", "2")
+    odd = suite.plan(suite.SuiteConfig(rounds=(1,)), [2, 3])
+    assert next(p for p in odd if p.name == "model-1gpu").args[-4:-2] == ("--gpus", "2,")
+    assert suite._counts(8) == "1,2,4,8" and suite._counts(6) == "1,2,4,6"
+    assert suite.sustained_steps({"runs": [{"derived": {"step_s": 0.1}}]}, 20) == 200
+    assert suite.sustained_steps(None, 20) == 0
+
+
+def test_rounds_2_and_3_on_cpu_ranks_report_store_and_skip_with_reasons(tmp_path):
+    proc = _suite(tmp_path, "--rounds", "2,3", "--duration", "2s", "--report", "rep", "--prometheus", "m.prom")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "rep" / "suite.json").read_text())
+    status = {p["name"]: (p["status"], p["error"]) for p in doc["probes"]}
+    assert status["comm"] == ("ok", None) and status["model-scaling"][0] == "ok"
+    assert status["model-sustained"][0] == "ok"
+    assert status["links"] == ("skipped", "needs 2 NVIDIA GPU(s), 0 selected")
+    assert status["max-batch"] == ("skipped", "needs an NVIDIA GPU")
+    comm_doc = next(p["document"] for p in doc["probes"] if p["name"] == "comm")
+    assert comm_doc["backend"] == "torch-gloo" and comm_doc["measurements"]
+    assert doc["findings"] and all({"severity", "text"} <= set(f) for f in doc["findings"])
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert "model-scaling" in html or "training steps over process counts" in html
+    assert (tmp_path / "rep" / "summary.md").exists()
+    with History.open() as h:  # MGPU_BENCH_DB: this test's own database
+        (info,) = h.list(kind="suite")
+        assert any(m.name.startswith("comm.") for m in h.metrics(info.run_id))
+    assert f"stored as {info.run_id}" in proc.stderr
+    assert "mgpu_bench_" in (tmp_path / "m.prom").read_text()
+
+
+def test_a_baseline_that_was_faster_makes_the_suite_exit_1(tmp_path):
+    first = _suite(tmp_path, "--rounds", "1", "--report", "a")
+    assert first.returncode == 0, first.stderr[-3000:]
+    with History.open() as h:
+        (r1,) = h.list(kind="suite")
+        doc = h.get(r1.run_id).document
+        # the same run, but ten times as fast (beyond any noise of CPU steps): the next real run
+        # must read as a regression
+        better = [replace(m, value=m.value * 10 if m.better == "higher" else m.value / 10,
+                          samples=tuple(x * 10 if m.better == "higher" else x / 10 for x in m.samples))
+                  for m in metrics_from_document(doc)]
+        base = h.save(doc, better)
+        h.set_baseline(base)
+    second = _suite(tmp_path, "--rounds", "1", "--report", "b")
+    assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "regression: model." in second.stdout and f"compared with baseline {base}" in second.stdout
+
+
+def test_ctrl_c_writes_what_was_measured_and_exits_130(tmp_path):
+    code, err = interrupt_cli(["suite", "--quick", "--rounds", "2,3", "--report", str(tmp_path / "r")], 12.0)
+    assert code == 130, err[-2000:]
+    assert "Traceback" not in err
+    doc = json.loads((tmp_path / "r" / "suite.json").read_text())
+    assert doc["status"]["stopped"] == "interrupted"
+    assert any(p["status"] == "interrupted" for p in doc["probes"])
+    assert any(p["error"] == "not run: the suite was interrupted" for p in doc["probes"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rounds", "4"], "the rounds are 1, 2 and 3"),
+    (["--tolerance", "150%"], "less than 100%"),
+    (["--duration", "soon"], "is not a duration"),
+    (["--report", "no/such/folder"], "create it first"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    proc = _suite(tmp_path, *args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_foreign_database_is_refused_and_left_alone(tmp_path):
+    foreign = tmp_path / "notes.sqlite3"
+    foreign.write_text("not a database\n")
+    proc = _suite(tmp_path, "--rounds", "1", "--db", str(foreign), timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert foreign.read_text() == "not a database\n"
+
+
+def test_every_command_stores_unless_told_not_to(tmp_path):
+    env = dict(os.environ)
+    base = [sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--sizes", "1K", "--ops",
+            "allreduce", "--no-progress"]
+    assert subprocess.run([*base, "--no-store"], capture_output=True, timeout=120, env=env).returncode == 0
+    with History.open() as h:
+        assert h.list() == []
+    stored = subprocess.run(base, capture_output=True, text=True, timeout=120, env=env)
+    assert stored.returncode == 0 and "stored as" in stored.stderr
+    with History.open() as h:
+        (info,) = h.list()
+        assert info.kind == "comm"
+
+
+@pytest.mark.parametrize("gpus", [[0, 1], [0, 1, 2, 3, 4, 5, 6, 7], [3]])
+def test_every_planned_command_line_parses(gpus, tmp_path):
+    """The GPU plan's command lines, as run_probe extends them, are valid for their commands
+    (checked by click's parser here, since CI cannot run them)."""
+    from mgpu_bench.cli import cli
+
+    for p in suite.plan(suite.SuiteConfig(quick=False, duration_s=60), gpus, sustained_steps=100) + \
+            suite.plan(suite.SuiteConfig(quick=True, duration_s=20), gpus):
+        quiet = ["--no-progress"] if p.args[0] in suite.QUIET_COMMANDS else []
+        args = [*p.args[1:], "--json", str(tmp_path / "x.json"), *quiet, "--no-store"]
+        cli.commands[p.args[0]].make_context(p.args[0], args)
