@@ -200,12 +200,8 @@ def run_memory(cfg: MemoryConfig, devices: list[dict], progress: Callable[[str],
     try:
         for dev in devices:
             g = dev["index"]
-            if cfg.churn:
-                for allocator in cfg.allocators:
-                    for pattern in cfg.patterns:
-                        say(f"GPU {g} {allocator} {pattern}")
-                        raw = _native.memory_churn(g, allocator, pattern, cfg.seed, cfg.budget)
-                        run.churn.append(ChurnResult(g, allocator, pattern, dict(raw)))
+            # HBM bandwidth first: after the churn patterns the same copies ran about 10% slower on
+            # H200 (3.83 against 4.29 TB/s, benchmarks/RESULTS.md), so the churn would colour it.
             if cfg.bandwidth:
                 model = hardware.find_gpu(dev["name"])
                 peak = model.memory_bandwidth.value if model else None
@@ -216,6 +212,12 @@ def run_memory(cfg: MemoryConfig, devices: list[dict], progress: Callable[[str],
                     raw = _native.hbm_bandwidth(g, kind, cfg.hbm_bytes, 3, cfg.hbm_iters)
                     run.hbm.append(HbmResult(g, kind, int(raw["bytes_read"]), int(raw["bytes_written"]),
                                              list(raw["seconds"]), peak))
+            if cfg.churn:
+                for allocator in cfg.allocators:
+                    for pattern in cfg.patterns:
+                        say(f"GPU {g} {allocator} {pattern}")
+                        raw = _native.memory_churn(g, allocator, pattern, cfg.seed, cfg.budget)
+                        run.churn.append(ChurnResult(g, allocator, pattern, dict(raw)))
         if cfg.torch_settings or cfg.max_batch_model:
             from . import torch_memory
 
