@@ -445,10 +445,9 @@ def _check_writable(path: str | None) -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the PNGs, report.html and summary.md.")
 def report_command(result, out_dir) -> int:
-    """Renders a stored comm result file (from --json) as PNGs, HTML and Markdown again."""
+    """Renders a stored comm or suite result file (from --json, or a suite's suite.json) as PNGs,
+    HTML and Markdown again."""
     import json as _json
-
-    from .comm_report import run_from_document, write_report
 
     _check_report_dir(out_dir)
     try:
@@ -457,9 +456,19 @@ def report_command(result, out_dir) -> int:
         raise InputError(f"cannot read {result}: {exc.strerror or exc}") from None
     except ValueError:
         raise InputError(f"{result} is not JSON: give a file written by mgpu-bench comm --json") from None
-    if doc.get("schema") != "mgpu-bench/result" or "measurements" not in doc or "backend" not in doc:
-        raise InputError(f"{result} is not an mgpu-bench comm result: give a file written by --json")
-    paths = write_report(run_from_document(doc), out_dir, doc.get("environment", {}))
+    if not isinstance(doc, dict) or doc.get("schema") != "mgpu-bench/result":
+        raise InputError(f"{result} is not an mgpu-bench result: give a file written by --json")
+    if doc.get("kind") == "suite":
+        from .suite_report import write_report as write_suite
+
+        paths = write_suite(doc, out_dir)
+    elif "measurements" in doc and "backend" in doc:
+        from .comm_report import run_from_document, write_report
+
+        paths = write_report(run_from_document(doc), out_dir, doc.get("environment", {}))
+    else:
+        raise InputError(f"{result} is a {doc.get('kind', 'result')} document: report renders comm and suite "
+                         "results (the other commands write their report with --report)")
     for p in paths:
         click.echo(str(p))
     return 0

@@ -55,7 +55,9 @@ def test_report_command_renders_a_stored_file(tmp_path):
 @pytest.mark.parametrize("make, words", [
     (lambda d: d / "missing.json", "cannot read"),
     (lambda d: (d / "x.json").write_text("not json") and d / "x.json", "is not JSON"),
-    (lambda d: (d / "y.json").write_text("{}") and d / "y.json", "not an mgpu-bench comm result"),
+    (lambda d: (d / "y.json").write_text("{}") and d / "y.json", "not an mgpu-bench result"),
+    (lambda d: (d / "z.json").write_text('{"schema": "mgpu-bench/result", "kind": "gemm"}') and d / "z.json",
+     "report renders comm and suite results"),
 ])
 def test_report_command_bad_input(tmp_path, make, words):
     r = CliRunner().invoke(cli, ["report", str(make(tmp_path)), "--out", str(tmp_path / "o")])

@@ -134,3 +134,14 @@ def test_every_planned_command_line_parses(gpus, tmp_path):
         quiet = ["--no-progress"] if p.args[0] in suite.QUIET_COMMANDS else []
         args = [*p.args[1:], "--json", str(tmp_path / "x.json"), *quiet, "--no-store"]
         cli.commands[p.args[0]].make_context(p.args[0], args)
+
+
+def test_report_renders_a_stored_suite_again(tmp_path):
+    from pathlib import Path
+
+    fixture = Path(__file__).with_name("fixtures") / "suite" / "suite.json"
+    proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "report", str(fixture), "--out",
+                           str(tmp_path / "again")], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    html = (tmp_path / "again" / "report.html").read_text()
+    assert "verdict" in html and "data:image/png;base64," in html
