@@ -221,10 +221,10 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
         raise InputError(f"--iters and --warmup-iters must be between 0 and {MAX_ITERS}")
     if not (0 < min_time <= 1e4):
         raise InputError("--min-time must be a positive number of seconds (at most 1e4)")
-    for path in (json_path, csv_path):
-        _check_writable(path)
-    _check_report_dir(report_dir)
-    if rank_of_launcher() == 0:
+    if rank_of_launcher() == 0:  # rank 0 alone writes and stores; other nodes may lack its folders
+        for path in (json_path, csv_path):
+            _check_writable(path)
+        _check_report_dir(report_dir)
         store.check()
     if only_inplace and only_outofplace:
         placements = (False, True)
@@ -234,13 +234,13 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
         placements = (False,)
     else:
         placements = (False, True)
+    if sizes_text is None:
+        sizes_text = "1M-1G" if comm.visible_gpu_count() > 0 else "1K-4M"
+    sizes = parse_sizes(sizes_text, factor, step_text)
     if launch_mode == "processes" and comm.launcher() is None:
         if backend == "native" and comm.visible_gpu_count() == 0:
             comm._native_error_as_input()
         return _relaunch(gpus, nproc, timeout)
-    if sizes_text is None:
-        sizes_text = "1M-1G" if comm.visible_gpu_count() > 0 else "1K-4M"
-    sizes = parse_sizes(sizes_text, factor, step_text)
     cfg = comm.CommConfig(
         ops=tuple(op_names), dtype=dtype, redop=redop, sizes=tuple(sizes), inplace=placements,
         backend=backend, gpus=gpus, nproc=nproc,
@@ -258,10 +258,12 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
         show_progress = False
     run = _run_with_progress(comm.run_comm, cfg, err, show_progress)
     if le is not None and le.rank != 0:  # under a launcher, rank 0 alone prints and writes
+        if run.stopped == "interrupted":
+            return EXIT_INTERRUPTED  # rank 0 says what was kept; the others hold nothing
         return _stopped(run, err, le.rank) if run.stopped else 0
     environment.update(backend_versions(run.backend))
     if le is not None:
-        environment["launcher"] = {"kind": le.launcher, "world_size": le.world_size, "nnodes": le.nnodes,
+        environment["launcher"] = {"kind": le.launcher, "world_size": le.world_size, "nnodes": run.nnodes or le.nnodes,
                                    "master": f"{le.master_addr}:{le.master_port}"}
 
     for finding in run.findings:
@@ -300,7 +302,7 @@ def _out_console():
 def _err_console():
     from rich.console import Console
 
-    return Console(stderr=True, markup=False)
+    return Console(stderr=True, markup=False, soft_wrap=True)  # one line per message, whatever the width
 
 
 def _pin_gpus(chosen: list[int]) -> None:
@@ -348,11 +350,14 @@ def _relaunch(gpus: str | None, nproc: int, timeout: float) -> int:
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn", rdzv_timeout=int(max(60, timeout)))
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     try:
         elastic_launch(lc, sys.executable)("-m", "mgpu_bench.cli", *argv)
-    except ChildFailedError:
-        return EXIT_FAILED
-    except KeyboardInterrupt:
+    except ChildFailedError as exc:  # the ranks said why; their exit code is ours (2: bad input)
+        codes = {f.exitcode for f in exc.failures.values()}
+        return next((c for c in (EXIT_INPUT, EXIT_INTERRUPTED) if c in codes), EXIT_FAILED)
+    except (KeyboardInterrupt, SignalException):  # the agent turns Ctrl-C into SignalException
         click.echo("mgpu-bench: interrupted", err=True)
         return EXIT_INTERRUPTED
     return 0
@@ -911,9 +916,9 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
         d = Path(data_dir or "/tmp")
         if not d.is_dir() or not os.access(d, os.W_OK):
             raise InputError(f"--data-dir {d} is not a writable folder: give one the token file can be written to")
-    _check_writable(json_path)
-    _check_report_dir(report_dir)
-    if rank_of_launcher() == 0:
+    if rank_of_launcher() == 0:  # rank 0 alone writes and stores; other nodes may lack its folders
+        _check_writable(json_path)
+        _check_report_dir(report_dir)
         store.check()
     if on_gpu:
         chosen = parse_gpus(gpus, ngpu)
@@ -1088,34 +1093,22 @@ def suite_command(quick, rounds_text, duration_text, gpus, tolerance_text, json_
     out.print(f"suite: {run.wall_seconds:.1f} s wall", highlight=False)
 
     trend = None
-    regressed = False
+    regressed = store_failed = False
     stored = None
     if not store.no_store:
-        from .history import History, compare_runs
-        from .history_cli import format_change, format_noise, format_value
+        from .history import History
 
         try:
             with History.open(store.db) as h:
                 stored = h.save(doc)
-                base = h.baseline("suite")
-                if base and base != stored:
-                    comparison = compare_runs(h, base, stored, tolerance)
-                    for line in comparison.fingerprint_differences:
-                        out.print(f"warning: not the same machine set-up as the baseline: {line}", highlight=False,
-                                  soft_wrap=True)
-                    for c in comparison.regressions:
-                        out.print(f"regression: {c.name}: {format_value(c.base, c.unit)} -> "
-                                  f"{format_value(c.new, c.unit)} ({format_change(c.change, c.absolute)}; "
-                                  f"threshold {format_noise(c.threshold, c.absolute)})", highlight=False,
-                                  soft_wrap=True)
-                    regressed = bool(comparison.regressions)
-                    out.print(f"compared with baseline {base}: {len(comparison.regressions)} regression(s)",
-                              highlight=False)
+                err.print(f"stored as {stored} (mgpu-bench history show {stored})", highlight=False)
+                regressed = _compare_with_baseline(h, stored, tolerance, out, err)
                 trend = suite.history_trend(h, doc)
-            err.print(f"stored as {stored} (mgpu-bench history show {stored})", highlight=False)
         except (InputError, OSError) as exc:
-            err.print(f"mgpu-bench: the suite was not stored: {exc}", highlight=False)
-    store_failed = store.textfile(doc, stored, err)
+            what = "was not stored" if stored is None else f"was stored as {stored}, then"
+            err.print(f"mgpu-bench: the suite {what}: {exc}", highlight=False)
+            store_failed = True  # a regression watch that cannot store or compare must not pass
+    store_failed = store.textfile(doc, stored, err) or store_failed
     written = _write_outputs((
         (report_dir, lambda p: _write_suite_report(doc, p, trend)),
         (json_path, lambda p: suite.write_document(Path(p), doc))), err)
@@ -1125,6 +1118,30 @@ def suite_command(quick, rounds_text, duration_text, gpus, tolerance_text, json_
         err.print("mgpu-bench: interrupted; the probes measured so far are in the report", highlight=False)
         return EXIT_INTERRUPTED
     return EXIT_FAILED if (run.failed or regressed or written or store_failed) else 0
+
+
+def _compare_with_baseline(h, stored: str, tolerance: float, out, err) -> bool:
+    """The stored suite against the suite baseline, if one is set; True on a regression. A
+    baseline with no metric in common is said, not fatal (an interrupted baseline, say)."""
+    from .history import compare_runs
+    from .history_cli import format_change, format_noise, format_value
+
+    base = h.baseline("suite")
+    if not base or base == stored:
+        return False
+    try:
+        comparison = compare_runs(h, base, stored, tolerance)
+    except InputError as exc:
+        err.print(f"mgpu-bench: not compared with baseline {base}: {exc}", highlight=False)
+        return True
+    for line in comparison.fingerprint_differences:
+        out.print(f"warning: not the same machine set-up as the baseline: {line}", highlight=False, soft_wrap=True)
+    for c in comparison.regressions:
+        out.print(f"regression: {c.name}: {format_value(c.base, c.unit)} -> {format_value(c.new, c.unit)} "
+                  f"({format_change(c.change, c.absolute)}; threshold {format_noise(c.threshold, c.absolute)})",
+                  highlight=False, soft_wrap=True)
+    out.print(f"compared with baseline {base}: {len(comparison.regressions)} regression(s)", highlight=False)
+    return bool(comparison.regressions)
 
 
 def _write_suite_report(doc: dict, out_dir: str, trend) -> None:

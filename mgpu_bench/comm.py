@@ -55,6 +55,7 @@ class CommRun:
     # Under a launcher on more than one node: "world" / "intra-node" / "inter-node" -> the
     # theory (theory.RingTheory at run time, its dict once loaded); None otherwise.
     scope_theory: dict | None = None
+    nnodes: int | None = None  # under a launcher: the nodes the ranks ran on
     stopped: str | None = None  # None, "out_of_memory", "nccl_error", "timeout", "interrupted"
     stop_message: str | None = None
     wall_seconds: float = 0.0
@@ -135,12 +136,17 @@ def resolve_backend(cfg: CommConfig) -> tuple[str, list[str], list[int]]:
             raise InputError(f"{le.launcher} started {le.world_size} process: collectives need at least 2 ranks")
         if cfg.backend == "native" and ngpu == 0:
             _native_error_as_input()
-        if ngpu and le.local_rank >= ngpu:
-            raise InputError(f"local rank {le.local_rank} has no GPU: {ngpu} visible on {le.host}")
         labels = [f"rank {r}" for r in range(le.world_size)]
         if not ngpu:
             return "torch-gloo", labels, []
-        return ("native" if cfg.backend in ("auto", "native") else "torch-nccl"), labels, [le.local_rank]
+        if le.local_rank < ngpu:
+            gpu = le.local_rank  # every GPU of the node visible: the local rank's
+        elif ngpu == 1:
+            gpu = 0  # one GPU per task (srun --gpus-per-task=1, a per-rank CUDA_VISIBLE_DEVICES)
+        else:
+            raise InputError(f"local rank {le.local_rank} has no GPU: {ngpu} visible on {le.host} (give each "
+                             "process all of the node's GPUs, or exactly one)")
+        return ("native" if cfg.backend in ("auto", "native") else "torch-nccl"), labels, [gpu]
     if cfg.backend == "native" and ngpu == 0:
         _native_error_as_input()
     if ngpu == 0:
@@ -479,10 +485,16 @@ def _run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pr
             return out
 
         launch.agree(repr((run.backend, run.requests, cfg.timing)), all_gather)
-        me = launch.Member(le.rank, le.host, le.node_rank, le.local_rank, "cpu" if gpu is None else f"cuda:{gpu}")
+        bus = "" if gpu is None else str(_native.device_info(gpu)["pci_bus_id"])
+        me = launch.Member(le.rank, le.host, le.node_rank, le.local_rank, "cpu" if gpu is None else f"cuda:{gpu}",
+                           bus)
         members: list[launch.Member] = all_gather(me)
+        if le.launcher == "mpi":  # no node index exported: number the nodes by host
+            members = launch.nodes_by_host(members)
+            me = members[le.rank]
         groups = launch.scopes(members)
-        multinode = len({m.node for m in members}) > 1
+        run.nnodes = len({m.node for m in members})
+        multinode = run.nnodes > 1
         run.devices = [f"{m.host}:{m.device}" if multinode else m.device for m in members]
         if le.rank == 0 and gpu is not None:
             _joined_theory(run, members, groups)
@@ -513,6 +525,7 @@ def _run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pr
         joined.sweep(run.requests, me, members, groups, measure_tracked, all_gather, emit)
         if le.rank == 0:
             run.findings += joined.stragglers(run.measurements, [m.host for m in members])
+            run.findings += explain_above_theory(run)
             if native:
                 run.notes.append("under a launcher NCCL's transports are not read from its log")
     except InputError:
@@ -532,13 +545,14 @@ def _joined_theory(run: CommRun, members, groups) -> None:
     """Theory per scope from this node's topology (every node is assumed to look like it)."""
     from . import theory, topo
 
-    local = [int(m.device.split(":")[1]) for m in members if m.node == members[0].node]
+    # by PCI bus id, which NVML knows whatever each process's CUDA_VISIBLE_DEVICES hides
+    local = [(m.local_rank, m.bus_id) for m in members if m.node == members[0].node]
     run.topology = topo.collect()
     if groups:
         run.scope_theory = theory.hierarchy_theory(run.topology, local)
         run.theory = run.scope_theory["world"]
     else:
-        run.theory = theory.ring_theory(run.topology, theory.cuda_devices(local))
+        run.theory = theory.ring_theory(run.topology, local)
 
 
 def _native_measure(cfg: CommConfig, store, me, members, gpu: int, sessions: dict):
@@ -571,11 +585,15 @@ def _native_measure(cfg: CommConfig, store, me, members, gpu: int, sessions: dic
 def _torch_measure(cfg: CommConfig, members, groups, device):
     """measure() for joined.sweep on torch.distributed: the scopes' groups are formed once, by
     every rank in the same order, as torch requires."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     from .torch_backend import _measure, _plan
 
-    pgs = {g.label + g.scope: dist.new_group(list(g.ranks)) for g in groups}
+    # new_group does not inherit the world's timeout (torch gives gloo 30 min): --timeout here too
+    pgs = {g.label + g.scope: dist.new_group(list(g.ranks), timeout=timedelta(seconds=cfg.timeout_s))
+           for g in groups}
     kind = "cuda" if device.type == "cuda" else "cpu"
 
     def measure(req: CommRequest, group, place: int, size: int) -> dict:

@@ -263,6 +263,7 @@ class Member:
     node: int  # the launcher's node rank
     local_rank: int
     device: str  # "cuda:1", "cpu"
+    bus_id: str = ""  # the GPU's PCI bus id ("" on CPU): its identity whatever CUDA_VISIBLE_DEVICES is
 
 
 @dataclass(frozen=True)
@@ -270,6 +271,13 @@ class Group:
     scope: str  # "intra-node" or "inter-node"
     label: str  # "node 1 (gpu07)", "local rank 3"
     ranks: tuple[int, ...]  # global ranks, ascending; a rank's place here is its rank in the group
+
+
+def nodes_by_host(members: list[Member]) -> list[Member]:
+    """Members with the node numbered by host name (in order of first rank), for launchers that
+    export no node index (MPI: rank // ranks per node is wrong under round-robin placement)."""
+    hosts = list(dict.fromkeys(m.host for m in members))
+    return [Member(m.rank, m.host, hosts.index(m.host), m.local_rank, m.device, m.bus_id) for m in members]
 
 
 def scopes(members: list[Member]) -> list[Group]:

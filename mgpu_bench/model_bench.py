@@ -499,8 +499,12 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - a launcher failure (a rank died) ends the run, results kept
-        run.stopped = "failed"
-        run.stop_message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+        if type(exc).__name__ == "SignalException":  # torch's elastic agent turns Ctrl-C into it
+            run.stopped = "interrupted"
+            run.stop_message = "interrupted: the configurations measured so far are kept"
+        else:
+            run.stopped = "failed"
+            run.stop_message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
     finally:
         _leave_group()
     run.wall_seconds = time.monotonic() - t0

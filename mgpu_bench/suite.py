@@ -150,12 +150,21 @@ def plan(cfg: SuiteConfig, gpus: list[int], sustained_steps: int = 0) -> list[Pr
 
 
 def sustained_steps(model_doc: dict | None, duration_s: float) -> int:
-    """Steps that fill `duration_s` at round 1's median step time (at least 20)."""
+    """Steps that fill `duration_s` at the median step time of an earlier model run with the
+    most GPUs (at least 20); 0 when there is none."""
     try:
-        run = next(r for r in model_doc["runs"] if r.get("derived"))
+        run = max((r for r in model_doc["runs"] if r.get("derived")), key=lambda r: r.get("world", 1))
         return max(20, int(duration_s / run["derived"]["step_s"]))
-    except (TypeError, KeyError, StopIteration, ZeroDivisionError):
+    except (TypeError, KeyError, ValueError, ZeroDivisionError):
         return 0
+
+
+def _with_steps(args: tuple[str, ...], steps: int, warmup: int) -> tuple[str, ...]:
+    """A model command line with its --steps and --warmup-steps values replaced."""
+    out = list(args)
+    for flag, value in (("--steps", steps), ("--warmup-steps", warmup)):
+        out[out.index(flag) + 1] = str(value)
+    return tuple(out)
 
 
 def _last_error(stderr: str) -> str:
@@ -170,10 +179,28 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGINT to the probe's process group (it writes what it measured and exits), SIGKILL to
+    the group after `grace_s`."""
+    _signal_group(proc, signal.SIGINT)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+    _signal_group(proc, signal.SIGKILL)  # anything of it still alive after the probe itself ended
+
+
 def run_probe(probe: Probe, ngpu: int, work: Path, bus_ids: dict[int, str] | None = None) -> dict:
-    """Runs one probe as a child process; its entry in the suite document. Ctrl-C reaches the
-    child too (same process group): it writes what it measured, the entry is marked
-    interrupted, and KeyboardInterrupt is raised again after the entry is complete."""
+    """Runs one probe as a child process in its own process group; its entry in the suite
+    document. Past probe.timeout_s, or on Ctrl-C (forwarded to the group), the probe gets SIGINT
+    and writes what it measured (SIGKILL after 60 s); after a Ctrl-C, KeyboardInterrupt is
+    raised again once the entry is complete."""
     entry = {"round": probe.round, "name": probe.name, "title": probe.title,
              "command": ["mgpu-bench", *probe.args], "status": "skipped", "error": None, "seconds": 0.0,
              "document": None, "telemetry": None}
@@ -191,47 +218,44 @@ def run_probe(probe: Probe, ngpu: int, work: Path, bus_ids: dict[int, str] | Non
         sampler = telemetry.Sampler(bus_ids, interval_s=0.5)
         sampler.start()
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env())
-    interrupted = False
-    try:
-        _stdout, stderr = proc.communicate(timeout=probe.timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)  # let it write what it has
-        try:
-            _stdout, stderr = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _stdout, stderr = proc.communicate()
-        entry["status"], entry["error"] = "failed", f"did not finish within {probe.timeout_s:g} s; stopped"
-    except KeyboardInterrupt:
-        # A terminal's Ctrl-C reaches the child too; a signal sent to the suite alone does not:
-        # after a moment the child gets its own, then time to write what it measured.
-        interrupted = True
+    log = work / f"{probe.round}-{probe.name}.log"
+    interrupted = timed_out = False
+    # Its own session and process group: a stop reaches every process the probe started (torch
+    # ranks, DataLoader workers), and its output goes to a file, which no orphan can hold open.
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
         try:
             try:
-                _stdout, stderr = proc.communicate(timeout=2)
+                proc.wait(timeout=probe.timeout_s)
             except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGINT)
-                _stdout, stderr = proc.communicate(timeout=60)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            proc.kill()
-            _stdout, stderr = proc.communicate()
-    finally:
-        entry["seconds"] = time.monotonic() - t0
-        if sampler is not None:
-            sampler.stop()
-            entry["telemetry"] = _telemetry(sampler, t0)
+                timed_out = True
+                _stop_group(proc)
+            except KeyboardInterrupt:
+                interrupted = True
+                _stop_group(proc)
+        finally:
+            if proc.poll() is None:  # a second Ctrl-C while it was stopping
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
+            _signal_group(proc, signal.SIGKILL)  # no worker of it outlives it to hold a GPU
+            entry["seconds"] = time.monotonic() - t0
+            if sampler is not None:
+                sampler.stop()
+                entry["telemetry"] = _telemetry(sampler, t0)
+    output = log.read_text(errors="replace")
     if out.exists():
         try:
             entry["document"] = json.loads(out.read_text())
         except (OSError, ValueError) as exc:
             entry["error"] = f"its result file could not be read: {exc}"
-    if interrupted or proc.returncode == 130:
+    if timed_out:
+        entry["status"], entry["error"] = "failed", f"did not finish within {probe.timeout_s:g} s; stopped"
+    elif interrupted or proc.returncode == 130:
         entry["status"], entry["error"] = "interrupted", "interrupted (Ctrl-C); what it measured is kept"
-    elif entry["status"] != "failed":
+    else:
         entry["status"] = "ok" if proc.returncode == 0 else "failed"
         if proc.returncode != 0:
-            entry["error"] = f"exit code {proc.returncode}: {_last_error(stderr or '')}"
+            entry["error"] = f"exit code {proc.returncode}: {_last_error(output)}"
     if interrupted:
         raise _Interrupted(entry)
     return entry
@@ -263,9 +287,13 @@ def run_suite(cfg: SuiteConfig, gpus: list[int], bus_ids: dict[int, str],
         i = 0
         while i < len(probes):
             p = probes[i]
-            if p.name == "model-sustained":
-                one = next((e["document"] for e in run.probes if e["name"] == "model-1gpu"), None)
-                steps = sustained_steps(one, cfg.duration_s)
+            if p.name == "model-sustained":  # as many steps as fill --duration, from an earlier step time
+                steps = next((n for e in reversed(run.probes) if e["name"].startswith("model")
+                              and (n := sustained_steps(e["document"], cfg.duration_s))), 0)
+                if not steps:  # no earlier model run (round 1 not asked for, or it failed): time a few
+                    calib = run_probe(Probe(3, "model-calibration", "step time for the sustained run",
+                                            _with_steps(p.args, 5, 2), min_gpus=p.min_gpus), len(gpus), Path(tmp))
+                    steps = sustained_steps(calib["document"], cfg.duration_s)
                 p = next(x for x in plan(cfg, gpus, steps) if x.name == "model-sustained")
             if say:
                 say(f"round {p.round} ({ROUNDS[p.round]}), {i + 1}/{len(probes)}: {p.title}")

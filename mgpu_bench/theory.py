@@ -148,15 +148,22 @@ def nic_hop(snapshot: dict | None, gpu: int, bus: str) -> Hop:
                f"{best['device']} port {best['port']} {best.get('rate_text') or ''} ({path} from the GPU)".strip())
 
 
-def hierarchy_theory(snapshot: dict | None, gpus: list[int]) -> dict[str, RingTheory]:
-    """Per scope, for a job whose nodes all look like this one (local GPUs `gpus`, one per local
-    rank): intra-node = the ring over the local GPUs; inter-node = the slowest local GPU's NIC
-    (each rail's ring runs through its own NIC); world = the slower of the two."""
-    devices = cuda_devices(gpus)
+def hierarchy_theory(snapshot: dict | None, devices: list[tuple[int, str]]) -> dict[str, RingTheory]:
+    """Per scope, for a job whose nodes all look like this one (`devices`: (CUDA index, PCI bus
+    id) of the local GPUs, one per local rank):
+    - intra-node: the ring over the local GPUs;
+    - inter-node (one GPU per node, a rail): the slowest local GPU's nearest NIC;
+    - world: the slower of the intra-node ring and the node's way out, the sum of the distinct
+      NICs nearest its GPUs (NCCL runs one ring channel per NIC, in parallel)."""
     intra = ring_theory(snapshot, devices)
     nic = tuple(nic_hop(snapshot, g, bus) for g, bus in devices)
     known = [h.bandwidth for h in nic]
-    inter = RingTheory(min(known) if all(x is not None for x in known) else None, nic)
-    both = [t.bandwidth for t in (intra, inter)]
-    world = RingTheory(min(both) if all(x is not None for x in both) else None, intra.hops + nic)
+    complete = all(x is not None for x in known)
+    inter = RingTheory(min(known) if complete else None, nic)
+    ports = {h.detail.split(" (")[0]: h.bandwidth for h in nic}  # "mlx5_0 port 1 ...": each NIC once
+    out_of_node = sum(ports.values()) if complete else None
+    exit_hop = Hop(nic[0].src, nic[0].dst, "network" if complete else "unknown", out_of_node,
+                   f"{len(ports)} NIC(s) out of the node: {', '.join(ports)}" if complete else nic[0].detail)
+    both = [intra.bandwidth, out_of_node]
+    world = RingTheory(min(both) if all(x is not None for x in both) else None, intra.hops + (exit_hop,))
     return {"world": world, "intra-node": intra, "inter-node": inter}

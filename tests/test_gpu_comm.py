@@ -236,3 +236,19 @@ def test_launch_processes_runs_native_ranks(tmp_path):
     assert doc["backend"] == "native" and doc["environment"]["launcher"]["world_size"] == 2
     assert {m["spec"]["op"] for m in doc["measurements"]} == {"allreduce", "sendrecv"}
     assert doc["theory"]["bandwidth"] > 0 and all(sum(m["wrong"]) == 0 for m in doc["measurements"])
+
+
+def test_one_visible_gpu_per_rank_as_under_srun_gpus_per_task(tmp_path):
+    """Each rank sees only its own GPU (index 0), as with srun --gpus-per-task=1: the ranks still
+    run, and the theory comes from the GPUs' bus ids."""
+    out = tmp_path / "one.json"
+    script = (f"CUDA_VISIBLE_DEVICES=$LOCAL_RANK exec {sys.executable} -m mgpu_bench.cli comm --ops allreduce "
+              f"--sizes 64M --outofplace --no-progress --json {out}")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "--no-python", "sh", "-c", script], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["backend"] == "native" and doc["theory"]["bandwidth"] == pytest.approx(450e9)
+    (m,) = doc["measurements"]
+    assert sum(m["wrong"]) == 0 and len(m["samples"]) == 2

@@ -69,3 +69,14 @@ def test_the_rank_that_arrives_late_measures_least_and_is_named():
     (finding,) = joined.stragglers(late, ["a", "a", "b", "b"])
     assert finding.startswith("rank 2 on b measures 20% less time per call than the slowest rank in 3 of 3")
     assert joined.stragglers([measurement("allreduce", 1 << 20, [1e-3, 0.97e-3, 1e-3, 1e-3])] * 3) == []
+
+
+def test_mpi_round_robin_placement_is_numbered_by_host():
+    from mgpu_bench.launch import nodes_by_host
+
+    # mpirun --map-by node over hosts a, b: rank // ranks-per-node would put a and b in one "node"
+    ms = [Member(r, "ab"[r % 2], r // 2, r // 2, f"cuda:{r // 2}") for r in range(4)]
+    fixed = nodes_by_host(ms)
+    assert [m.node for m in fixed] == [0, 1, 0, 1]
+    intra = [g for g in scopes(fixed) if g.scope == "intra-node"]
+    assert [g.ranks for g in intra] == [(0, 2), (1, 3)] and intra[0].label == "node 0 (a)"

@@ -231,6 +231,9 @@ def test_launch_processes_reruns_the_command_under_the_elastic_launcher(tmp_path
     bad = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--backend",
                           "native"], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "use --backend torch for CPU ranks" in bad.stderr
+    sizes = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--sizes",
+                            "bogus"], capture_output=True, text=True, timeout=60, check=False)
+    assert sizes.returncode == 2 and len(sizes.stderr.strip().splitlines()) == 1, sizes.stderr  # before any launch
 
 
 def test_gpu_choice_maps_through_an_existing_cuda_visible_devices(monkeypatch):

@@ -145,3 +145,18 @@ def test_report_renders_a_stored_suite_again(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     html = (tmp_path / "again" / "report.html").read_text()
     assert "verdict" in html and "data:image/png;base64," in html
+
+
+def test_a_probe_past_its_time_limit_is_a_failure_not_an_interrupt(tmp_path):
+    probe = suite.Probe(2, "comm", "collective bus bandwidth",
+                        ("comm", "--backend", "torch", "--ops", "allreduce", "--sizes", "1K", "--min-time", "60",
+                         "--iters", "0"), min_gpus=0, timeout_s=8)
+    entry = suite.run_probe(probe, 0, tmp_path)
+    assert entry["status"] == "failed" and entry["error"] == "did not finish within 8 s; stopped"
+    assert entry["seconds"] < 8 + 60
+
+
+def test_with_steps_replaces_only_the_step_counts():
+    args = ("model", "--model", "350m", "--steps", "50", "--warmup-steps", "3", "--gpus", "2")
+    assert suite._with_steps(args, 5, 2) == ("model", "--model", "350m", "--steps", "5", "--warmup-steps", "2",
+                                             "--gpus", "2")

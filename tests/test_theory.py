@@ -87,3 +87,18 @@ def test_inter_node_hop_is_the_nearest_active_nic():
     assert h1.bandwidth == pytest.approx(25e9)  # the DOWN NDR port next to it does not count
     none = theory.nic_hop({"gpus": snap["gpus"], "nics": []}, 0, "0000:18:00.0")
     assert none.bandwidth is None and "TCP sockets" in none.detail
+
+
+def test_world_theory_leaves_the_node_through_all_its_nics():
+    g = [gpu(i, f"0000:0{i}:00.0", 18) for i in range(4)]
+    snap = snapshot(g, nvlinks=18, via_switch=True)
+    snap["nics"] = [nic(f"mlx5_{i}", "400 Gb/sec (4X NDR)", {j: ("PIX" if j == i else "SYS") for j in range(4)})
+                    for i in range(4)]
+    t = theory.hierarchy_theory(snap, [(i, f"0000:0{i}:00.0") for i in range(4)])
+    assert t["intra-node"].bandwidth == pytest.approx(450e9)
+    assert t["inter-node"].bandwidth == pytest.approx(50e9)  # one rail: one NIC
+    assert t["world"].bandwidth == pytest.approx(200e9)  # four rails in parallel, below the NVLink ring
+    assert "4 NIC(s) out of the node" in t["world"].summary
+    shared = dict(snap, nics=snap["nics"][:1])  # one NIC for all four GPUs: counted once
+    assert theory.hierarchy_theory(shared, [(i, f"0000:0{i}:00.0") for i in range(4)])["world"].bandwidth == \
+        pytest.approx(50e9)
