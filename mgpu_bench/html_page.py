@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -53,9 +54,13 @@ def page(title: str, environment: dict, findings: Sequence[str], sections: Seque
             f"<style>{STYLE}</style></head><body>{''.join(head)}{''.join(body)}</body></html>")
 
 
+_MD_SPECIAL = re.compile(r"([\\`\[\]<|])")
+
+
 def md(text: object) -> str:
-    """An outside string for Markdown: one line, table pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """An outside string for Markdown: one line, with a backslash before what would start a
+    link, an image, a code span or raw HTML, and before table pipes."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:

@@ -1102,15 +1102,10 @@ def _table_cells(row: dict) -> list[str]:
 
 # ------------------------------------------------------------------------------------ markdown
 
-_MD_SPECIAL = re.compile(r"([\\`\[\]<])")
-
 
 def _md(text: object) -> str:
-    """Outside text for Markdown: html_page.md (one line, pipes escaped), then backslashes before
-    the characters that start links, images, code spans or raw HTML (`[`, `]`, backtick, `<`)."""
-    return _MD_SPECIAL.sub(r"\\\1", html_page.md(text).replace("\\|", "|")).replace(
-        "|", "\\|"
-    )
+    """Outside text for Markdown (html_page.md)."""
+    return html_page.md(text)
 
 
 def _gpu_summary(environment: Mapping) -> str:
@@ -1176,7 +1171,7 @@ def markdown(doc: Mapping) -> str:
         "",
         *html_page.md_table(
             _TABLE_HEADERS,
-            [[_md(c).replace("\\|", "|") for c in _table_cells(r)] for r in rows],
+            [_table_cells(r) for r in rows],  # md_table escapes each cell
         ),
     ]
     failed = [r for r in rows if r["status"] != "ok"]

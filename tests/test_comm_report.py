@@ -107,3 +107,10 @@ def test_markdown_keeps_outside_text_on_one_line():
     doc = json.loads((Path(__file__).with_name("fixtures") / "comm_2x_h200.json").read_text())
     md = markdown(run_from_document(doc), {"host": "evil\n# injected | heading", "gpus": []})
     assert "\n# injected" not in md and "evil # injected \\| heading" in md
+
+
+def test_outside_text_cannot_make_markdown_links_code_or_html():
+    from mgpu_bench.html_page import md
+
+    assert md("gpu|07 [x](javascript:y) <b> `c` \\[") == "gpu\\|07 \\[x\\](javascript:y) \\<b> \\`c\\` \\\\\\["
+    assert md("two\nlines") == "two lines"
