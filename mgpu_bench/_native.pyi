@@ -1,7 +1,6 @@
 # Type stub of the compiled module (csrc/module.cpp). Private: import mgpu_bench instead.
 from typing import Any
 
-
 __version__: str
 NCCL_HEADER_VERSION: int
 HAVE_NCCL_FP8: bool

@@ -15,6 +15,7 @@ import click
 
 from .errors import InputError
 from .measurement import TimingOptions
+from .paths import check_report_dir, check_writable
 
 EXIT_FAILED = 1
 EXIT_INPUT = 2
@@ -76,7 +77,7 @@ class _Store:
     def check(self) -> None:
         """Before any measurement: a database that cannot be used, or a textfile that cannot be
         written, is bad input now, not a lost run later."""
-        _check_writable(self.prometheus)
+        check_writable(self.prometheus)
         if not self.no_store:
             from .history import History
 
@@ -223,8 +224,8 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
         raise InputError("--min-time must be a positive number of seconds (at most 1e4)")
     if rank_of_launcher() == 0:  # rank 0 alone writes and stores; other nodes may lack its folders
         for path in (json_path, csv_path):
-            _check_writable(path)
-        _check_report_dir(report_dir)
+            check_writable(path)
+        check_report_dir(report_dir)
         store.check()
     if only_inplace and only_outofplace:
         placements = (False, True)
@@ -418,31 +419,6 @@ def _write_comm_report(run, out_dir, environment) -> None:
     write_report(run, out_dir, environment)
 
 
-def _check_report_dir(path: str | None) -> None:
-    if not path:
-        return
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise InputError(f"--report {path} is a file: give a folder")
-    parent = p if p.exists() else (p.parent if str(p.parent) else Path("."))
-    if not parent.is_dir():
-        raise InputError(f"the folder above {path} does not exist: create it first")
-    if not os.access(parent, os.W_OK):
-        raise InputError(f"{path} is not writable")
-
-
-def _check_writable(path: str | None) -> None:
-    """An output file must be creatable before hours of measurement depend on it."""
-    if not path:
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise InputError(f"{path} is a directory: give a file name")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"the folder of {path} does not exist: create it first")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise InputError(f"{path} is not writable")
 
 
 @cli.command("report")
@@ -454,7 +430,7 @@ def report_command(result, out_dir) -> int:
     HTML and Markdown again."""
     import json as _json
 
-    _check_report_dir(out_dir)
+    check_report_dir(out_dir)
     try:
         doc = _json.loads(Path(result).read_text())
     except OSError as exc:
@@ -490,7 +466,7 @@ def topo_command(json_path) -> int:
 
     from . import topo
 
-    _check_writable(json_path)
+    check_writable(json_path)
     snapshot = topo.collect()
     out = _out_console()
     topo.render(snapshot, out)
@@ -532,8 +508,8 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
     engine_list = tuple(e.strip() for e in engines.split(",") if e.strip())
     if not (1 <= iters <= MAX_ITERS and 0 <= warmup <= MAX_ITERS):
         raise InputError(f"--iters must be between 1 and {MAX_ITERS}, --warmup between 0 and {MAX_ITERS}")
-    _check_writable(json_path)
-    _check_report_dir(report_dir)
+    check_writable(json_path)
+    check_report_dir(report_dir)
     gpu_list = links.gpus_or_error(gpus)
     store.check()
     out = _out_console()
@@ -654,8 +630,8 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
     if workspace > (4 << 30):
         raise InputError("--workspace above 4G is not useful: cuBLASLt asks for tens of MiB at most")
     for path in (json_path, csv_path):
-        _check_writable(path)
-    _check_report_dir(report_dir)
+        check_writable(path)
+    check_report_dir(report_dir)
     store.check()
     gpu_list, devices = gemm.devices_or_error(gpus)
     free = {g: _native.mem_get_info(g)[0] for g in gpu_list}
@@ -793,8 +769,8 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
                                  "tokens")
     if not (churn or bandwidth or settings or max_batch_model):
         raise InputError("nothing to run: drop --no-churn, or add --bandwidth, --torch-allocators or --max-batch")
-    _check_writable(json_path)
-    _check_report_dir(report_dir)
+    check_writable(json_path)
+    check_report_dir(report_dir)
     gpu_list, devices = memory.devices_or_error(gpus)
     store.check()
     cfg = memory.MemoryConfig(gpus=tuple(gpu_list), patterns=patterns, allocators=allocators, churn=churn,
@@ -917,8 +893,8 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
         if not d.is_dir() or not os.access(d, os.W_OK):
             raise InputError(f"--data-dir {d} is not a writable folder: give one the token file can be written to")
     if rank_of_launcher() == 0:  # rank 0 alone writes and stores; other nodes may lack its folders
-        _check_writable(json_path)
-        _check_report_dir(report_dir)
+        check_writable(json_path)
+        check_report_dir(report_dir)
         store.check()
     if on_gpu:
         chosen = parse_gpus(gpus, ngpu)
@@ -1063,8 +1039,8 @@ def suite_command(quick, rounds_text, duration_text, gpus, tolerance_text, json_
 
     tolerance = parse_tolerance(tolerance_text)
     report_dir = report_dir or suite.default_report_dir()
-    _check_writable(json_path)
-    _check_report_dir(report_dir)
+    check_writable(json_path)
+    check_report_dir(report_dir)
     ngpu = comm.visible_gpu_count()
     if ngpu:
         chosen = comm.parse_gpus(gpus, ngpu)

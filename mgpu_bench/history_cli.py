@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from .errors import InputError
+from .paths import check_writable
 
 EXIT_REGRESSION = 1
 
@@ -118,19 +119,6 @@ def parse_tolerance(text: str) -> float:
             f"--tolerance '{text}' must be more than 0 and less than 100%: write e.g. 5% or 0.05"
         )
     return value
-
-
-def _check_writable(path: str | None) -> None:
-    if not path:
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise InputError(f"{path} is a directory: give a file name")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"the folder of {path} does not exist: create it first")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise InputError(f"{path} is not writable")
 
 
 def _cut(text: str, width: int) -> str:
@@ -255,7 +243,7 @@ def history_show(run, prom_path, db_path) -> int:
 
     from .history import noise
 
-    _check_writable(prom_path)
+    check_writable(prom_path)
     out = _out()
     with _open(db_path) as h:
         rec = h.get(run)
@@ -471,7 +459,7 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
     from .history import NOISE_K, STATUSES, compare_runs
 
     tolerance = parse_tolerance(tolerance_text)
-    _check_writable(json_path)
+    check_writable(json_path)
     with _open(db_path) as h:
         new = h.get(run)
         if base is None:
