@@ -40,3 +40,15 @@ class CommTimeoutError(NcclError):
 
 class InputError(ValueError):
     """Bad user input: the message names the fix. The CLI turns it into exit code 2."""
+
+
+def portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling (to another process: MgpuError subclasses do), else an
+    MgpuError that says what it was."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - whatever fails to pickle is described instead
+        return MgpuError(f"{type(exc).__name__}: {exc}")

@@ -11,12 +11,11 @@ on. The backends differ only in `measure`: the native CommSession, or torch.dist
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .errors import MgpuError
+from .errors import MgpuError, portable
 from .launch import Group, Member
 from .measurement import CommMeasurement, CommRequest
 
@@ -35,14 +34,6 @@ class RankFailure(MgpuError):
     def __init__(self, rank: int, error: BaseException) -> None:
         super().__init__(f"rank {rank}: {error}")
         self.rank, self.error = rank, error
-
-
-def _portable(exc: BaseException) -> BaseException:
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return MgpuError(f"{type(exc).__name__}: {exc}")
 
 
 def sweep(requests: Sequence[CommRequest], me: Member, members: Sequence[Member], groups: Sequence[Group],
@@ -64,7 +55,7 @@ def sweep(requests: Sequence[CommRequest], me: Member, members: Sequence[Member]
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then raised
-                    result = ("error", _portable(exc))
+                    result = ("error", portable(exc))
                     own = exc
             gathered = all_gather(result)
             failed = [(r, res[1]) for r, res in enumerate(gathered) if res[0] == "error"]

@@ -17,7 +17,6 @@ Differences from the native core, forced by torch's API:
 from __future__ import annotations
 
 import math
-import pickle
 import queue as queue_module
 import signal
 import time
@@ -30,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .errors import CommTimeoutError, InputError, MgpuError, OutOfMemoryError
+from .errors import CommTimeoutError, InputError, MgpuError, OutOfMemoryError, portable
 from .measurement import CommRequest, TimingOptions
 from .ops import OPS, op_counts
 
@@ -422,15 +421,6 @@ def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: T
             "estimate": estimate}
 
 
-def _portable(exc: BaseException) -> BaseException:
-    """`exc` if it survives pickling (MgpuError subclasses do), else a RuntimeError saying it."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-
-
 def _rank_loop(plans: list[dict], rank: int, nranks: int, device: torch.device, timing: TimingOptions,
                emit: Callable[[int, dict], None]) -> None:
     """Every plan on this rank; rank 0 gathers every rank's raw seconds and hands the combined
@@ -473,7 +463,7 @@ def _worker(rank: int, nranks: int, device_kind: str, gpu: int, port: int, plans
         _rank_loop(plans, rank, nranks, device, timing, lambda index, raw: out.put(("result", index, raw)))
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - everything goes to the parent
-        out.put(("error", rank, _portable(exc)))
+        out.put(("error", rank, portable(exc)))
 
 
 # -- the parent ------------------------------------------------------------------------------------
