@@ -219,6 +219,7 @@ def findings(run: LinksRun, hops: dict | None = None, topo_findings: list[dict] 
 
 def document(run: LinksRun, hops: dict | None = None) -> dict:
     return {
+        "kind": "links",
         "theory": [{"src": a, "dst": b, "bandwidth": h.bandwidth, "detail": h.detail}
                    for (a, b), h in sorted((hops or {}).items())],
         "gpus": run.gpus,

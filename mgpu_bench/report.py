@@ -248,6 +248,7 @@ def result_document(run: CommRun, environment: dict, command: list[str] | None =
     return {
         "schema": RESULT_SCHEMA,
         "schema_version": RESULT_SCHEMA_VERSION,
+        "kind": "comm",
         "tool_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command,

@@ -95,7 +95,8 @@ def test_every_document_is_recognised_and_rebuilt_faithfully(doc):
         elif kind == "links":
             run, hops = suite_report.links_from_document(d)
             again = links.document(run, hops)
-            assert all(again[k] == d[k] for k in again)
+            assert again["kind"] == "links"  # the stored document predates the field
+            assert all(again[k] == d[k] for k in again if k != "kind")
         elif kind == "comm":
             run = suite_report._comm_from_document(d)
             assert report.summary(run) == d["summary"]
