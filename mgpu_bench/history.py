@@ -468,12 +468,27 @@ def _check_location(p: Path) -> None:
             )
 
 
+def _owner_marks(conn: sqlite3.Connection) -> tuple[int, int, int]:
+    """(application_id, user_version, number of schema objects), read from one snapshot: outside
+    a transaction each statement would see its own, and a database another process creates
+    between the reads would look like a foreign one (ids still 0, tables already there)."""
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        app = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+    finally:
+        if own:
+            conn.execute("COMMIT")
+    return app, version, objects
+
+
 def _check_owner(conn: sqlite3.Connection, p: Path) -> None:
     """Only reads: the file is an empty database, or ours with a schema this code knows."""
-    app = conn.execute("PRAGMA application_id").fetchone()[0]
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    app, version, objects = _owner_marks(conn)
     if app == 0:
-        objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
         if objects or version:
             raise InputError(
                 f"{p} is an SQLite database of another program (application_id 0, {objects} "

@@ -285,6 +285,34 @@ def test_two_processes_writing_200_runs_each_lose_none(db):
     assert switches >= 1  # the two really wrote into one file
 
 
+_OPENER = textwrap.dedent("""
+    import sys, time
+    from mgpu_bench.history import History
+    db, start = sys.argv[1], float(sys.argv[2])
+    while time.time() < start:
+        pass
+    History.open(db).close()
+""")
+
+
+def test_processes_creating_one_database_at_once_all_open_it(tmp_path):
+    # The owner check reads three marks; read one at a time, a database another process was
+    # creating meanwhile looked foreign (tables there, application_id still 0) about 1 time in 6.
+    for k in range(8):
+        db = tmp_path / f"h{k}.sqlite3"
+        start = time.time() + 1.0
+        procs = [
+            subprocess.Popen([sys.executable, "-c", _OPENER, str(db), str(start)],
+                             stderr=subprocess.PIPE, text=True)
+            for _ in range(3)
+        ]
+        for p in procs:
+            _out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+        with History.open(db) as h:
+            assert h.list() == []
+
+
 # -- comparison -------------------------------------------------------------------------------
 
 
