@@ -1,8 +1,8 @@
 """The `mgpu-bench` command line: a thin click layer over the library.
 
 Exit codes: 0 success; 1 a measurement failed (wrong elements, an NCCL error or timeout, out of
-memory) after writing what was gathered; 2 bad input (one line naming the fix); 130 Ctrl-C,
-after writing what was gathered.
+memory) after writing what was gathered; 2 bad input (one line naming the fix); 130 Ctrl-C
+and 143 SIGTERM (scancel, a launcher stopping its job), after writing what was gathered.
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from pathlib import Path
 
 import click
 
-from .errors import InputError
+from .errors import InputError, terminated
 from .measurement import TimingOptions
 from .paths import check_report_dir, check_writable
 
 EXIT_FAILED = 1
 EXIT_INPUT = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
 MAX_ITERS = 1_000_000
 
 
@@ -40,10 +41,12 @@ class _Group(click.Group):
             click.echo(f"mgpu-bench: error: {exc}", err=True)
             code = EXIT_INPUT
         except click.exceptions.Abort:
-            click.echo("mgpu-bench: interrupted", err=True)
+            click.echo(f"mgpu-bench: {'terminated (SIGTERM)' if terminated() else 'interrupted'}", err=True)
             code = EXIT_INTERRUPTED
         else:
             code = rv if isinstance(rv, int) else 0
+        if code == EXIT_INTERRUPTED and terminated():
+            code = EXIT_TERMINATED
         if standalone_mode:
             sys.exit(code)
         return code
@@ -359,7 +362,7 @@ def _relaunch(gpus: str | None, nproc: int, timeout: float) -> int:
         codes = {f.exitcode for f in exc.failures.values()}
         return next((c for c in (EXIT_INPUT, EXIT_INTERRUPTED) if c in codes), EXIT_FAILED)
     except (KeyboardInterrupt, SignalException):  # the agent turns Ctrl-C into SignalException
-        click.echo("mgpu-bench: interrupted", err=True)
+        click.echo(f"mgpu-bench: {'terminated (SIGTERM)' if terminated() else 'interrupted'}", err=True)
         return EXIT_INTERRUPTED
     return 0
 
@@ -518,7 +521,7 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
         run = links.run_links(gpu_list, size=size, iters=iters, warmup=warmup, engines=engine_list,
                               latency=latency, host=host)
     except KeyboardInterrupt:
-        click.echo("mgpu-bench: interrupted", err=True)
+        click.echo(f"mgpu-bench: {'terminated (SIGTERM)' if terminated() else 'interrupted'}", err=True)
         return EXIT_INTERRUPTED
     from . import theory, topo
 
@@ -1162,6 +1165,9 @@ _register_history()
 
 
 def main() -> None:
+    from .errors import raise_on_sigterm
+
+    raise_on_sigterm()  # SIGTERM keeps what was measured, as Ctrl-C does
     cli.main(prog_name="mgpu-bench")
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import _native
-from .errors import CommTimeoutError, InputError, MgpuError, NcclError, OutOfMemoryError
+from .errors import CommTimeoutError, InputError, MgpuError, NcclError, OutOfMemoryError, interruption
 from .measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
 from .ops import OPS, buffer_bytes, op_counts
 from .sizes import format_bytes, format_gib
@@ -314,7 +314,7 @@ def _stop(run: CommRun, exc: BaseException, req: CommRequest) -> None:
         run.stopped = "timeout"
     elif isinstance(exc, KeyboardInterrupt):
         run.stopped = "interrupted"
-        run.stop_message = f"interrupted at {where}; {len(run.measurements)} measurement(s) kept"
+        run.stop_message = f"{interruption(exc)} at {where}; {len(run.measurements)} measurement(s) kept"
         return
     else:
         run.stopped = "nccl_error" if isinstance(exc, NcclError) else "error"
@@ -444,7 +444,7 @@ def _run_torch(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progres
                       timeout_s=cfg.timeout_s, on_result=on_result, gpus=gpus or None)
     failed_at = run.requests[min(len(run.measurements), len(run.requests) - 1)]
     if sweep.interrupted:
-        _stop(run, KeyboardInterrupt(), failed_at)
+        _stop(run, sweep.interruption or KeyboardInterrupt(), failed_at)
     elif sweep.error is not None:
         _stop(run, sweep.error, failed_at)
 
@@ -478,17 +478,14 @@ def _run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pr
     except CommTimeoutError as exc:
         _stop(run, exc, req)
         return
+    members: list[launch.Member] | None = None
     try:
-        def all_gather(value: object) -> list:
-            out: list = [None] * le.world_size
-            dist.all_gather_object(out, value)
-            return out
-
+        all_gather = launch.all_gatherer(le.world_size)
         launch.agree(repr((run.backend, run.requests, cfg.timing)), all_gather)
         bus = "" if gpu is None else str(_native.device_info(gpu)["pci_bus_id"])
         me = launch.Member(le.rank, le.host, le.node_rank, le.local_rank, "cpu" if gpu is None else f"cuda:{gpu}",
                            bus)
-        members: list[launch.Member] = all_gather(me)
+        members = all_gather(me)
         if le.launcher == "mpi":  # no node index exported: number the nodes by host
             members = launch.nodes_by_host(members)
             me = members[le.rank]
@@ -531,7 +528,7 @@ def _run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pr
     except InputError:
         raise
     except (Exception, KeyboardInterrupt) as exc:  # any fault: keep what was measured, say why
-        _stop(run, exc, req)
+        _stop(run, launch.account(exc, store, le, members, min(5.0, cfg.timeout_s)), req)
     finally:
         for key in list(sessions):
             del sessions[key]  # communicators destroyed (or left aborted) here

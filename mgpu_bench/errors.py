@@ -52,3 +52,46 @@ def portable(exc: BaseException) -> BaseException:
         return exc
     except Exception:  # noqa: BLE001 - whatever fails to pickle is described instead
         return MgpuError(f"{type(exc).__name__}: {exc}")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (scancel, a job's time limit, a launcher stopping its job after another rank
+    failed, kill): raised where the program is, as Ctrl-C's KeyboardInterrupt is, so every path
+    that keeps what was measured on Ctrl-C keeps it on SIGTERM too."""
+
+    def __init__(self, context: str = "") -> None:
+        super().__init__(context)
+        self.context = context  # what else is known: "rank 3 (cuda:3 on gpu07) is gone ..."
+
+    def __str__(self) -> str:
+        return "terminated (SIGTERM)" + (f" [{self.context}]" if self.context else "")
+
+
+_terminated = False
+
+
+def interruption(exc: BaseException | None) -> str:
+    """How a run was stopped from outside, for its one-line message."""
+    return str(exc) if isinstance(exc, Terminated) else "interrupted"
+
+
+def terminated() -> bool:
+    """Whether this process received SIGTERM (its exit code is then 143, not Ctrl-C's 130)."""
+    return _terminated
+
+
+def raise_on_sigterm() -> None:
+    """The first SIGTERM raises Terminated in the main thread; later ones are ignored while the
+    results are written (SIGKILL, which every launcher sends after its grace period, still ends
+    the process). Python runs the handler between bytecodes, and the native core polls for
+    signals while it waits on the GPU, so it arrives within its poll interval."""
+    import signal
+
+    def handler(signum, frame) -> None:
+        global _terminated
+        if _terminated:
+            return
+        _terminated = True
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, handler)

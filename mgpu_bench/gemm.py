@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import hardware
-from .errors import InputError, MgpuError, OutOfMemoryError
+from .errors import InputError, MgpuError, OutOfMemoryError, interruption
 
 GEMM_DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")
 _ALIASES = {"float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp32",
@@ -418,11 +418,11 @@ def run_gemm(cfg: GemmConfig, devices: list[dict], progress: Callable[[str], Non
                         progress(f"{dtype}: sustained {cfg.duration_s:g} s")
                     _sustain_all(cfg, run, devices, probes, dtype, sampler)
                 probes.clear()
-        except (KeyboardInterrupt, _Stop):
+        except (KeyboardInterrupt, _Stop) as exc:
             for p in list(probes.values()):
                 p.stop()
             run.stopped = "interrupted"
-            run.stop_message = "interrupted: the results gathered so far are kept"
+            run.stop_message = f"{interruption(exc)}: the results gathered so far are kept"
         except OutOfMemoryError as exc:
             run.stopped = "failed"
             run.stop_message = f"out of memory: {str(exc).split(' [', 1)[0]}"

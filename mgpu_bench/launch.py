@@ -17,7 +17,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .errors import InputError
+from .errors import InputError, MgpuError
 
 DEFAULT_PORT = 29500
 
@@ -252,6 +252,127 @@ def init_group(le: LaunchEnv, backend: str, timeout_s: float, device=None):
         raise CommTimeoutError(f"rank {le.rank}: the process group did not form ({type(exc).__name__}: "
                                f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
     return store
+
+
+class ControlLost(MgpuError):
+    """The job's control group (the process group every rank is in) failed under this rank: a
+    peer left, or the group timed out. roll_call() tells which rank."""
+
+
+class RankLost(MgpuError):
+    """A rank left the job; the message names it (and why, when it said)."""
+
+
+def all_gatherer(world_size: int) -> Callable[[object], list]:
+    """all_gather(value) -> every rank's value, over the default process group; a failure of the
+    group itself is ControlLost."""
+
+    def all_gather(value: object) -> list:
+        import torch.distributed as dist
+
+        out: list = [None] * world_size
+        try:
+            dist.all_gather_object(out, value)
+        except Exception as exc:  # noqa: BLE001 - whatever the backend raises, the group is broken
+            raise ControlLost(f"the job's process group failed ({type(exc).__name__}: {_gist(exc)})") from None
+        return out
+
+    return all_gather
+
+
+def _gist(exc: BaseException) -> str:
+    """The first sentence of a backend's error, without its source location: gloo's
+    "[/path/pair.cc:553] Connection closed by peer [10.0.0.2]:7055. This is typically ..." ->
+    "Connection closed by peer [10.0.0.2]:7055"."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    text = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text)
+    return text.split(". ")[0][:200]
+
+
+def account(exc: BaseException, store, le: LaunchEnv, members: list[Member] | None,
+            wait_s: float = 5.0, lost: tuple[type[BaseException], ...] = (ControlLost,)) -> BaseException:
+    """What a rank reports for the fault `exc` that stopped it under a launcher. Interrupted
+    (Ctrl-C, SIGTERM): it leaves a note saying so for the others. Its group may have broken
+    under it (one of `lost`): a roll call of the ranks, and RankLost naming the ones that are
+    gone when any are. Anything else (its own error, another's shared error): it answers the
+    others' roll call and reports `exc` unchanged."""
+    from .errors import Terminated
+
+    if isinstance(exc, KeyboardInterrupt):
+        leave_note(store, le.rank, "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)")
+        if isinstance(exc, Terminated) and le.rank == 0 and store is not None:
+            # torchrun stops the whole job when one rank dies, often before the survivors'
+            # collectives notice: the ranks that left no word are the likely cause
+            who = roll_call(store, le, members, min(wait_s, 1.0))
+            if who is not None:
+                return Terminated(who)
+        return exc
+    if store is None or not isinstance(exc, lost):
+        if store is not None:
+            answer(store, le.rank)
+        return exc
+    who = roll_call(store, le, members, wait_s)
+    if who is None:
+        return exc
+    return RankLost(f"{who} [{exc if isinstance(exc, MgpuError) else f'{type(exc).__name__}: {_gist(exc)}'}]")
+
+
+def answer(store, rank: int) -> None:
+    """This rank is here (for the others' roll call). Best effort."""
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        store.set(f"{_prefix()}/present/{rank}", "1")
+
+
+def leave_note(store, rank: int, why: str) -> None:
+    """A rank that stops on its own (Ctrl-C, SIGTERM) says why in the store before it goes, for
+    the other ranks' roll call. Best effort: the store may be gone already."""
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        store.set(f"{_prefix()}/left/{rank}", why)
+
+
+def roll_call(store, le: LaunchEnv, members: list[Member] | None, wait_s: float, poll_s: float = 0.05) -> str | None:
+    """After a collective failed for no fault of this rank's (a peer's connection closed, a
+    timeout): every surviving rank answers here, and the ranks that do not within wait_s are
+    named, with their own word where they left one (leave_note). Returns the account in one
+    line, or None when every rank answered (the failure was not a rank leaving). A SIGTERM or
+    Ctrl-C during the wait ends it early with what is known by then."""
+    import time
+
+    prefix = _prefix()
+    name = (lambda r: f"rank {r} ({members[r].device} on {members[r].host})") if members else (lambda r: f"rank {r}")
+    try:
+        store.set(f"{prefix}/present/{le.rank}", "1")
+    except Exception:  # noqa: BLE001 - no store: its server, rank 0 unless torchrun's agent serves it, is gone
+        return f"rank 0 ({le.master_addr}:{le.master_port}, which serves the job's store) is gone"
+    deadline = time.monotonic() + wait_s
+    silent: list[int] = []
+    notes: dict[int, str] = {}
+    try:
+        while True:
+            silent = []
+            for r in range(le.world_size):
+                if r in notes or store.check([f"{prefix}/present/{r}"]):
+                    continue
+                if store.check([f"{prefix}/left/{r}"]):
+                    notes[r] = bytes(store.get(f"{prefix}/left/{r}")).decode(errors="replace")
+                else:
+                    silent.append(r)
+            if not silent or time.monotonic() > deadline:
+                break
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        pass  # stopped from outside meanwhile: report what is known
+    except Exception:  # noqa: BLE001 - the store went away during the wait
+        return f"rank 0 ({le.master_addr}:{le.master_port}, which serves the job's store) is gone"
+    parts = [f"{name(r)} left: {why}" for r, why in sorted(notes.items())]
+    parts += [f"{name(r)} is gone (no word from it: killed, crashed, or stuck)" for r in silent]
+    if not parts:
+        return None
+    return "; ".join(parts[:4]) + (f"; and {len(parts) - 4} more rank(s)" if len(parts) > 4 else "")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InputError, MgpuError
+from .errors import InputError, MgpuError, interruption
 
 PATTERNS = ("interleaved", "grow-shrink", "small-between-large")
 ALLOCATORS = ("cudaMalloc", "async", "vmm")
@@ -234,9 +234,9 @@ def run_memory(cfg: MemoryConfig, devices: list[dict], progress: Callable[[str],
                                                  cfg.timeout_s)
                     run.max_batch.append({"model": cfg.max_batch_model, "seq_len": cfg.max_batch_seq,
                                           "checkpointing": ckpt, **res})
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         run.stopped = "interrupted"
-        run.stop_message = "interrupted: the results gathered so far are kept"
+        run.stop_message = f"{interruption(exc)}: the results gathered so far are kept"
     except MgpuError as exc:
         run.stopped = "failed"
         run.stop_message = str(exc).split(" [", 1)[0]

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from .errors import InputError, MgpuError, interruption
 
 PHASES = ("data", "forward", "backward", "optimizer")
 EXPOSED_COMM_LIMIT = 0.10  # healthy is under 10% of the step
@@ -328,18 +328,24 @@ def _joined(cfg: ModelConfig, le) -> list[dict]:
             import torch
 
             torch.cuda.set_device(le.local_rank)
-            launcher.init_group(le, "nccl", 600.0, torch.device("cuda", le.local_rank))
+            _STORE[:] = [launcher.init_group(le, "nccl", 600.0, torch.device("cuda", le.local_rank))]
         else:
-            launcher.init_group(le, "gloo", 600.0)
+            _STORE[:] = [launcher.init_group(le, "gloo", 600.0)]
+    all_gather = launcher.all_gatherer(le.world_size)
+    try:
+        launcher.agree(repr(asdict(cfg)), all_gather)
+        mine = worker(asdict(cfg))
+        return all_gather(mine)
+    except (Exception, KeyboardInterrupt) as exc:
+        # a training step's collective failing is the same as the control group failing: it
+        # usually means a rank left, and the roll call names it
+        told = launcher.account(exc, _STORE[0] if _STORE else None, le, None, lost=(RuntimeError,))
+        if told is exc:
+            raise
+        raise told from None
 
-    def all_gather(value):
-        out: list = [None] * le.world_size
-        dist.all_gather_object(out, value)
-        return out
 
-    launcher.agree(repr(asdict(cfg)), all_gather)
-    mine = worker(asdict(cfg))
-    return all_gather(mine)
+_STORE: list = []  # the launcher's store of this process's job, once its group is formed
 
 
 # ------------------------------------------------------------------------------------ results
@@ -493,9 +499,9 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
                 ranks = launch(c, n)
                 run.gpu_name = run.gpu_name or ranks[0].get("gpu_name")
                 run.stats.append(analyse(c, n, ranks, peak.value if peak is not None else None))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         run.stopped = "interrupted"
-        run.stop_message = "interrupted: the configurations measured so far are kept"
+        run.stop_message = f"{interruption(exc)}: the configurations measured so far are kept"
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - a launcher failure (a rank died) ends the run, results kept
@@ -504,7 +510,8 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
             run.stop_message = "interrupted: the configurations measured so far are kept"
         else:
             run.stopped = "failed"
-            run.stop_message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            run.stop_message = (text if isinstance(exc, MgpuError) else f"{type(exc).__name__}: {text}")[:600]
     finally:
         _leave_group()
     run.wall_seconds = time.monotonic() - t0
@@ -521,6 +528,7 @@ def _leave_group() -> None:
             dist.barrier()  # nobody tears down while a peer still talks to it
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+    _STORE.clear()  # the store's connection too, before the interpreter's teardown
 
 
 def findings(run: ModelRun) -> list[str]:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputError
+from .errors import InputError, Terminated
 
 ROUNDS = {1: "single-GPU baseline", 2: "multi-GPU scaling", 3: "limit throughput"}
 QUIET_COMMANDS = ("comm", "gemm", "memory", "model")  # those with a progress display to turn off
@@ -219,7 +219,8 @@ def run_probe(probe: Probe, ngpu: int, work: Path, bus_ids: dict[int, str] | Non
         sampler.start()
     t0 = time.monotonic()
     log = work / f"{probe.round}-{probe.name}.log"
-    interrupted = timed_out = False
+    interrupted: BaseException | None = None
+    timed_out = False
     # Its own session and process group: a stop reaches every process the probe started (torch
     # ranks, DataLoader workers), and its output goes to a file, which no orphan can hold open.
     with open(log, "w") as sink:
@@ -230,8 +231,8 @@ def run_probe(probe: Probe, ngpu: int, work: Path, bus_ids: dict[int, str] | Non
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _stop_group(proc)
-            except KeyboardInterrupt:
-                interrupted = True
+            except KeyboardInterrupt as exc:
+                interrupted = exc
                 _stop_group(proc)
         finally:
             if proc.poll() is None:  # a second Ctrl-C while it was stopping
@@ -250,13 +251,15 @@ def run_probe(probe: Probe, ngpu: int, work: Path, bus_ids: dict[int, str] | Non
             entry["error"] = f"its result file could not be read: {exc}"
     if timed_out:
         entry["status"], entry["error"] = "failed", f"did not finish within {probe.timeout_s:g} s; stopped"
-    elif interrupted or proc.returncode == 130:
-        entry["status"], entry["error"] = "interrupted", "interrupted (Ctrl-C); what it measured is kept"
+    elif interrupted is not None or proc.returncode in (130, 143):
+        how = "terminated (SIGTERM)" if isinstance(interrupted, Terminated) or proc.returncode == 143 else \
+            "interrupted (Ctrl-C)"
+        entry["status"], entry["error"] = "interrupted", f"{how}; what it measured is kept"
     else:
         entry["status"] = "ok" if proc.returncode == 0 else "failed"
         if proc.returncode != 0:
             entry["error"] = f"exit code {proc.returncode}: {_last_error(output)}"
-    if interrupted:
+    if interrupted is not None:
         raise _Interrupted(entry)
     return entry
 

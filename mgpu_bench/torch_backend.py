@@ -139,7 +139,8 @@ def _torch_nccl_version() -> tuple[int, ...]:
 class TorchSweep:
     results: list[dict] = field(default_factory=list)  # raw dicts, request order, completed only
     error: BaseException | None = None  # the first failure; None if every request completed
-    interrupted: bool = False  # Ctrl-C in the parent stopped the sweep
+    interrupted: bool = False  # Ctrl-C or SIGTERM in the parent stopped the sweep
+    interruption: KeyboardInterrupt | None = None  # which (errors.Terminated for SIGTERM)
 
 
 # -- the data pattern (csrc/comm_data.cuh) --------------------------------------------------------
@@ -589,8 +590,8 @@ def run_sweep(requests: list[CommRequest], *, nproc: int, device: str, timing: T
                     on_result(msg[1], msg[2])
             elif msg[0] == "error":
                 sweep.error = msg[2]
-    except KeyboardInterrupt:
-        sweep.interrupted = True
+    except KeyboardInterrupt as exc:
+        sweep.interrupted, sweep.interruption = True, exc
     finally:
         complete = sweep.error is None and not sweep.interrupted and len(sweep.results) == len(plans)
         _stop(procs, graceful=complete)

@@ -281,3 +281,111 @@ def test_two_torchrun_agents_as_two_nodes_split_intra_and_inter_node(tmp_path):
     stdout = results[0][0] + results[1][0]
     assert stdout.count("allreduce, inter-node (local rank 1)") == 1  # rank 0's tables only
     assert "[intra-node node 0" in stdout  # the summary line per communicator
+
+
+def _two_ranks_then_signal_rank1(tmp_path, sig):
+    """Ranks 0 and 1 of a gloo comm sweep started by hand (rank 0 serves the store); once both
+    have arrived and measured for a moment, `sig` goes to rank 1. Returns (rank 0's exit code,
+    its stderr, its JSON document, rank 1's exit code, seconds rank 0 took after the signal)."""
+    import signal
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    port = _free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops",
+                                       "allreduce", "--sizes", "1K-128M", "--timeout", "20", "--no-progress",
+                                       "--no-store", "--json", str(tmp_path / f"r{rank}.json")],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
+    try:
+        deadline = time.monotonic() + 60
+        store = None
+        while store is None:  # a client of rank 0's store, to see both ranks arrive
+            try:
+                store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=2))
+            except Exception:  # noqa: BLE001 - not served yet
+                assert time.monotonic() < deadline, "rank 0 never served its store"
+                time.sleep(0.1)
+        store.wait([f"{launch._prefix({})}/arrived/{r}" for r in (0, 1)], timedelta(seconds=60))
+        time.sleep(2.0)  # a few sizes measured
+        assert procs[0].poll() is None and procs[1].poll() is None, "the sweep ended before the signal"
+        procs[1].send_signal(sig)
+        t0 = time.monotonic()
+        _out, err = procs[0].communicate(timeout=60)
+        took = time.monotonic() - t0
+        procs[1].communicate(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    doc = json.loads((tmp_path / "r0.json").read_text())
+    return procs[0].returncode, " ".join(err.split()), doc, procs[1].returncode, took
+
+
+@pytest.mark.parametrize("sig,word", [("SIGKILL", "is gone (no word from it"), ("SIGTERM", "left: terminated (SIGTERM)")])
+def test_a_rank_that_leaves_mid_sweep_is_named_and_rank0_keeps_its_measurements(tmp_path, sig, word):
+    import signal
+
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only")
+    rc0, err, doc, rc1, took = _two_ranks_then_signal_rank1(tmp_path, getattr(signal, sig))
+    assert rc0 == 1, err
+    assert f"rank 1 (cpu on {socket.gethostname()}) {word}" in err, err
+    assert "Traceback" not in err and took < 20
+    assert doc["measurements"] and doc["status"]["stopped"] == "error"
+    assert "rank 1" in doc["status"]["message"]
+    assert rc1 == (-9 if sig == "SIGKILL" else 143)
+
+
+def test_roll_call_names_the_silent_rank_and_the_one_that_said_why():
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
+    le = launch.LaunchEnv("torchrun", 0, 4, 0, 4, 0, 1, "127.0.0.1", store.port, "h0")
+    members = [launch.Member(r, "h0", 0, r, f"cuda:{r}") for r in range(4)]
+    launch.answer(store, 1)  # a survivor
+    launch.leave_note(store, 2, "interrupted (Ctrl-C)")
+    who = launch.roll_call(store, le, members, wait_s=0.3)
+    assert who == ("rank 2 (cuda:2 on h0) left: interrupted (Ctrl-C); "
+                   "rank 3 (cuda:3 on h0) is gone (no word from it: killed, crashed, or stuck)")
+    launch.answer(store, 3)
+    assert launch.roll_call(store, le, members, wait_s=0.3) == "rank 2 (cuda:2 on h0) left: interrupted (Ctrl-C)"
+    # a fault that is not the group breaking is reported as it is; the rank answers for the others
+    own = RuntimeError("own")
+    le1 = launch.LaunchEnv("torchrun", 1, 4, 1, 4, 0, 1, "127.0.0.1", store.port, "h0")
+    assert launch.account(own, store, le1, members, 0.1, lost=(launch.ControlLost,)) is own
+    lost = launch.account(launch.ControlLost("x"), store, le, members, 0.1)
+    assert isinstance(lost, launch.RankLost) and "rank 2" in str(lost) and "[x]" in str(lost)
+
+
+def test_sigterm_keeps_what_was_measured_and_exits_143(tmp_path):
+    """A single-process sweep (two gloo worker processes) sent SIGTERM mid-run, as scancel or a
+    job's time limit does: the JSON holds the sizes measured, the line says so, exit code 143."""
+    import signal
+    import time
+
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only")
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops",
+                             "allreduce", "--sizes", "1K-128M", "--no-progress", "--json", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    time.sleep(8.0)  # interpreter, two workers and a few sizes
+    assert proc.poll() is None, "the sweep ended before the signal"
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "terminated (SIGTERM) at allreduce" in err and "Traceback" not in err
+    doc = json.loads(out.read_text())
+    assert doc["measurements"] and doc["status"]["stopped"] == "interrupted"
