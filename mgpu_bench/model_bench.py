@@ -332,14 +332,17 @@ def _joined(cfg: ModelConfig, le) -> list[dict]:
         else:
             _STORE[:] = [launcher.init_group(le, "gloo", 600.0)]
     all_gather = launcher.all_gatherer(le.world_size)
+    members = None
     try:
         launcher.agree(repr(asdict(cfg)), all_gather)
+        device = f"cuda:{le.local_rank}" if cfg.device == "cuda" else "cpu"
+        members = all_gather(launcher.Member(le.rank, le.host, le.node_rank, le.local_rank, device))
         mine = worker(asdict(cfg))
         return all_gather(mine)
     except (Exception, KeyboardInterrupt) as exc:
         # a training step's collective failing is the same as the control group failing: it
         # usually means a rank left, and the roll call names it
-        told = launcher.account(exc, _STORE[0] if _STORE else None, le, None, lost=(RuntimeError,))
+        told = launcher.account(exc, _STORE[0] if _STORE else None, le, members, lost=(RuntimeError,))
         if told is exc:
             raise
         raise told from None

@@ -283,10 +283,14 @@ def test_two_torchrun_agents_as_two_nodes_split_intra_and_inter_node(tmp_path):
     assert "[intra-node node 0" in stdout  # the summary line per communicator
 
 
-def _two_ranks_then_signal_rank1(tmp_path, sig):
-    """Ranks 0 and 1 of a gloo comm sweep started by hand (rank 0 serves the store); once both
-    have arrived and measured for a moment, `sig` goes to rank 1. Returns (rank 0's exit code,
-    its stderr, its JSON document, rank 1's exit code, seconds rank 0 took after the signal)."""
+COMM_SWEEP = ["comm", "--backend", "torch", "--ops", "allreduce", "--sizes", "1K-128M", "--timeout", "20"]
+
+
+def _two_ranks_then_signal_rank1(tmp_path, sig, command=COMM_SWEEP):
+    """Ranks 0 and 1 of `mgpu-bench command` on gloo started by hand (rank 0 serves the store);
+    once both have arrived and run for a moment, `sig` goes to rank 1. Returns (rank 0's exit
+    code, its stderr, its JSON document or None, rank 1's exit code, seconds rank 0 took after
+    the signal)."""
     import signal
     import time
     from datetime import timedelta
@@ -298,8 +302,7 @@ def _two_ranks_then_signal_rank1(tmp_path, sig):
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops",
-                                       "allreduce", "--sizes", "1K-128M", "--timeout", "20", "--no-progress",
+        procs.append(subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", *command, "--no-progress",
                                        "--no-store", "--json", str(tmp_path / f"r{rank}.json")],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
     try:
@@ -323,7 +326,8 @@ def _two_ranks_then_signal_rank1(tmp_path, sig):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    doc = json.loads((tmp_path / "r0.json").read_text())
+    path = tmp_path / "r0.json"
+    doc = json.loads(path.read_text()) if path.exists() else None
     return procs[0].returncode, " ".join(err.split()), doc, procs[1].returncode, took
 
 
@@ -342,6 +346,20 @@ def test_a_rank_that_leaves_mid_sweep_is_named_and_rank0_keeps_its_measurements(
     assert doc["measurements"] and doc["status"]["stopped"] == "error"
     assert "rank 1" in doc["status"]["message"]
     assert rc1 == (-9 if sig == "SIGKILL" else 143)
+
+
+def test_a_rank_killed_mid_training_is_named(tmp_path):
+    import signal
+
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only")
+    model = ["model", "--steps", "400", "--warmup-steps", "1", "--batch-size", "2", "--seq-len", "64"]
+    rc0, err, _doc, rc1, took = _two_ranks_then_signal_rank1(tmp_path, signal.SIGKILL, model)
+    assert rc0 == 1 and rc1 == -9, err
+    assert f"rank 1 (cpu on {socket.gethostname()}) is gone (no word from it" in err, err
+    assert "Traceback" not in err and took < 30
 
 
 def test_roll_call_names_the_silent_rank_and_the_one_that_said_why():
