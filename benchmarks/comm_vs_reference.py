@@ -54,7 +54,7 @@ def main() -> None:
     # 2. The plain torch.distributed loop, same session, same sizes.
     ref = subprocess.run(
         ["torchrun", "--nproc-per-node", str(len(gpus)), str(Path(__file__).with_name("torch_reference.py")),
-         ",".join(str(s) for s in sizes)], capture_output=True, text=True, timeout=300)
+         ",".join(str(s) for s in sizes)], capture_output=True, text=True, timeout=300, check=False)
     torch_ref = {}
     for line in ref.stdout.splitlines():
         if line.startswith("{"):
@@ -101,7 +101,8 @@ def main() -> None:
     # 4. Wall time of the whole command: 1M-1G allreduce, in- and out-of-place, checked.
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--ops", "allreduce", "--sizes", "1M-1G",
-                           "--json", str(out / "sweep.json")], capture_output=True, text=True, timeout=300)
+                           "--json", str(out / "sweep.json")], capture_output=True, text=True, timeout=300,
+                          check=False)
     wall = time.perf_counter() - t0
     doc = json.loads((out / "sweep.json").read_text())
     print(f"\n`mgpu-bench comm --ops allreduce --sizes 1M-1G` (22 measurements, checked): {wall:.2f} s process wall "

@@ -10,8 +10,8 @@ from . import _libs
 
 _libs.preload()
 
-from . import _native  # noqa: E402
-from .errors import (  # noqa: E402
+from . import _native
+from .errors import (
     CommTimeoutError,
     CublasError,
     CudaError,

@@ -33,7 +33,7 @@ class CommConfig:
     backend: str = "auto"
     gpus: str | None = None  # None: all visible; "N": the first N; "a,b,...": those indices
     nproc: int = 2  # ranks for torch on CPU
-    timing: TimingOptions = TimingOptions()
+    timing: TimingOptions = TimingOptions()  # noqa: RUF009 - frozen, so one shared default is safe
     timeout_s: float = 120.0
 
 
@@ -368,7 +368,7 @@ def _run_native(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progre
             raw = session.measure(_native_args(req, cfg.timing))
             spec = _spec(req, raw["counts"], run.backend, run.devices, cfg.timing.graph)
             run.measurements.append(CommMeasurement.from_raw(spec, raw, cfg.timing.check))
-    except (Exception, KeyboardInterrupt) as exc:  # any fault: keep what was measured, say why
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - any fault: keep what was measured, say why
         _stop(run, exc, req)
     finally:
         if session is not None:
@@ -527,7 +527,7 @@ def _run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pr
                 run.notes.append("under a launcher NCCL's transports are not read from its log")
     except InputError:
         raise
-    except (Exception, KeyboardInterrupt) as exc:  # any fault: keep what was measured, say why
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - any fault: keep what was measured, say why
         _stop(run, launch.account(exc, store, le, members, min(5.0, cfg.timeout_s)), req)
     finally:
         for key in list(sessions):

@@ -6,6 +6,7 @@ and torch do), never the whole environment.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -55,7 +56,7 @@ def nvidia_driver_release() -> str | None:
             return v.decode() if isinstance(v, bytes) else v
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # NVML missing or failing: the fingerprint says unknown
+    except Exception:  # noqa: BLE001 - NVML missing or failing: the fingerprint says unknown
         return None
 
 
@@ -87,10 +88,8 @@ def backend_versions(backend: str) -> dict:
     if torch is None:
         return {}
     out = {"torch_backend": backend}
-    try:
+    with contextlib.suppress(Exception):  # a CPU build of torch has no NCCL
         out["torch_nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
-    except Exception:  # a CPU build of torch has no NCCL
-        pass
     return out
 
 

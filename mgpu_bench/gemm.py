@@ -661,7 +661,7 @@ def document(run: GemmRun, environment: dict, command: list[str] | None = None) 
     return {
         "schema": RESULT_SCHEMA, "schema_version": RESULT_SCHEMA_VERSION, "kind": "gemm",
         "tool_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": command, "environment": environment, "devices": run.devices,
         "config": {"dtypes": list(run.config.dtypes), "shapes": [str(s) for s in run.config.shapes],
                    "layout": run.config.layout, "candidates": run.config.candidates,

@@ -36,7 +36,7 @@ from .errors import InputError
 from .headline import Metric, document_kind, metrics_from_document
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
 APPLICATION_ID = 0x6D475042  # "mGPB": marks the file as an mgpu-bench history
 BUSY_TIMEOUT_S = 30.0
@@ -91,7 +91,7 @@ def run_label(row_id: int) -> str:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)

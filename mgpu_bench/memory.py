@@ -376,7 +376,7 @@ def document(run: MemoryRun, environment: dict, command: list[str] | None = None
     c = run.config
     return {
         "schema": RESULT_SCHEMA, "schema_version": RESULT_SCHEMA_VERSION, "kind": "memory",
-        "tool_version": __version__, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "tool_version": __version__, "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": command, "environment": environment, "devices": run.devices,
         "config": {"patterns": list(c.patterns), "allocators": list(c.allocators), "budget": c.budget,
                    "seed": c.seed, "bandwidth": c.bandwidth, "hbm_bytes": c.hbm_bytes,

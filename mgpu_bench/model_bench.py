@@ -571,7 +571,7 @@ def document(run: ModelRun, environment: dict, command: list[str] | None = None)
     peak = run.peak
     return {
         "schema": RESULT_SCHEMA, "schema_version": RESULT_SCHEMA_VERSION, "kind": "model",
-        "tool_version": __version__, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "tool_version": __version__, "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": command, "environment": environment, "config": asdict(run.config),
         "gpu_counts": run.gpu_counts, "data_modes": run.data_modes, "gpu_name": run.gpu_name,
         "peak": None if peak is None else {"value": peak.value, "unit": peak.unit, "source": peak.source},

@@ -250,7 +250,7 @@ def result_document(run: CommRun, environment: dict, command: list[str] | None =
         "schema_version": RESULT_SCHEMA_VERSION,
         "kind": "comm",
         "tool_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": command,
         "environment": environment,
         "backend": run.backend,

@@ -327,7 +327,7 @@ def document(run: SuiteRun, environment: dict, command: list[str] | None = None)
 
     return {
         "schema": RESULT_SCHEMA, "schema_version": RESULT_SCHEMA_VERSION, "kind": "suite",
-        "tool_version": __version__, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "tool_version": __version__, "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": command, "environment": environment, "quick": run.config.quick,
         "rounds": list(run.config.rounds), "duration_s": run.config.duration_s,
         "status": {"completed": not run.interrupted, "stopped": "interrupted" if run.interrupted else None,

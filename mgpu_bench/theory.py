@@ -85,7 +85,7 @@ def hop(snapshot: dict, a_bus: str, b_bus: str, a: int, b: int) -> Hop:
         gen = str(versions.pop()).split(".")[0]  # NVML reports "4.0"
         try:
             rate = hardware.nvlink_rate(int(gen)).value
-        except Exception:  # a generation the database does not know
+        except Exception:  # noqa: BLE001 - a generation the database does not know
             return Hop(a, b, "unknown", None, f"NVLink {gen} x{links}: generation not in hardware.json")
         via = " via NVSwitch" if pair.get("via_nvswitch") else ""
         return Hop(a, b, "nvlink", links * rate, f"NVLink {gen} x{links}{via}")

@@ -11,6 +11,7 @@ in that GPU's `errors`, not a failed snapshot. Base units in data: bytes, bytes/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -319,7 +320,7 @@ class _Nvml:
     def error_text(self, code: int) -> str:
         try:
             return str(self.mod.NVMLError(code))
-        except Exception:  # a stand-in without NVML's error table
+        except Exception:  # noqa: BLE001 - a stand-in without NVML's error table
             return f"NVML error {code}"
 
 
@@ -348,7 +349,7 @@ def _open(nvml) -> tuple[_Nvml | None, dict]:
         }.get(code, "")
         status["error"] = f"nvmlInit failed: {exc}{hint}"
         return None, status
-    except Exception as exc:  # a broken binding must not stop the rest of the snapshot
+    except Exception as exc:  # noqa: BLE001 - a broken binding must not stop the rest of the snapshot
         status["error"] = f"nvmlInit failed: {exc!r}"
         return None, status
     status["available"] = True
@@ -564,19 +565,17 @@ def collect(nvml=None, sysfs_root: str | os.PathLike = "/") -> dict:
                 else:
                     try:
                         g = _gpu(nv, h, i, root, ncpus)
-                    except Exception as exc:  # a bug or binding surprise costs one GPU, not the snapshot
+                    except Exception as exc:  # noqa: BLE001 - a bug or binding surprise costs one GPU, not the snapshot
                         g = _empty_gpu(i)
                         g["errors"].append(f"unexpected: {exc!r}")
                 gpus.append(g)
             _classify_remotes(gpus)
             pairs = _pairs(nv, handles, gpus)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the snapshot says NVML failed rather than failing
             status["error"] = f"NVML query failed: {exc!r}"
         finally:
-            try:
+            with contextlib.suppress(Exception):  # shutting NVML down is best effort
                 nv.mod.nvmlShutdown()
-            except Exception:
-                pass
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,

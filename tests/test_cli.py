@@ -8,8 +8,8 @@ import os
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import interrupt_comm
+
 from mgpu_bench.cli import cli
 
 

@@ -291,7 +291,6 @@ def _two_ranks_then_signal_rank1(tmp_path, sig, command=COMM_SWEEP):
     once both have arrived and run for a moment, `sig` goes to rank 1. Returns (rank 0's exit
     code, its stderr, its JSON document or None, rank 1's exit code, seconds rank 0 took after
     the signal)."""
-    import signal
     import time
     from datetime import timedelta
 

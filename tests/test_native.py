@@ -60,6 +60,6 @@ def test_no_driver_is_named_not_a_cuda_string():
 
 def test_import_and_help_in_a_fresh_process():
     out = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "--help"], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert "comm" in out.stdout

@@ -18,7 +18,7 @@ def test_transports_from_a_real_2x_h200_log():
 
 
 def test_shared_memory_where_nvlink_exists_is_a_finding():
-    log = "\n".join([
+    log = "\n".join([  # noqa: FLY002 - one line per log line reads better
         "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct",
         "h:1:2 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via SHM/direct/direct",
         "h:1:3 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM/read",

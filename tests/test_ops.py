@@ -28,16 +28,16 @@ def test_busbw_factor_hand_computed(op, n, factor):
 @pytest.mark.parametrize(
     "op, size, dtype, n, expect",
     [
-        ("allreduce", 1000, "fp32", 3, dict(bytes=1000, count=250, send_count=250, recv_count=250)),
-        ("allreduce", 1001, "fp32", 3, dict(bytes=1000, count=250, send_count=250, recv_count=250)),
-        ("allgather", 1000, "fp32", 3, dict(bytes=996, count=83, send_count=83, recv_count=249,
-                                            send_inplace_offset=83, recv_inplace_offset=0)),
-        ("reducescatter", 1000, "fp32", 3, dict(bytes=996, count=83, send_count=249, recv_count=83,
-                                                send_inplace_offset=0, recv_inplace_offset=83)),
-        ("alltoall", 1 << 20, "fp16", 3, dict(bytes=1048572, count=174762, send_count=524286,
-                                              recv_count=524286)),
-        ("broadcast", 7, "fp64", 2, dict(bytes=0, count=0)),
-        ("sendrecv", 64, "int8", 8, dict(bytes=64, count=64)),
+        ("allreduce", 1000, "fp32", 3, {"bytes": 1000, "count": 250, "send_count": 250, "recv_count": 250}),
+        ("allreduce", 1001, "fp32", 3, {"bytes": 1000, "count": 250, "send_count": 250, "recv_count": 250}),
+        ("allgather", 1000, "fp32", 3, {"bytes": 996, "count": 83, "send_count": 83, "recv_count": 249,
+                                            "send_inplace_offset": 83, "recv_inplace_offset": 0}),
+        ("reducescatter", 1000, "fp32", 3, {"bytes": 996, "count": 83, "send_count": 249, "recv_count": 83,
+                                                "send_inplace_offset": 0, "recv_inplace_offset": 83}),
+        ("alltoall", 1 << 20, "fp16", 3, {"bytes": 1048572, "count": 174762, "send_count": 524286,
+                                              "recv_count": 524286}),
+        ("broadcast", 7, "fp64", 2, {"bytes": 0, "count": 0}),
+        ("sendrecv", 64, "int8", 8, {"bytes": 64, "count": 64}),
     ],
 )
 def test_op_counts(op, size, dtype, n, expect):

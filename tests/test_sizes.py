@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -54,7 +56,7 @@ def test_range_is_increasing_and_bounded(lo_exp, span, factor):
     lo, hi = 1 << lo_exp, 1 << (lo_exp + span)
     sizes = parse_sizes(f"{lo}-{hi}", factor=factor)
     assert sizes[0] == lo
-    assert all(a < b for a, b in zip(sizes, sizes[1:]))
+    assert all(a < b for a, b in itertools.pairwise(sizes))
     assert sizes[-1] <= hi
     assert max(sizes[-1] + 1, int(sizes[-1] * factor)) > hi  # nothing that fits was dropped
 

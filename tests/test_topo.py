@@ -188,7 +188,7 @@ class FakeNvml:
 H200_MEM = 143771 * (1 << 20)
 NVLINK4 = pynvml.NVML_NVLINK_VERSION_4_0  # 6, the enum
 H200_SPEED_MBPS = 26562
-SOCKET0 = list(range(0, 48)) + list(range(96, 144))
+SOCKET0 = list(range(48)) + list(range(96, 144))
 SOCKET1 = list(range(48, 96)) + list(range(144, 192))
 
 
