@@ -429,9 +429,12 @@ def _write_comm_report(run, out_dir, environment) -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the PNGs, report.html and summary.md.")
 def report_command(result, out_dir) -> int:
-    """Renders a stored comm or suite result file (from --json, or a suite's suite.json) as PNGs,
-    HTML and Markdown again."""
+    """Renders a result file again (any command's --json, or a suite's suite.json) as PNGs, and
+    for all but links as HTML and Markdown."""
     import json as _json
+
+    from . import comm_report, gemm_report, links, memory_report, model_report
+    from .headline import document_kind
 
     check_report_dir(out_dir)
     try:
@@ -439,20 +442,35 @@ def report_command(result, out_dir) -> int:
     except OSError as exc:
         raise InputError(f"cannot read {result}: {exc.strerror or exc}") from None
     except ValueError:
-        raise InputError(f"{result} is not JSON: give a file written by mgpu-bench comm --json") from None
+        raise InputError(f"{result} is not JSON: give a file written by a command's --json") from None
     if not isinstance(doc, dict) or doc.get("schema") != "mgpu-bench/result":
         raise InputError(f"{result} is not an mgpu-bench result: give a file written by --json")
-    if doc.get("kind") == "suite":
+    environment = doc.get("environment") if isinstance(doc.get("environment"), dict) else {}
+    writers = {
+        "comm": lambda: comm_report.write_report(comm_report.run_from_document(doc), out_dir, environment),
+        "gemm": lambda: gemm_report.write_report(gemm_report.run_from_document(doc), out_dir, environment),
+        "memory": lambda: memory_report.write_report(memory_report.run_from_document(doc), out_dir, environment),
+        "model": lambda: model_report.write_report(model_report.run_from_document(doc), out_dir, environment),
+        "links": lambda: links.write_report(links.run_from_document(doc)[0], out_dir),
+    }
+    kind = document_kind(doc)
+    if kind == "suite":
         from .suite_report import write_report as write_suite
 
         paths = write_suite(doc, out_dir)
-    elif "measurements" in doc and "backend" in doc:
-        from .comm_report import run_from_document, write_report
-
-        paths = write_report(run_from_document(doc), out_dir, doc.get("environment", {}))
+    elif kind in writers:
+        payload = {"comm": "measurements", "gemm": "results", "memory": "hbm", "model": "runs", "links": "measurements"}
+        if not isinstance(doc.get(payload[kind]), list):
+            raise InputError(f"{result} is a {kind} document without its {payload[kind]}: give a file written by "
+                             f"mgpu-bench {kind} --json")
+        try:
+            paths = writers[kind]()
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{result} is a {kind} document that cannot be read back ({type(exc).__name__}: "
+                             f"{exc}): give a file written by mgpu-bench {kind} --json") from None
     else:
-        raise InputError(f"{result} is a {doc.get('kind', 'result')} document: report renders comm and suite "
-                         "results (the other commands write their report with --report)")
+        raise InputError(f"{result} is a {kind or 'result'} document of no known kind: give a file written by "
+                         "comm, gemm, memory, model, links or suite")
     for p in paths:
         click.echo(str(p))
     return 0

@@ -59,6 +59,15 @@ class Figure:
     note: str | None = None
 
 
+def figure_from_dict(d: Mapping | None) -> Figure | None:
+    """A Figure as a result document stores it (its value, unit, source, note), or None."""
+    if not d or d.get("value") is None:
+        return None
+    return Figure(
+        d["value"], d.get("unit") or "", d.get("source") or "", note=d.get("note")
+    )
+
+
 @dataclass(frozen=True)
 class GpuModel:
     """One GPU model. ``peak`` holds a Figure for every name in PEAK_DTYPES (value None where

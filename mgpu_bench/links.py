@@ -344,3 +344,36 @@ def write_report(run: LinksRun, out_dir) -> list:
                 p.write_bytes(png)
                 written.append(p)
     return written
+
+
+def run_from_document(doc: dict) -> tuple[LinksRun, dict]:
+    """(links.LinksRun, per-pair theory hops {(src, dst): theory.Hop}) rebuilt from the document
+    the links command wrote."""
+    from .theory import Hop
+
+    run = LinksRun(
+        gpus=list(doc.get("gpus") or []),
+        notes=list(doc.get("notes") or []),
+        wall_seconds=doc.get("wall_seconds") or 0.0,
+        per_pair_seconds=doc.get("per_pair_seconds") or 0.0,
+        host_seconds=doc.get("host_seconds") or 0.0,
+    )
+    run.measurements = [
+        LinkMeasurement(LinkSpec(**m["spec"]), tuple(m["seconds"]))
+        for m in doc.get("measurements") or []
+        if m.get("kind") == "link"
+    ]
+    run.peer_access = {
+        (p["src"], p["dst"]): bool(p["ok"]) for p in doc.get("peer_access") or []
+    }
+    hops = {
+        (t["src"], t["dst"]): Hop(
+            t["src"],
+            t["dst"],
+            "nvlink" if "NVLink" in str(t.get("detail")) else "pcie",
+            t.get("bandwidth"),
+            str(t.get("detail")),
+        )
+        for t in doc.get("theory") or []
+    }
+    return run, hops

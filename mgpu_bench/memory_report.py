@@ -137,3 +137,48 @@ def page(run: MemoryRun, environment: dict, imgs: dict[str, bytes]) -> str:
 def write_report(run: MemoryRun, out_dir: str | Path, environment: dict) -> list[Path]:
     imgs = images(run)
     return html_page.write_bundle(out_dir, imgs, page(run, environment, imgs), markdown(run, environment))
+
+
+def run_from_document(doc: dict) -> MemoryRun:
+    """A memory.MemoryRun rebuilt from the document memory.document() wrote."""
+    import dataclasses
+
+    from .memory import ChurnResult, HbmResult, MemoryConfig
+
+    c = dict(doc.get("config") or {})
+    known = {f.name for f in dataclasses.fields(MemoryConfig)}
+    for key in ("patterns", "allocators", "torch_settings"):
+        if key in c:
+            c[key] = tuple(c[key] or ())
+    cfg = MemoryConfig(
+        **{k: v for k, v in c.items() if k in known},
+        gpus=tuple(d.get("index", i) for i, d in enumerate(doc.get("devices") or [])),
+        churn=bool(doc.get("churn")),
+    )
+    status = doc.get("status") or {}
+    run = MemoryRun(
+        cfg,
+        list(doc.get("devices") or []),
+        torch=dict(doc.get("torch") or {}),
+        max_batch=list(doc.get("max_batch") or []),
+        notes=list(doc.get("notes") or []),
+        stopped=status.get("stopped"),
+        stop_message=status.get("message"),
+        wall_seconds=doc.get("wall_seconds") or 0.0,
+    )
+    run.churn = [
+        ChurnResult(r["gpu"], r["allocator"], r["pattern"], dict(r))
+        for r in doc.get("churn") or []
+    ]
+    run.hbm = [
+        HbmResult(
+            h["gpu"],
+            h["kind"],
+            h["bytes_read"],
+            h["bytes_written"],
+            list(h["seconds"]),
+            h.get("peak"),
+        )
+        for h in doc.get("hbm") or []
+    ]
+    return run

@@ -250,3 +250,43 @@ def write_report(run: ModelRun, out_dir: str | Path, environment: dict) -> list[
     imgs = images(run)
     return html_page.write_bundle(out_dir, imgs, page(run, environment, imgs), markdown(run, environment))
 
+
+def run_from_document(doc: dict) -> ModelRun:
+    """A model_bench.ModelRun rebuilt from the document model_bench.document() wrote."""
+    import dataclasses
+
+    from .hardware import figure_from_dict
+    from .model_bench import ModelConfig
+
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    cfg = ModelConfig(
+        **{k: v for k, v in (doc.get("config") or {}).items() if k in known}
+    )
+    status = doc.get("status") or {}
+    run = ModelRun(
+        cfg,
+        list(doc.get("gpu_counts") or []),
+        list(doc.get("data_modes") or []),
+        doc.get("gpu_name"),
+        figure_from_dict(doc.get("peak")),
+        notes=list(doc.get("notes") or []),
+        stopped=status.get("stopped"),
+        stop_message=status.get("message"),
+        wall_seconds=doc.get("wall_seconds") or 0.0,
+    )
+    for s in doc.get("runs") or []:
+        w = s.get("window") or (0, 0, False)
+        run.stats.append(
+            StepStats(
+                world=s["world"],
+                data=s["data"],
+                ranks=list(s.get("ranks") or []),
+                window=(int(w[0]), int(w[1]), bool(w[2])),
+                samples_per_step=s.get("samples_per_step", 0),
+                tokens_per_step=s.get("tokens_per_step", 0),
+                flops_per_token=s.get("flops_per_token", 0.0),
+                error=s.get("error"),
+                derived=dict(s.get("derived") or {}),
+            )
+        )
+    return run

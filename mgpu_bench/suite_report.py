@@ -25,7 +25,7 @@ import re
 import shlex
 import statistics
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,218 +88,20 @@ def sub_kind(doc: Mapping | None) -> str | None:
     return None
 
 
-def _figure(d: Mapping | None):
-    from .hardware import Figure
-
-    if not d or d.get("value") is None:
-        return None
-    return Figure(
-        d["value"], d.get("unit") or "", d.get("source") or "", note=d.get("note")
-    )
 
 
-def gemm_from_document(doc: Mapping):
-    """A gemm.GemmRun rebuilt from the document gemm.document() wrote."""
-    from . import gemm
-    from .gemm import Candidate, GemmConfig, GemmResult, GemmRun, Shape
-
-    c = doc.get("config") or {}
-    shapes = (
-        gemm.parse_shapes(",".join(c["shapes"]))
-        if c.get("shapes")
-        else GemmConfig.shapes
-    )
-    cfg = GemmConfig(
-        dtypes=tuple(c.get("dtypes") or ()),
-        shapes=shapes,
-        layout=c.get("layout", "auto"),
-        gpus=tuple(d.get("index", i) for i, d in enumerate(doc.get("devices") or [])),
-        candidates=c.get("candidates", 8),
-        samples=c.get("samples", 5),
-        sample_s=c.get("sample_s", 0.02),
-        one_at_a_time=bool(c.get("one_at_a_time")),
-        search=tuple(c["search"]) if c.get("search") else None,
-        duration_s=c.get("duration_s") or 0.0,
-        workspace=c.get("workspace", gemm.DEFAULT_WORKSPACE),
-        fp8_fast_accum=bool(c.get("fp8_fast_accum")),
-        init=c.get("init", "uniform"),
-    )
-    own = ("index", "seconds", "iters_per_sample", "max_error", "error")
-    status = doc.get("status") or {}
-    run = GemmRun(
-        cfg,
-        list(doc.get("devices") or []),
-        notes=list(doc.get("notes") or []),
-        telemetry_error=doc.get("telemetry_error"),
-        stopped=status.get("stopped"),
-        stop_message=status.get("message"),
-        wall_seconds=doc.get("wall_seconds") or 0.0,
-    )
-    for r in doc.get("results") or []:
-        cands = [
-            Candidate(
-                cd["index"],
-                {k: v for k, v in cd.items() if k not in own},
-                list(cd.get("seconds") or []),
-                cd.get("iters_per_sample", 1),
-                cd.get("max_error"),
-                cd.get("error"),
-            )
-            for cd in r.get("candidates") or []
-        ]
-        series = r.get("series")
-        run.results.append(
-            GemmResult(
-                gpu=r["gpu"],
-                gpu_name=r.get("gpu_name") or "",
-                dtype=r["dtype"],
-                shape=Shape(r["m"], r["n"], r["k"]),
-                layout=r.get("layout") or "",
-                candidates=cands,
-                buffer_sets=r.get("buffer_sets", 0),
-                checked_elements=r.get("checked_elements", 0),
-                seconds_wall=r.get("seconds_wall") or 0.0,
-                peak=_figure(r.get("peak")),
-                telemetry=r.get("telemetry"),
-                series=None
-                if series is None
-                else [(p["t"], p["seconds"]) for p in series],
-                series_telemetry=r.get("series_telemetry"),
-                phase=r.get("phase", "shape"),
-                fast_accum=r.get("tolerance") == gemm.FP8_FAST_ACCUM_TOLERANCE,
-            )
-        )
-    return run
 
 
-def memory_from_document(doc: Mapping):
-    """A memory.MemoryRun rebuilt from the document memory.document() wrote."""
-    from .memory import ChurnResult, HbmResult, MemoryConfig, MemoryRun
-
-    c = dict(doc.get("config") or {})
-    known = {f.name for f in dataclasses.fields(MemoryConfig)}
-    for key in ("patterns", "allocators", "torch_settings"):
-        if key in c:
-            c[key] = tuple(c[key] or ())
-    cfg = MemoryConfig(
-        **{k: v for k, v in c.items() if k in known},
-        gpus=tuple(d.get("index", i) for i, d in enumerate(doc.get("devices") or [])),
-        churn=bool(doc.get("churn")),
-    )
-    status = doc.get("status") or {}
-    run = MemoryRun(
-        cfg,
-        list(doc.get("devices") or []),
-        torch=dict(doc.get("torch") or {}),
-        max_batch=list(doc.get("max_batch") or []),
-        notes=list(doc.get("notes") or []),
-        stopped=status.get("stopped"),
-        stop_message=status.get("message"),
-        wall_seconds=doc.get("wall_seconds") or 0.0,
-    )
-    run.churn = [
-        ChurnResult(r["gpu"], r["allocator"], r["pattern"], dict(r))
-        for r in doc.get("churn") or []
-    ]
-    run.hbm = [
-        HbmResult(
-            h["gpu"],
-            h["kind"],
-            h["bytes_read"],
-            h["bytes_written"],
-            list(h["seconds"]),
-            h.get("peak"),
-        )
-        for h in doc.get("hbm") or []
-    ]
-    return run
 
 
-def model_from_document(doc: Mapping):
-    """A model_bench.ModelRun rebuilt from the document model_bench.document() wrote."""
-    from .model_bench import ModelConfig, ModelRun, StepStats
+def _load(kind: str, doc: Mapping):
+    """The run object of a probe's document, by the module that wrote it."""
+    from . import comm_report, gemm_report, links, memory_report, model_report
 
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    cfg = ModelConfig(
-        **{k: v for k, v in (doc.get("config") or {}).items() if k in known}
-    )
-    status = doc.get("status") or {}
-    run = ModelRun(
-        cfg,
-        list(doc.get("gpu_counts") or []),
-        list(doc.get("data_modes") or []),
-        doc.get("gpu_name"),
-        _figure(doc.get("peak")),
-        notes=list(doc.get("notes") or []),
-        stopped=status.get("stopped"),
-        stop_message=status.get("message"),
-        wall_seconds=doc.get("wall_seconds") or 0.0,
-    )
-    for s in doc.get("runs") or []:
-        w = s.get("window") or (0, 0, False)
-        run.stats.append(
-            StepStats(
-                world=s["world"],
-                data=s["data"],
-                ranks=list(s.get("ranks") or []),
-                window=(int(w[0]), int(w[1]), bool(w[2])),
-                samples_per_step=s.get("samples_per_step", 0),
-                tokens_per_step=s.get("tokens_per_step", 0),
-                flops_per_token=s.get("flops_per_token", 0.0),
-                error=s.get("error"),
-                derived=dict(s.get("derived") or {}),
-            )
-        )
-    return run
-
-
-def links_from_document(doc: Mapping):
-    """(links.LinksRun, per-pair theory hops {(src, dst): theory.Hop}) rebuilt from the document
-    the links command wrote."""
-    from .links import LinkMeasurement, LinkSpec, LinksRun
-    from .theory import Hop
-
-    run = LinksRun(
-        gpus=list(doc.get("gpus") or []),
-        notes=list(doc.get("notes") or []),
-        wall_seconds=doc.get("wall_seconds") or 0.0,
-        per_pair_seconds=doc.get("per_pair_seconds") or 0.0,
-        host_seconds=doc.get("host_seconds") or 0.0,
-    )
-    run.measurements = [
-        LinkMeasurement(LinkSpec(**m["spec"]), tuple(m["seconds"]))
-        for m in doc.get("measurements") or []
-        if m.get("kind") == "link"
-    ]
-    run.peer_access = {
-        (p["src"], p["dst"]): bool(p["ok"]) for p in doc.get("peer_access") or []
-    }
-    hops = {
-        (t["src"], t["dst"]): Hop(
-            t["src"],
-            t["dst"],
-            "nvlink" if "NVLink" in str(t.get("detail")) else "pcie",
-            t.get("bandwidth"),
-            str(t.get("detail")),
-        )
-        for t in doc.get("theory") or []
-    }
-    return run, hops
-
-
-def _comm_from_document(doc: Mapping):
-    from .comm_report import run_from_document
-
-    return run_from_document(dict(doc))
-
-
-_LOADERS: dict[str, Callable[[Mapping], Any]] = {
-    "gemm": gemm_from_document,
-    "memory": memory_from_document,
-    "model": model_from_document,
-    "comm": _comm_from_document,
-    "links": links_from_document,
-}
+    loaders = {"gemm": gemm_report.run_from_document, "memory": memory_report.run_from_document,
+               "model": model_report.run_from_document, "comm": comm_report.run_from_document,
+               "links": links.run_from_document}
+    return loaders[kind](dict(doc))
 
 
 @dataclass
@@ -359,7 +161,7 @@ def _probes(doc: Mapping) -> list[_Probe]:
         )
         if pr.kind is not None:
             try:
-                pr.run = _LOADERS[pr.kind](sub)  # type: ignore[arg-type]
+                pr.run = _load(pr.kind, sub)
             except Exception as exc:  # noqa: BLE001 - a malformed document is reported, not raised
                 pr.load_error = f"{type(exc).__name__}: {exc}"
         out.append(pr)

@@ -57,7 +57,11 @@ def test_report_command_renders_a_stored_file(tmp_path):
     (lambda d: (d / "x.json").write_text("not json") and d / "x.json", "is not JSON"),
     (lambda d: (d / "y.json").write_text("{}") and d / "y.json", "not an mgpu-bench result"),
     (lambda d: (d / "z.json").write_text('{"schema": "mgpu-bench/result", "kind": "gemm"}') and d / "z.json",
-     "report renders comm and suite results"),
+     "a gemm document without its results"),
+    (lambda d: (d / "w.json").write_text('{"schema": "mgpu-bench/result", "kind": "dance"}') and d / "w.json",
+     "a dance document of no known kind"),
+    (lambda d: (d / "v.json").write_text('{"schema": "mgpu-bench/result", "kind": "model", "runs": [{"x": 1}]}')
+     and d / "v.json", "a model document that cannot be read back (KeyError"),
 ])
 def test_report_command_bad_input(tmp_path, make, words):
     r = CliRunner().invoke(cli, ["report", str(make(tmp_path)), "--out", str(tmp_path / "o")])

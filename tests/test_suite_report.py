@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_bench import gemm, links, memory, model_bench, report, suite_report
+from mgpu_bench import comm_report, gemm, gemm_report, links, memory, memory_report, model_bench, model_report, report, suite_report
 from mgpu_bench.sizes import format_bytes
 from mgpu_bench.suite_report import OK, PROBLEM, SEVERITIES, WARNING
 
@@ -76,15 +76,15 @@ def test_every_document_is_recognised_and_rebuilt_faithfully(doc):
         d = p["document"]
         kind = suite_report.sub_kind(d)
         if kind == "gemm":
-            run = suite_report.gemm_from_document(d)
+            run = gemm_report.run_from_document(d)
             assert gemm.findings(run) == d["findings"]
             assert gemm.document(run, d["environment"])["results"] == d["results"]
         elif kind == "memory":
             assert (
-                memory.findings(suite_report.memory_from_document(d)) == d["findings"]
+                memory.findings(memory_report.run_from_document(d)) == d["findings"]
             )
         elif kind == "model":
-            run = suite_report.model_from_document(d)
+            run = model_report.run_from_document(d)
             again = model_bench.document(run, d["environment"])
             assert model_bench.findings(run) == d["findings"]
             assert (again["runs"], again["config"], again["scaling"]) == (
@@ -93,12 +93,12 @@ def test_every_document_is_recognised_and_rebuilt_faithfully(doc):
                 d["scaling"],
             )
         elif kind == "links":
-            run, hops = suite_report.links_from_document(d)
+            run, hops = links.run_from_document(d)
             again = links.document(run, hops)
             assert again["kind"] == "links"  # the stored document predates the field
             assert all(again[k] == d[k] for k in again if k != "kind")
         elif kind == "comm":
-            run = suite_report._comm_from_document(d)
+            run = comm_report.run_from_document(d)
             assert report.summary(run) == d["summary"]
 
 
@@ -138,7 +138,7 @@ def test_findings_problems_first_with_figures_and_causes(doc):
     scaling = next(
         t for t in problems if t.startswith("round 2 model-scaling: scaling 1 -> 2")
     )
-    eff = suite_report.model_from_document(
+    eff = model_report.run_from_document(
         probe(doc, "model-scaling")["document"]
     ).scaling()[2]
     assert f"efficiency {100 * eff:.1f}%" in scaling and "(healthy >= 90%)" in scaling
@@ -247,7 +247,7 @@ def test_comm_far_below_theory_is_a_problem_named_with_the_transport(doc):
     fs = suite_report.findings(doc)
     s = next(
         x
-        for x in report.summary(suite_report._comm_from_document(comm))
+        for x in report.summary(comm_report.run_from_document(comm))
         if x["op"] == "allreduce" and x["placement"] == "out-of-place"
     )
     bw = s["busbw_at_largest"]
@@ -319,7 +319,7 @@ def test_markdown_has_the_machine_the_verdicts_and_the_key_figures(doc):
     )
     assert "## Verdicts (5 problem(s), 4 warning(s), 7 ok)" in md
     assert "- **PROBLEM** verdict: input-bound" in md
-    comm = suite_report._comm_from_document(probe(doc, "comm")["document"])
+    comm = comm_report.run_from_document(probe(doc, "comm")["document"])
     s = next(
         x
         for x in report.summary(comm)
@@ -590,3 +590,31 @@ def test_screenshot_of_the_page_shows_the_verdicts(doc, tmp_path):
     assert red.sum() > 200
     # Network blocked or not, the page looks the same: it loads nothing.
     assert np.array_equal(shots[False], shots[True])
+
+
+def test_report_command_renders_every_kind_of_document_again(tmp_path):
+    """Each probe's document of the stored suite, written out as its command's --json would be,
+    renders through `mgpu-bench report` with the loader of the module that wrote it."""
+    from click.testing import CliRunner
+
+    from mgpu_bench.cli import cli
+    from mgpu_bench.headline import document_kind
+
+    doc = json.loads((FIXTURES / "suite" / "suite.json").read_text())
+    kinds = set()
+    for p in doc["probes"]:
+        sub = p.get("document")
+        if not sub:
+            continue
+        src = tmp_path / f"{p['name']}.json"
+        src.write_text(json.dumps(sub))
+        out = tmp_path / f"out-{p['name']}"
+        r = CliRunner().invoke(cli, ["report", str(src), "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        paths = [Path(line) for line in r.output.split()]
+        assert paths and all(x.exists() and x.stat().st_size > 0 for x in paths)
+        kind = document_kind(sub)
+        kinds.add(kind)
+        if kind != "links":  # links writes heatmaps only
+            assert (out / "report.html").exists() and (out / "summary.md").exists()
+    assert kinds == {"gemm", "memory", "model", "comm", "links"}
