@@ -15,7 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_bench import comm_report, gemm, gemm_report, links, memory, memory_report, model_bench, model_report, report, suite_report
+from mgpu_bench import (
+    comm_report,
+    gemm,
+    gemm_report,
+    links,
+    memory,
+    memory_report,
+    model_bench,
+    model_report,
+    report,
+    suite_report,
+)
 from mgpu_bench.sizes import format_bytes
 from mgpu_bench.suite_report import OK, PROBLEM, SEVERITIES, WARNING
 
