@@ -86,7 +86,8 @@ def images(run: MemoryRun) -> dict[str, bytes]:
     return out
 
 
-def _rows(run: MemoryRun) -> tuple[list[str], list[list[object]]]:
+# The tables of the memory report (headers, rows), shared with the suite report.
+def churn_rows(run: MemoryRun) -> tuple[list[str], list[list[object]]]:
     headers = ["GPU", "allocator", "pattern", "free GiB", "largest GiB", "fragmentation %", "search s"]
     rows = [[r.gpu, r.allocator, r.pattern, f"{r.free / 2**30:.2f}", f"{r.largest / 2**30:.2f}",
              "-" if r.fragmentation is None else f"{100 * r.fragmentation:.1f}", f"{r.raw['search_seconds']:.2f}"]
@@ -94,7 +95,7 @@ def _rows(run: MemoryRun) -> tuple[list[str], list[list[object]]]:
     return headers, rows
 
 
-def _hbm_rows(run: MemoryRun) -> tuple[list[str], list[list[object]]]:
+def hbm_rows(run: MemoryRun) -> tuple[list[str], list[list[object]]]:
     headers = ["GPU", "kernel", "TB/s", "% of datasheet"]
     rows = [[h.gpu, memory.HBM_LABELS[h.kind], f"{h.bandwidth / 1e12:.2f}",
              "-" if h.pct_peak is None else f"{h.pct_peak:.1f}"] for h in run.hbm]
@@ -108,7 +109,7 @@ def markdown(run: MemoryRun, environment: dict) -> str:
               f"torch {md(environment.get('torch'))}")
     lines = ["# mgpu-bench memory", "", f"- host: {md(environment.get('host'))}", driver, f"- GPUs: {gpus}", ""]
     lines += [f"- finding: {md(f)}" for f in memory.findings(run)]
-    for headers, rows in (_rows(run), _hbm_rows(run)):
+    for headers, rows in (churn_rows(run), hbm_rows(run)):
         if rows:
             lines += ["", *html_page.md_table(headers, rows)]
     for mb in run.max_batch:
@@ -124,10 +125,10 @@ def page(run: MemoryRun, environment: dict, imgs: dict[str, bytes]) -> str:
     sections = []
     for name, png in imgs.items():
         sections.append((name.replace("_", " "), html_page.image(name, png)))
-    headers, rows = _rows(run)
+    headers, rows = churn_rows(run)
     if rows:
         sections.append(("allocation churn", html_page.table(headers, rows, left=(1, 2))))
-    headers, rows = _hbm_rows(run)
+    headers, rows = hbm_rows(run)
     if rows:
         sections.append(("HBM bandwidth", html_page.table(headers, rows, left=(1,))))
     return html_page.page("mgpu-bench memory", environment, memory.findings(run), sections, run.notes,

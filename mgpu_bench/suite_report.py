@@ -1343,8 +1343,8 @@ def _section_memory(p: _Probe, imgs) -> str:
     run = p.run
     parts = [_imgs(imgs, p, grid=True)]
     for headers, rows, left in (
-        memory_report._rows(run) + ((1, 2),),
-        memory_report._hbm_rows(run) + ((1,),),
+        memory_report.churn_rows(run) + ((1, 2),),
+        memory_report.hbm_rows(run) + ((1,),),
     ):
         if rows:
             parts.append(html_page.table(headers, rows, left=left))
