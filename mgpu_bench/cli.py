@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from .errors import InputError, terminated
+from .errors import InputError, defer_sigterm, terminated
 from .measurement import TimingOptions
 from .paths import check_report_dir, check_writable
 
@@ -45,7 +45,7 @@ class _Group(click.Group):
             code = EXIT_INTERRUPTED
         else:
             code = rv if isinstance(rv, int) else 0
-        if code == EXIT_INTERRUPTED and terminated():
+        if terminated() and code in (0, EXIT_INTERRUPTED):  # SIGTERM, perhaps while writing the results
             code = EXIT_TERMINATED
         if standalone_mode:
             sys.exit(code)
@@ -261,6 +261,7 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
     if le is not None and le.rank != 0:
         show_progress = False
     run = _run_with_progress(comm.run_comm, cfg, err, show_progress)
+    defer_sigterm()  # measured: a SIGTERM from here on waits for the results to be written
     if le is not None and le.rank != 0:  # under a launcher, rank 0 alone prints and writes
         if run.stopped == "interrupted":
             return EXIT_INTERRUPTED  # rank 0 says what was kept; the others hold nothing
@@ -356,14 +357,18 @@ def _relaunch(gpus: str | None, nproc: int, timeout: float) -> int:
                       monitor_interval=0.1, start_method="spawn", rdzv_timeout=int(max(60, timeout)))
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    from .errors import interruption, restore_sigterm
+
     try:
         elastic_launch(lc, sys.executable)("-m", "mgpu_bench.cli", *argv)
     except ChildFailedError as exc:  # the ranks said why; their exit code is ours (2: bad input)
         codes = {f.exitcode for f in exc.failures.values()}
-        return next((c for c in (EXIT_INPUT, EXIT_INTERRUPTED) if c in codes), EXIT_FAILED)
-    except (KeyboardInterrupt, SignalException):  # the agent turns Ctrl-C into SignalException
-        click.echo(f"mgpu-bench: {'terminated (SIGTERM)' if terminated() else 'interrupted'}", err=True)
+        return next((c for c in (EXIT_INPUT, EXIT_TERMINATED, EXIT_INTERRUPTED) if c in codes), EXIT_FAILED)
+    except (KeyboardInterrupt, SignalException) as exc:  # the agent turns Ctrl-C and SIGTERM into SignalException
+        click.echo(f"mgpu-bench: {interruption(exc)}", err=True)
         return EXIT_INTERRUPTED
+    finally:
+        restore_sigterm()  # the agent's handler stays behind otherwise
     return 0
 
 
@@ -538,6 +543,7 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
     try:
         run = links.run_links(gpu_list, size=size, iters=iters, warmup=warmup, engines=engine_list,
                               latency=latency, host=host)
+        defer_sigterm()  # measured: a SIGTERM from here on waits for the results to be written
     except KeyboardInterrupt:
         click.echo(f"mgpu-bench: {'terminated (SIGTERM)' if terminated() else 'interrupted'}", err=True)
         return EXIT_INTERRUPTED
@@ -668,6 +674,7 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
     show = err.is_terminal if progress is None else progress
     environment = fingerprint()
     run = _with_status(err, show, "gemm", lambda say: gemm.run_gemm(cfg, devices, say))
+    defer_sigterm()  # measured: a SIGTERM from here on waits for the results to be written
     for dev in devices:
         for d in dtypes:
             if gemm.peak_for(dev["name"], d, peaks) is None:
@@ -804,6 +811,7 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
     show = err.is_terminal if progress is None else progress
     environment = fingerprint()
     run = _with_status(err, show, "memory", lambda say: memory.run_memory(cfg, devices, say))
+    defer_sigterm()  # measured: a SIGTERM from here on waits for the results to be written
     for line in memory.findings(run):
         out.print(f"finding: {line}", highlight=False, soft_wrap=True, style="bold yellow")
     for note in dict.fromkeys(run.notes):
@@ -966,6 +974,7 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
     err = _err_console()
     run = model_bench.run_model(cfg, counts, modes, peak, (lambda t: err.print(f"model: {t}", highlight=False))
                                 if show else None)
+    defer_sigterm()  # measured: a SIGTERM from here on waits for the results to be written
     if rank != 0:  # rank 0 reports the job; the others say only that it failed
         if run.stopped:
             return _stopped(run, err, rank)
@@ -1029,7 +1038,7 @@ is set (mgpu-bench baseline set RUN).
 
 \b
 Exit codes: 0 all probes ran and nothing regressed against the baseline; 1 a probe failed or a
-metric regressed beyond --tolerance and the noise; 2 bad input; 130 Ctrl-C (what was measured
+metric regressed beyond --tolerance and the noise; 2 bad input; 130 Ctrl-C, 143 SIGTERM (what was measured
 is written).
 """
 
@@ -1077,6 +1086,7 @@ def suite_command(quick, rounds_text, duration_text, gpus, tolerance_text, json_
     cfg = suite.SuiteConfig(quick=quick, rounds=rounds, duration_s=duration_s, gpus=gpus)
     run = suite.run_suite(cfg, chosen, bus_ids, (lambda t: err.print(f"suite: {t}", highlight=False))
                           if progress else None)
+    defer_sigterm()  # measured: a SIGTERM from here on waits for the results to be written
     doc = suite.document(run, environment, sys.argv)
     from . import suite_report
 
@@ -1112,7 +1122,8 @@ def suite_command(quick, rounds_text, duration_text, gpus, tolerance_text, json_
     if not written:
         out.print(f"report: {Path(report_dir) / 'report.html'}", highlight=False)
     if run.interrupted:
-        err.print("mgpu-bench: interrupted; the probes measured so far are in the report", highlight=False)
+        how = "terminated (SIGTERM)" if terminated() else "interrupted"
+        err.print(f"mgpu-bench: {how}; the probes measured so far are in the report", highlight=False)
         return EXIT_INTERRUPTED
     return EXIT_FAILED if (run.failed or regressed or written or store_failed) else 0
 

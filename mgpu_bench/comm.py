@@ -528,7 +528,7 @@ def _run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pr
     except InputError:
         raise
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - any fault: keep what was measured, say why
-        _stop(run, launch.account(exc, store, le, members, min(5.0, cfg.timeout_s)), req)
+        _stop(run, launch.account(exc, store, le, members, min(5.0, cfg.timeout_s), told=(joined.RankFailure,)), req)
     finally:
         for key in list(sessions):
             del sessions[key]  # communicators destroyed (or left aborted) here

@@ -67,12 +67,31 @@ class Terminated(KeyboardInterrupt):
         return "terminated (SIGTERM)" + (f" [{self.context}]" if self.context else "")
 
 
-_terminated = False
+_terminated = False  # SIGTERM received
+_installed = False  # raise_on_sigterm() ran in this process
+_deferred = False  # the measurement is over: SIGTERM no longer raises
 
 
 def interruption(exc: BaseException | None) -> str:
     """How a run was stopped from outside, for its one-line message."""
-    return str(exc) if isinstance(exc, Terminated) else "interrupted"
+    if isinstance(exc, Terminated):
+        return str(exc)
+    return "terminated (SIGTERM)" if is_sigterm(exc) else "interrupted"
+
+
+def is_sigterm(exc: BaseException | None) -> bool:
+    """Whether `exc` is how SIGTERM reached this code: Terminated, or the SignalException of
+    torch's elastic agent, which replaces the SIGTERM handler while it runs its workers (the
+    process then counts as terminated)."""
+    global _terminated
+    import signal
+
+    if isinstance(exc, Terminated):
+        return True
+    if type(exc).__name__ == "SignalException" and getattr(exc, "sigval", None) == signal.SIGTERM:
+        _terminated = True
+        return True
+    return False
 
 
 def terminated() -> bool:
@@ -81,17 +100,34 @@ def terminated() -> bool:
 
 
 def raise_on_sigterm() -> None:
-    """The first SIGTERM raises Terminated in the main thread; later ones are ignored while the
-    results are written (SIGKILL, which every launcher sends after its grace period, still ends
-    the process). Python runs the handler between bytecodes, and the native core polls for
-    signals while it waits on the GPU, so it arrives within its poll interval."""
+    """While measuring, the first SIGTERM raises Terminated in the main thread (Python runs the
+    handler between bytecodes; the native core polls for signals while it waits on the GPU).
+    After defer_sigterm(), and for every later SIGTERM, it is only noted: the results are
+    written and the exit code is 143. SIGKILL, which every launcher sends after its grace
+    period, still ends the process."""
+    global _installed
     import signal
 
     def handler(signum, frame) -> None:
         global _terminated
-        if _terminated:
-            return
+        first = not _terminated
         _terminated = True
-        raise Terminated()
+        if first and not _deferred:
+            raise Terminated()
 
     signal.signal(signal.SIGTERM, handler)
+    _installed = True
+
+
+def restore_sigterm() -> None:
+    """Installs the handler again where raise_on_sigterm() had (torch's elastic agent replaces
+    it for as long as it runs workers, and leaves its own behind)."""
+    if _installed:
+        raise_on_sigterm()
+
+
+def defer_sigterm() -> None:
+    """The measurement is over: from here on SIGTERM does not interrupt the writing of its
+    results (the process exits 143 once they are written)."""
+    global _deferred
+    _deferred = True

@@ -289,32 +289,61 @@ def _gist(exc: BaseException) -> str:
     return text.split(". ")[0][:200]
 
 
-def account(exc: BaseException, store, le: LaunchEnv, members: list[Member] | None,
-            wait_s: float = 5.0, lost: tuple[type[BaseException], ...] = (ControlLost,)) -> BaseException:
-    """What a rank reports for the fault `exc` that stopped it under a launcher. Interrupted
-    (Ctrl-C, SIGTERM): it leaves a note saying so for the others. Its group may have broken
-    under it (one of `lost`): a roll call of the ranks, and RankLost naming the ones that are
-    gone when any are. Anything else (its own error, another's shared error): it answers the
-    others' roll call and reports `exc` unchanged."""
+def group_failure(exc: BaseException) -> bool:
+    """Whether `exc` says the job's process group broke under this rank (a peer's connection
+    closed or reset, a collective timed out or was aborted), rather than this rank's own
+    fault. torch raises most of these as plain RuntimeErrors, so the backends' words decide."""
+    if isinstance(exc, ControlLost):
+        return True
+    try:
+        from torch.distributed import DistError
+
+        if isinstance(exc, DistError):
+            return True
+    except ImportError:
+        pass
+    return isinstance(exc, RuntimeError) and any(w in str(exc) for w in _GROUP_FAILURE_WORDS)
+
+
+_GROUP_FAILURE_WORDS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Read error",
+                        "Write error", "Timed out", "timed out", "NCCL communicator was aborted",
+                        "ncclRemoteError", "ncclSystemError", "remote process exited")
+
+
+def account(exc: BaseException, store, le: LaunchEnv, members: list[Member] | None, wait_s: float = 5.0,
+            told: tuple[type[BaseException], ...] = ()) -> BaseException:
+    """What a rank reports for the fault `exc` that stopped it under a launcher, and what it
+    tells the others through the store:
+    - interrupted (Ctrl-C, SIGTERM): a note saying so. Rank 0, when torchrun stops the job, also
+      says which ranks had not answered within a second (the likely cause; nothing more certain,
+      as a rank blocked in a collective cannot answer);
+    - its group broke under it (group_failure): a roll call, and RankLost naming the ranks that
+      are gone or said why they left;
+    - another rank's error it was told of (one of `told`): it answers the others' roll call;
+    - its own error: a note with it, so that the others name it as the cause."""
     from .errors import Terminated
 
+    if store is None:
+        return exc
     if isinstance(exc, KeyboardInterrupt):
-        leave_note(store, le.rank, "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)")
-        if isinstance(exc, Terminated) and le.rank == 0 and store is not None:
-            # torchrun stops the whole job when one rank dies, often before the survivors'
-            # collectives notice: the ranks that left no word are the likely cause
-            who = roll_call(store, le, members, min(wait_s, 1.0))
+        leave_note(store, le.rank, _STOPPED_NOTES[0] if isinstance(exc, Terminated) else _STOPPED_NOTES[1])
+        if isinstance(exc, Terminated) and le.rank == 0:
+            who = roll_call(store, le, members, min(wait_s, 1.0), answer_it=False, certain=False)
             if who is not None:
                 return Terminated(who)
         return exc
-    if store is None or not isinstance(exc, lost):
-        if store is not None:
-            answer(store, le.rank)
+    if isinstance(exc, told):
+        answer(store, le.rank)
+        return exc
+    if not group_failure(exc):
+        leave_note(store, le.rank, f"failed: {type(exc).__name__}: {_gist(exc)}")
         return exc
     who = roll_call(store, le, members, wait_s)
     if who is None:
         return exc
-    return RankLost(f"{who} [{exc if isinstance(exc, MgpuError) else f'{type(exc).__name__}: {_gist(exc)}'}]")
+    if isinstance(exc, MgpuError):
+        return RankLost(f"{who} [{exc}]")
+    return RankLost(f"{who} [{type(exc).__name__}: {_gist(exc)}]")
 
 
 def answer(store, rank: int) -> None:
@@ -323,6 +352,9 @@ def answer(store, rank: int) -> None:
 
     with contextlib.suppress(Exception):
         store.set(f"{_prefix()}/present/{rank}", "1")
+
+
+_STOPPED_NOTES = ("terminated (SIGTERM)", "interrupted (Ctrl-C)")
 
 
 def leave_note(store, rank: int, why: str) -> None:
@@ -334,42 +366,58 @@ def leave_note(store, rank: int, why: str) -> None:
         store.set(f"{_prefix()}/left/{rank}", why)
 
 
-def roll_call(store, le: LaunchEnv, members: list[Member] | None, wait_s: float, poll_s: float = 0.05) -> str | None:
+def roll_call(store, le: LaunchEnv, members: list[Member] | None, wait_s: float, poll_s: float = 0.05,
+              answer_it: bool = True, certain: bool = True) -> str | None:
     """After a collective failed for no fault of this rank's (a peer's connection closed, a
-    timeout): every surviving rank answers here, and the ranks that do not within wait_s are
-    named, with their own word where they left one (leave_note). Returns the account in one
-    line, or None when every rank answered (the failure was not a rank leaving). A SIGTERM or
-    Ctrl-C during the wait ends it early with what is known by then."""
+    timeout): every surviving rank answers here (answer_it), and the ranks that do not within
+    wait_s are named, with their own word where they left one (leave_note). Returns the
+    account in one line, or None when every rank answered (the failure was not a rank
+    leaving). Silent ranks are called gone only when `certain` and the whole wait ran; a first
+    Ctrl-C or SIGTERM during the wait does not cut it short (a second one does)."""
     import time
 
     prefix = _prefix()
     name = (lambda r: f"rank {r} ({members[r].device} on {members[r].host})") if members else (lambda r: f"rank {r}")
+    gone_store = f"rank 0 ({le.master_addr}:{le.master_port}, which serves the job's store) is gone"
     try:
-        store.set(f"{prefix}/present/{le.rank}", "1")
+        if answer_it:
+            store.set(f"{prefix}/present/{le.rank}", "1")
+        else:
+            store.check([f"{prefix}/present/{le.rank}"])  # is the store there at all
     except Exception:  # noqa: BLE001 - no store: its server, rank 0 unless torchrun's agent serves it, is gone
-        return f"rank 0 ({le.master_addr}:{le.master_port}, which serves the job's store) is gone"
-    deadline = time.monotonic() + wait_s
+        return gone_store
+    t0 = time.monotonic()
     silent: list[int] = []
     notes: dict[int, str] = {}
-    try:
-        while True:
+    stops = 0
+    while True:
+        try:
             silent = []
             for r in range(le.world_size):
-                if r in notes or store.check([f"{prefix}/present/{r}"]):
+                if r == le.rank or r in notes or store.check([f"{prefix}/present/{r}"]):
                     continue
                 if store.check([f"{prefix}/left/{r}"]):
                     notes[r] = bytes(store.get(f"{prefix}/left/{r}")).decode(errors="replace")
                 else:
                     silent.append(r)
-            if not silent or time.monotonic() > deadline:
+            if not silent or time.monotonic() - t0 > wait_s:
                 break
             time.sleep(poll_s)
-    except KeyboardInterrupt:
-        pass  # stopped from outside meanwhile: report what is known
-    except Exception:  # noqa: BLE001 - the store went away during the wait
-        return f"rank 0 ({le.master_addr}:{le.master_port}, which serves the job's store) is gone"
-    parts = [f"{name(r)} left: {why}" for r, why in sorted(notes.items())]
-    parts += [f"{name(r)} is gone (no word from it: killed, crashed, or stuck)" for r in silent]
+        except KeyboardInterrupt:
+            stops += 1
+            if stops > 1:
+                break  # asked twice: report what is known
+        except Exception:  # noqa: BLE001 - the store went away during the wait
+            return gone_store
+    waited = time.monotonic() - t0
+    # when this rank is being stopped too, the others' notes that they were stopped say nothing
+    parts = [f"{name(r)} left: {why}" for r, why in sorted(notes.items()) if certain or why not in _STOPPED_NOTES]
+    if certain and waited >= wait_s:
+        parts += [f"{name(r)} is gone (no word from it within {wait_s:g} s: killed, crashed, or stuck)"
+                  for r in silent]
+    elif silent:
+        parts.append(f"no word within {waited:.1f} s from {', '.join(name(r) for r in silent[:4])}"
+                     + (f" and {len(silent) - 4} more" if len(silent) > 4 else ""))
     if not parts:
         return None
     return "; ".join(parts[:4]) + (f"; and {len(parts) - 4} more rank(s)" if len(parts) > 4 else "")

@@ -310,7 +310,12 @@ def launch(cfg: ModelConfig, nprocs: int) -> list[dict]:
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launcher.free_port()}", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn")
-    results = elastic_launch(lc, worker)(asdict(cfg))
+    from .errors import restore_sigterm
+
+    try:
+        results = elastic_launch(lc, worker)(asdict(cfg))
+    finally:
+        restore_sigterm()  # the agent replaced the SIGTERM handler and leaves its own behind
     return [results[r] for r in sorted(results)]
 
 
@@ -340,9 +345,9 @@ def _joined(cfg: ModelConfig, le) -> list[dict]:
         mine = worker(asdict(cfg))
         return all_gather(mine)
     except (Exception, KeyboardInterrupt) as exc:
-        # a training step's collective failing is the same as the control group failing: it
-        # usually means a rank left, and the roll call names it
-        told = launcher.account(exc, _STORE[0] if _STORE else None, le, members, lost=(RuntimeError,))
+        # a training step's collective failing (DDP's all-reduce, FSDP's gathers) is the group
+        # breaking as much as the control messages failing: the roll call names who left
+        told = launcher.account(exc, _STORE[0] if _STORE else None, le, members)
         if told is exc:
             raise
         raise told from None
@@ -508,27 +513,31 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - a launcher failure (a rank died) ends the run, results kept
-        if type(exc).__name__ == "SignalException":  # torch's elastic agent turns Ctrl-C into it
+        if type(exc).__name__ == "SignalException":  # torch's elastic agent turns Ctrl-C and SIGTERM into it
             run.stopped = "interrupted"
-            run.stop_message = "interrupted: the configurations measured so far are kept"
+            run.stop_message = f"{interruption(exc)}: the configurations measured so far are kept"
         else:
             run.stopped = "failed"
             text = str(exc).splitlines()[0] if str(exc) else ""
             run.stop_message = (text if isinstance(exc, MgpuError) else f"{type(exc).__name__}: {text}")[:600]
     finally:
-        _leave_group()
+        _leave_group(clean=run.stopped is None)
     run.wall_seconds = time.monotonic() - t0
     return run
 
 
-def _leave_group() -> None:
+def _leave_group(clean: bool) -> None:
     """Under a launcher the process group lives for the whole run; it is destroyed before the
-    interpreter exits, or gloo's threads outlive it and abort the process."""
+    interpreter exits, or gloo's threads outlive it and abort the process. After a clean run the
+    ranks first meet, so nobody tears down while a peer still talks to it; a rank that stops
+    early (interrupted, failed) must not wait for peers that are blocked in a step it left:
+    it goes, and their collectives fail at once."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        with contextlib.suppress(Exception):
-            dist.barrier()  # nobody tears down while a peer still talks to it
+        if clean:
+            with contextlib.suppress(Exception):
+                dist.barrier()
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
     _STORE.clear()  # the store's connection too, before the interpreter's teardown

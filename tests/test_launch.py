@@ -367,21 +367,47 @@ def test_roll_call_names_the_silent_rank_and_the_one_that_said_why():
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
-    le = launch.LaunchEnv("torchrun", 0, 4, 0, 4, 0, 1, "127.0.0.1", store.port, "h0")
-    members = [launch.Member(r, "h0", 0, r, f"cuda:{r}") for r in range(4)]
+    env = lambda rank: launch.LaunchEnv("torchrun", rank, 5, rank, 5, 0, 1, "127.0.0.1", store.port, "h0")  # noqa: E731
+    members = [launch.Member(r, "h0", 0, r, f"cuda:{r}") for r in range(5)]
     launch.answer(store, 1)  # a survivor
     launch.leave_note(store, 2, "interrupted (Ctrl-C)")
-    who = launch.roll_call(store, le, members, wait_s=0.3)
-    assert who == ("rank 2 (cuda:2 on h0) left: interrupted (Ctrl-C); "
-                   "rank 3 (cuda:3 on h0) is gone (no word from it: killed, crashed, or stuck)")
-    launch.answer(store, 3)
-    assert launch.roll_call(store, le, members, wait_s=0.3) == "rank 2 (cuda:2 on h0) left: interrupted (Ctrl-C)"
-    # a fault that is not the group breaking is reported as it is; the rank answers for the others
-    own = RuntimeError("own")
-    le1 = launch.LaunchEnv("torchrun", 1, 4, 1, 4, 0, 1, "127.0.0.1", store.port, "h0")
-    assert launch.account(own, store, le1, members, 0.1, lost=(launch.ControlLost,)) is own
-    lost = launch.account(launch.ControlLost("x"), store, le, members, 0.1)
-    assert isinstance(lost, launch.RankLost) and "rank 2" in str(lost) and "[x]" in str(lost)
+    # rank 4 failed on its own: it leaves its error for the others, and reports it unchanged
+    own = RuntimeError("DataLoader worker (pid 7) is killed by signal: Killed.")
+    assert launch.account(own, store, env(4), members, 0.1) is own
+    who = launch.roll_call(store, env(0), members, wait_s=0.3)
+    # the ranks that said why first, then the silent ones
+    assert who == ("rank 2 (cuda:2 on h0) left: interrupted (Ctrl-C); rank 4 (cuda:4 on h0) left: failed: "
+                   "RuntimeError: DataLoader worker (pid 7) is killed by signal: Killed.; "
+                   "rank 3 (cuda:3 on h0) is gone (no word from it within 0.3 s: killed, crashed, or stuck)")
+    # the group breaking under a rank: a roll call, and the ranks that left are named
+    lost = launch.account(RuntimeError("[pair.cc:553] Connection closed by peer [10.0.0.2]:7055. This is ..."),
+                          store, env(0), members, 0.1)
+    assert isinstance(lost, launch.RankLost) and "rank 3" in str(lost)
+    assert str(lost).endswith("[RuntimeError: Connection closed by peer [10.0.0.2]:7055]")
+    # another rank's error it was told of: it answers and reports that error
+    told = launch.RankLost("rank 9: x")
+    assert launch.account(told, store, env(3), members, 0.1, told=(launch.RankLost,)) is told
+    assert launch.roll_call(store, env(0), members, wait_s=0.3).count(";") == 1  # rank 3 answered now
+
+
+def test_a_stopped_rank_0_does_not_call_busy_ranks_gone():
+    """Rank 0 terminated on its own while the others are blocked in a collective: it says they
+    had not answered, not that they are gone, and its own note stays readable."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from mgpu_bench.errors import Terminated
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
+    env = lambda rank: launch.LaunchEnv("torchrun", rank, 3, rank, 3, 0, 1, "127.0.0.1", store.port, "h0")  # noqa: E731
+    members = [launch.Member(r, "h0", 0, r, f"cuda:{r}") for r in range(3)]
+    launch.leave_note(store, 2, "terminated (SIGTERM)")  # the launcher stops every rank
+    told = launch.account(Terminated(), store, env(0), members, 5.0)
+    assert isinstance(told, Terminated)
+    assert str(told) == "terminated (SIGTERM) [no word within 1.0 s from rank 1 (cuda:1 on h0)]"
+    who = launch.roll_call(store, env(1), members, wait_s=0.2)
+    assert who.startswith("rank 0 (cuda:0 on h0) left: terminated (SIGTERM)")
 
 
 def test_sigterm_keeps_what_was_measured_and_exits_143(tmp_path):
@@ -406,3 +432,53 @@ def test_sigterm_keeps_what_was_measured_and_exits_143(tmp_path):
     assert "terminated (SIGTERM) at allreduce" in err and "Traceback" not in err
     doc = json.loads(out.read_text())
     assert doc["measurements"] and doc["status"]["stopped"] == "interrupted"
+
+
+def _sigterm_when(cmd: list[str], stream: str, words: str, tmp_path) -> tuple[int, str]:
+    """Runs `mgpu-bench cmd`, sends SIGTERM as soon as `words` appear on `stream`; (exit code,
+    stderr)."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", *cmd], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    src = proc.stdout if stream == "stdout" else proc.stderr
+    seen = ""
+    for line in src:
+        seen += line
+        if words in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert words in seen, seen + out + err
+    return proc.returncode, (seen + err) if stream == "stderr" else err
+
+
+def test_sigterm_while_the_results_are_written_waits_for_them(tmp_path):
+    """SIGTERM (a batch job's time limit) right after the sweep, while the tables print: the JSON,
+    the report and the history entry are all written, then exit 143."""
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only")
+    rc, err = _sigterm_when(["comm", "--backend", "torch", "--ops", "allreduce", "--sizes", "1K-64K", "--no-progress",
+                             "--db", "h.sqlite3", "--json", "r.json", "--report", "rep"], "stdout",
+                            "measurement(s) in", tmp_path)
+    assert rc == 143, err
+    assert json.loads((tmp_path / "r.json").read_text())["measurements"]
+    assert (tmp_path / "rep" / "report.html").exists() and "stored as r1" in err
+
+
+def test_sigterm_to_model_under_its_own_launcher_is_143_with_the_configurations_kept(tmp_path):
+    """`model` starts its ranks through torch's elastic agent, which takes SIGTERM over while it
+    runs them: still "terminated (SIGTERM)", exit 143, the finished configuration kept."""
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only")
+    rc, err = _sigterm_when(["model", "--steps", "30", "--no-exposed-comm", "--warmup-steps", "1", "--batch-size", "2", "--seq-len", "64",
+                             "--data", "both", "--json", "m.json", "--no-store", "--progress"], "stderr",
+                            "2 process(es), loader data", tmp_path)
+    assert rc == 143, err[-2000:]
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert doc["status"]["message"] == "terminated (SIGTERM): the configurations measured so far are kept"
+    assert [r["data"] for r in doc["runs"]] == ["synthetic"]
