@@ -367,7 +367,7 @@ def test_roll_call_names_the_silent_rank_and_the_one_that_said_why():
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
-    env = lambda rank: launch.LaunchEnv("torchrun", rank, 5, rank, 5, 0, 1, "127.0.0.1", store.port, "h0")  # noqa: E731
+    env = lambda rank: launch.LaunchEnv("torchrun", rank, 5, rank, 5, 0, 1, "127.0.0.1", store.port, "h0")
     members = [launch.Member(r, "h0", 0, r, f"cuda:{r}") for r in range(5)]
     launch.answer(store, 1)  # a survivor
     launch.leave_note(store, 2, "interrupted (Ctrl-C)")
@@ -400,7 +400,7 @@ def test_a_stopped_rank_0_does_not_call_busy_ranks_gone():
     from mgpu_bench.errors import Terminated
 
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
-    env = lambda rank: launch.LaunchEnv("torchrun", rank, 3, rank, 3, 0, 1, "127.0.0.1", store.port, "h0")  # noqa: E731
+    env = lambda rank: launch.LaunchEnv("torchrun", rank, 3, rank, 3, 0, 1, "127.0.0.1", store.port, "h0")
     members = [launch.Member(r, "h0", 0, r, f"cuda:{r}") for r in range(3)]
     launch.leave_note(store, 2, "terminated (SIGTERM)")  # the launcher stops every rank
     told = launch.account(Terminated(), store, env(0), members, 5.0)
