@@ -528,7 +528,13 @@ def _run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pr
     except InputError:
         raise
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - any fault: keep what was measured, say why
-        _stop(run, launch.account(exc, store, le, members, min(5.0, cfg.timeout_s), told=(joined.RankFailure,)), req)
+        told = launch.account(exc, store, le, members, min(5.0, cfg.timeout_s), told=(joined.RankFailure,))
+        _stop(run, told, req)
+        if le.rank != 0 and run.stop_message:  # the measurements live on rank 0 alone
+            rank0_gone = isinstance(told, launch.RankLost) and str(told).startswith("rank 0 ")
+            run.stop_message = run.stop_message.rsplit("; ", 1)[0] + (
+                "; rank 0, which held the measurements, is gone: none were written" if rank0_gone
+                else "; rank 0 keeps the measurements")
     finally:
         for key in list(sessions):
             del sessions[key]  # communicators destroyed (or left aborted) here

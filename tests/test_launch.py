@@ -286,11 +286,11 @@ def test_two_torchrun_agents_as_two_nodes_split_intra_and_inter_node(tmp_path):
 COMM_SWEEP = ["comm", "--backend", "torch", "--ops", "allreduce", "--sizes", "1K-128M", "--timeout", "20"]
 
 
-def _two_ranks_then_signal_rank1(tmp_path, sig, command=COMM_SWEEP):
+def _two_ranks_then_signal_rank1(tmp_path, sig, command=COMM_SWEEP, victim=1):
     """Ranks 0 and 1 of `mgpu-bench command` on gloo started by hand (rank 0 serves the store);
-    once both have arrived and run for a moment, `sig` goes to rank 1. Returns (rank 0's exit
-    code, its stderr, its JSON document or None, rank 1's exit code, seconds rank 0 took after
-    the signal)."""
+    once both have arrived and run for a moment, `sig` goes to rank `victim`. Returns (the other
+    rank's exit code, its stderr, rank 0's JSON document or None, the victim's exit code, seconds
+    the other rank took after the signal)."""
     import time
     from datetime import timedelta
 
@@ -316,18 +316,18 @@ def _two_ranks_then_signal_rank1(tmp_path, sig, command=COMM_SWEEP):
         store.wait([f"{launch._prefix({})}/arrived/{r}" for r in (0, 1)], timedelta(seconds=60))
         time.sleep(2.0)  # a few sizes measured
         assert procs[0].poll() is None and procs[1].poll() is None, "the sweep ended before the signal"
-        procs[1].send_signal(sig)
+        procs[victim].send_signal(sig)
         t0 = time.monotonic()
-        _out, err = procs[0].communicate(timeout=60)
+        _out, err = procs[1 - victim].communicate(timeout=60)
         took = time.monotonic() - t0
-        procs[1].communicate(timeout=60)
+        procs[victim].communicate(timeout=60)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
     path = tmp_path / "r0.json"
     doc = json.loads(path.read_text()) if path.exists() else None
-    return procs[0].returncode, " ".join(err.split()), doc, procs[1].returncode, took
+    return procs[1 - victim].returncode, " ".join(err.split()), doc, procs[victim].returncode, took
 
 
 @pytest.mark.parametrize("sig,word", [("SIGKILL", "is gone (no word from it"), ("SIGTERM", "left: terminated (SIGTERM)")])
@@ -345,6 +345,20 @@ def test_a_rank_that_leaves_mid_sweep_is_named_and_rank0_keeps_its_measurements(
     assert doc["measurements"] and doc["status"]["stopped"] == "error"
     assert "rank 1" in doc["status"]["message"]
     assert rc1 == (-9 if sig == "SIGKILL" else 143)
+
+
+def test_when_rank_0_dies_the_others_say_that_nothing_was_written(tmp_path):
+    import signal
+
+    from mgpu_bench.comm import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only")
+    rc1, err, doc, rc0, took = _two_ranks_then_signal_rank1(tmp_path, signal.SIGKILL, victim=0)
+    assert rc1 == 1 and rc0 == -9 and doc is None, err
+    assert "which serves the job's store) is gone" in err, err
+    assert "; rank 0, which held the measurements, is gone: none were written" in err, err
+    assert "Traceback" not in err and took < 20
 
 
 def test_a_rank_killed_mid_training_is_named(tmp_path):
