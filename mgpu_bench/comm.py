@@ -306,20 +306,23 @@ def _native_args(req: CommRequest, t: TimingOptions) -> _native.MeasureArgs:
     return a
 
 
-def _stop(run: CommRun, exc: BaseException, req: CommRequest) -> None:
+def _stop(run: CommRun, exc: BaseException, req: CommRequest, kept: str | None = None) -> None:
+    """run.stopped and its one-line message; `kept` says where the measurements are (default:
+    how many this process keeps)."""
     where = f"{req.op} {format_bytes(req.size)} {'in-place' if req.inplace else 'out-of-place'}"
+    kept = kept or f"{len(run.measurements)} measurement(s) kept"
     if isinstance(exc, OutOfMemoryError):
         run.stopped = "out_of_memory"
     elif isinstance(exc, CommTimeoutError):
         run.stopped = "timeout"
     elif isinstance(exc, KeyboardInterrupt):
         run.stopped = "interrupted"
-        run.stop_message = f"{interruption(exc)} at {where}; {len(run.measurements)} measurement(s) kept"
+        run.stop_message = f"{interruption(exc)} at {where}; {kept}"
         return
     else:
         run.stopped = "nccl_error" if isinstance(exc, NcclError) else "error"
     detail = str(exc) if isinstance(exc, MgpuError) else f"{type(exc).__name__}: {exc}"
-    run.stop_message = f"stopped at {where}: {detail}; {len(run.measurements)} measurement(s) kept"
+    run.stop_message = f"stopped at {where}: {detail}; {kept}"
 
 
 def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
@@ -529,12 +532,12 @@ def _run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pr
         raise
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - any fault: keep what was measured, say why
         told = launch.account(exc, store, le, members, min(5.0, cfg.timeout_s), told=(joined.RankFailure,))
-        _stop(run, told, req)
-        if le.rank != 0 and run.stop_message:  # the measurements live on rank 0 alone
+        kept = None
+        if le.rank != 0:  # the measurements live on rank 0 alone
             rank0_gone = isinstance(told, launch.RankLost) and str(told).startswith("rank 0 ")
-            run.stop_message = run.stop_message.rsplit("; ", 1)[0] + (
-                "; rank 0, which held the measurements, is gone: none were written" if rank0_gone
-                else "; rank 0 keeps the measurements")
+            kept = ("rank 0, which held the measurements, is gone: none were written" if rank0_gone
+                    else "rank 0 keeps the measurements")
+        _stop(run, told, req, kept)
     finally:
         for key in list(sessions):
             del sessions[key]  # communicators destroyed (or left aborted) here

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputError, Terminated
+from .errors import InputError, is_sigterm
 
 ROUNDS = {1: "single-GPU baseline", 2: "multi-GPU scaling", 3: "limit throughput"}
 QUIET_COMMANDS = ("comm", "gemm", "memory", "model")  # those with a progress display to turn off
@@ -252,8 +252,7 @@ def run_probe(probe: Probe, ngpu: int, work: Path, bus_ids: dict[int, str] | Non
     if timed_out:
         entry["status"], entry["error"] = "failed", f"did not finish within {probe.timeout_s:g} s; stopped"
     elif interrupted is not None or proc.returncode in (130, 143):
-        how = "terminated (SIGTERM)" if isinstance(interrupted, Terminated) or proc.returncode == 143 else \
-            "interrupted (Ctrl-C)"
+        how = "terminated (SIGTERM)" if is_sigterm(interrupted) or proc.returncode == 143 else "interrupted (Ctrl-C)"
         entry["status"], entry["error"] = "interrupted", f"{how}; what it measured is kept"
     else:
         entry["status"] = "ok" if proc.returncode == 0 else "failed"

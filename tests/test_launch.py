@@ -286,7 +286,7 @@ def test_two_torchrun_agents_as_two_nodes_split_intra_and_inter_node(tmp_path):
 COMM_SWEEP = ["comm", "--backend", "torch", "--ops", "allreduce", "--sizes", "1K-128M", "--timeout", "20"]
 
 
-def _two_ranks_then_signal_rank1(tmp_path, sig, command=COMM_SWEEP, victim=1):
+def _two_ranks_then_signal(tmp_path, sig, command=COMM_SWEEP, victim=1):
     """Ranks 0 and 1 of `mgpu-bench command` on gloo started by hand (rank 0 serves the store);
     once both have arrived and run for a moment, `sig` goes to rank `victim`. Returns (the other
     rank's exit code, its stderr, rank 0's JSON document or None, the victim's exit code, seconds
@@ -338,7 +338,7 @@ def test_a_rank_that_leaves_mid_sweep_is_named_and_rank0_keeps_its_measurements(
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
-    rc0, err, doc, rc1, took = _two_ranks_then_signal_rank1(tmp_path, getattr(signal, sig))
+    rc0, err, doc, rc1, took = _two_ranks_then_signal(tmp_path, getattr(signal, sig))
     assert rc0 == 1, err
     assert f"rank 1 (cpu on {socket.gethostname()}) {word}" in err, err
     assert "Traceback" not in err and took < 20
@@ -354,7 +354,7 @@ def test_when_rank_0_dies_the_others_say_that_nothing_was_written(tmp_path):
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
-    rc1, err, doc, rc0, took = _two_ranks_then_signal_rank1(tmp_path, signal.SIGKILL, victim=0)
+    rc1, err, doc, rc0, took = _two_ranks_then_signal(tmp_path, signal.SIGKILL, victim=0)
     assert rc1 == 1 and rc0 == -9 and doc is None, err
     assert "which serves the job's store) is gone" in err, err
     assert "; rank 0, which held the measurements, is gone: none were written" in err, err
@@ -369,7 +369,7 @@ def test_a_rank_killed_mid_training_is_named(tmp_path):
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
     model = ["model", "--steps", "400", "--warmup-steps", "1", "--batch-size", "2", "--seq-len", "64"]
-    rc0, err, _doc, rc1, took = _two_ranks_then_signal_rank1(tmp_path, signal.SIGKILL, model)
+    rc0, err, _doc, rc1, took = _two_ranks_then_signal(tmp_path, signal.SIGKILL, model)
     assert rc0 == 1 and rc1 == -9, err
     assert f"rank 1 (cpu on {socket.gethostname()}) is gone (no word from it" in err, err
     assert "Traceback" not in err and took < 30
