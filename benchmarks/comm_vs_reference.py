@@ -14,9 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from mgpu_bench import comm, report
 from mgpu_bench.env import fingerprint
 from mgpu_bench.measurement import TimingOptions
+from mgpu_bench.probes.comm import measure as comm
+from mgpu_bench.probes.comm import render as report
 
 # nccl-tests busbw, GB/s, 2x H200 NV18, fp32 out-of-place, NCCL 2.28.9, NVLS off (ANCHORS.md).
 ANCHORS = {

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from mgpu_bench import gemm
-from mgpu_bench.gemm import GemmConfig, Shape
+from mgpu_bench.probes.gemm import measure as gemm
+from mgpu_bench.probes.gemm.measure import GemmConfig, Shape
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32,
                 "fp64": torch.float64}

@@ -82,7 +82,7 @@ class _Store:
         written, is bad input now, not a lost run later."""
         check_writable(self.prometheus)
         if not self.no_store:
-            from .history import History
+            from mgpu_bench.history.store import History
 
             History.open(self.db).close()
 
@@ -94,7 +94,7 @@ class _Store:
         doc = make_doc()
         run_id, failed = None, False
         if not self.no_store:
-            from .history import History
+            from mgpu_bench.history.store import History
 
             try:
                 with History.open(self.db) as h:
@@ -110,8 +110,9 @@ class _Store:
         """The Prometheus textfile (--prometheus), if asked for; True when it failed."""
         if not self.prometheus:
             return False
-        from .headline import metrics_from_document
-        from .prometheus import write_textfile
+        from mgpu_bench.output.prometheus import write_textfile
+
+        from .metrics import metrics_from_document
 
         try:
             write_textfile(self.prometheus, metrics_from_document(doc), run_id, doc.get("environment") or {})
@@ -212,7 +213,10 @@ def comm_command(ops_text, sizes_text, factor, step_text, dtype_text, redop, onl
                  gpus, backend, nproc, iters, warmup_iters, min_time, graph, check, timeout, json_path,
                  csv_path, report_dir, progress, launch_mode, store) -> int:
 
-    from . import comm, ops, report
+    from mgpu_bench.probes.comm import measure as comm
+    from mgpu_bench.probes.comm import render as report
+
+    from . import ops
     from .env import backend_versions, fingerprint
     from .sizes import parse_sizes
 
@@ -326,7 +330,9 @@ def _relaunch(gpus: str | None, nproc: int, timeout: float) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from . import comm, launch
+    from mgpu_bench.probes.comm import measure as comm
+
+    from . import launch
 
     ngpu = comm.visible_gpu_count()
     if ngpu:
@@ -422,7 +428,7 @@ def _write_outputs(outputs, err) -> bool:
 
 
 def _write_comm_report(run, out_dir, environment) -> None:
-    from .comm_report import write_report
+    from mgpu_bench.probes.comm.report import write_report
 
     write_report(run, out_dir, environment)
 
@@ -438,8 +444,13 @@ def report_command(result, out_dir) -> int:
     for all but links as HTML and Markdown."""
     import json as _json
 
-    from . import comm_report, gemm_report, links, memory_report, model_report
-    from .headline import document_kind
+    from mgpu_bench.probes.comm import report as comm_report
+    from mgpu_bench.probes.gemm import report as gemm_report
+    from mgpu_bench.probes.links import measure as links
+    from mgpu_bench.probes.memory import report as memory_report
+    from mgpu_bench.probes.model import report as model_report
+
+    from .metrics import document_kind
 
     check_report_dir(out_dir)
     try:
@@ -460,7 +471,7 @@ def report_command(result, out_dir) -> int:
     }
     kind = document_kind(doc)
     if kind == "suite":
-        from .suite_report import write_report as write_suite
+        from mgpu_bench.suite.report import write_report as write_suite
 
         paths = write_suite(doc, out_dir)
     elif kind in writers:
@@ -526,7 +537,9 @@ def links_command(gpus, size_text, iters, warmup, engines, latency, host, json_p
     GB/s = 10^9 bytes/s, per direction: a bidirectional copy moves --size each way.
     """
 
-    from . import links, report
+    from mgpu_bench.probes.comm import render as report
+    from mgpu_bench.probes.links import measure as links
+
     from .env import fingerprint
     from .sizes import parse_size
 
@@ -631,7 +644,10 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
                  check, search, search_range, search_refine, duration_text, interval, peak_text, fp8_fast_accum,
                  init, workspace_text, json_path, csv_path, report_dir, progress, store) -> int:
 
-    from . import _native, gemm, hardware, report
+    from mgpu_bench.probes.comm import render as report
+    from mgpu_bench.probes.gemm import measure as gemm
+
+    from . import _native, hardware
     from .env import fingerprint
     from .sizes import parse_size
 
@@ -710,7 +726,7 @@ def gemm_command(dtype_text, shape_text, layout, gpus, one_at_a_time, candidates
 
 
 def _write_gemm_report(run, out_dir, environment) -> None:
-    from .gemm_report import write_report
+    from mgpu_bench.probes.gemm.report import write_report
 
     write_report(run, out_dir, environment)
 
@@ -767,7 +783,9 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
                    seq_lens, steps, max_batch_model, seq_len, timeout, gpus, json_path, report_dir, progress,
                    store) -> int:
 
-    from . import memory, report
+    from mgpu_bench.probes.comm import render as report
+    from mgpu_bench.probes.memory import measure as memory
+
     from .env import fingerprint
 
     patterns = memory.parse_patterns(pattern_text)
@@ -780,7 +798,9 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
         raise InputError("--timeout must be a positive number of seconds (at most a day)")
     settings: tuple[str, ...] = ()
     if torch_text or max_batch_model:
-        from . import models, torch_memory
+        from mgpu_bench.probes.memory import torch_memory
+
+        from . import models
 
         if torch_text:
             settings = tuple(torch_memory.parse_settings(torch_text))
@@ -835,7 +855,7 @@ def memory_command(pattern_text, allocator_text, churn, budget, seed, bandwidth,
 
 
 def _write_memory_report(run, out_dir, environment) -> None:
-    from .memory_report import write_report
+    from mgpu_bench.probes.memory.report import write_report
 
     write_report(run, out_dir, environment)
 
@@ -893,8 +913,11 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
                   preprocess_ms, data_dir, checkpointing, scaling_text, gpus, nproc, peak_tflops, exposed_comm, profile,
                   json_path, report_dir, progress, store) -> int:
 
-    from . import hardware, model_bench, models, report
-    from .comm import parse_gpus, visible_gpu_count
+    from mgpu_bench.probes.comm import render as report
+    from mgpu_bench.probes.comm.measure import parse_gpus, visible_gpu_count
+    from mgpu_bench.probes.model import measure as model_bench
+
+    from . import hardware, models
     from .env import fingerprint
     from .errors import MgpuError
 
@@ -1009,7 +1032,7 @@ def model_command(model_name, seq_len, batch_size, grad_accum, steps, warmup_ste
 
 
 def _write_model_report(run, out_dir, environment) -> None:
-    from .model_report import write_report
+    from mgpu_bench.probes.model.report import write_report
 
     write_report(run, out_dir, environment)
 
@@ -1059,13 +1082,15 @@ is written).
 @_store_options
 def suite_command(quick, rounds_text, duration_text, gpus, tolerance_text, json_path, report_dir, progress,
                   store) -> int:
-    from . import comm, suite
+    from mgpu_bench.probes.comm import measure as comm
+    from mgpu_bench.probes.gemm.measure import parse_duration
+
     from .env import fingerprint
-    from .gemm import parse_duration
+    from .suite import run as suite
 
     rounds = suite.parse_rounds(rounds_text)
     duration_s = parse_duration(duration_text) if duration_text else (20.0 if quick else 300.0)
-    from .history_cli import parse_tolerance
+    from mgpu_bench.history.cli import parse_tolerance
 
     tolerance = parse_tolerance(tolerance_text)
     report_dir = report_dir or suite.default_report_dir()
@@ -1088,7 +1113,7 @@ def suite_command(quick, rounds_text, duration_text, gpus, tolerance_text, json_
                           if progress else None)
     defer_sigterm()  # measured: a SIGTERM from here on waits for the results to be written
     doc = suite.document(run, environment, sys.argv)
-    from . import suite_report
+    from .suite import report as suite_report
 
     found = suite_report.findings(doc)
     doc["findings"] = [f.to_dict() for f in found]
@@ -1103,7 +1128,7 @@ def suite_command(quick, rounds_text, duration_text, gpus, tolerance_text, json_
     regressed = store_failed = False
     stored = None
     if not store.no_store:
-        from .history import History
+        from mgpu_bench.history.store import History
 
         try:
             with History.open(store.db) as h:
@@ -1131,8 +1156,8 @@ def suite_command(quick, rounds_text, duration_text, gpus, tolerance_text, json_
 def _compare_with_baseline(h, stored: str, tolerance: float, out, err) -> bool:
     """The stored suite against the suite baseline, if one is set; True on a regression. A
     baseline with no metric in common is said, not fatal (an interrupted baseline, say)."""
-    from .history import compare_runs
-    from .history_cli import format_change, format_noise, format_value
+    from mgpu_bench.history.cli import format_change, format_noise, format_value
+    from mgpu_bench.history.store import compare_runs
 
     base = h.baseline("suite")
     if not base or base == stored:
@@ -1153,8 +1178,9 @@ def _compare_with_baseline(h, stored: str, tolerance: float, out, err) -> bool:
 
 
 def _write_suite_report(doc: dict, out_dir: str, trend) -> None:
-    from . import suite
-    from .suite_report import write_report
+    from mgpu_bench.suite.report import write_report
+
+    from .suite import run as suite
 
     write_report(doc, out_dir, history_trend=trend)
     suite.write_document(Path(out_dir) / "suite.json", doc)
@@ -1185,7 +1211,7 @@ def _run_with_progress(fn, cfg, err_console, show: bool):
 
 
 def _register_history() -> None:
-    from .history_cli import register
+    from mgpu_bench.history.cli import register
 
     register(cli)
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Self
 
-from mgpu_bench.topo import _CLOCK_MEM, _CLOCK_SM, _Nvml, _open, _text, normalize_bus_id
+from .topo import _CLOCK_MEM, _CLOCK_SM, _Nvml, _open, _text, normalize_bus_id
 
 _TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU
 

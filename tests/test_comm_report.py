@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import comm_report, theory
+from mgpu_bench import theory
 from mgpu_bench.cli import cli
+from mgpu_bench.probes.comm import report as comm_report
 
 FIX = Path(__file__).with_name("fixtures")
 
@@ -78,7 +79,8 @@ def test_report_folder_must_be_creatable(tmp_path):
 
 
 def test_busbw_above_theory_is_explained_never_bare(run):
-    from mgpu_bench import comm, nccl_log
+    from mgpu_bench import nccl_log
+    from mgpu_bench.probes.comm import measure as comm
 
     log = (FIX / "nccl_info_2x_h200.log").read_text()
     table = nccl_log.tuning_table(log)
@@ -94,7 +96,7 @@ def test_busbw_above_theory_is_explained_never_bare(run):
 
 
 def test_algorithm_spans_group_sizes(run):
-    from mgpu_bench import report
+    from mgpu_bench.probes.comm import render as report
 
     run.algorithms = {"allreduce@1048576": "Ring/LL128", "allreduce@67108864": "Ring/Simple",
                       "allreduce@1073741824": "Ring/Simple"}
@@ -106,7 +108,7 @@ def test_markdown_keeps_outside_text_on_one_line():
     import json
     from pathlib import Path
 
-    from mgpu_bench.comm_report import markdown, run_from_document
+    from mgpu_bench.probes.comm.report import markdown, run_from_document
 
     doc = json.loads((Path(__file__).with_name("fixtures") / "comm_2x_h200.json").read_text())
     md = markdown(run_from_document(doc), {"host": "evil\n# injected | heading", "gpus": []})
@@ -114,7 +116,7 @@ def test_markdown_keeps_outside_text_on_one_line():
 
 
 def test_outside_text_cannot_make_markdown_links_code_or_html():
-    from mgpu_bench.html_page import md
+    from mgpu_bench.output.html_page import md
 
     assert md("gpu|07 [x](javascript:y) <b> `c` \\[") == "gpu\\|07 \\[x\\](javascript:y) \\<b> \\`c\\` \\\\\\["
     assert md("two\nlines") == "two lines"

@@ -11,8 +11,10 @@ from html.parser import HTMLParser
 
 import pytest
 
-from mgpu_bench import gemm, gemm_report, hardware, telemetry
-from mgpu_bench.gemm import Candidate, GemmConfig, GemmResult, GemmRun, Shape
+from mgpu_bench import hardware, telemetry
+from mgpu_bench.probes.gemm import measure as gemm
+from mgpu_bench.probes.gemm import report as gemm_report
+from mgpu_bench.probes.gemm.measure import Candidate, GemmConfig, GemmResult, GemmRun, Shape
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BF16_PEAK = hardware.Figure(989e12, "FLOP/s", "nvidia-h200-datasheet")

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from conftest import interrupt_comm
 
-from mgpu_bench import _native, comm, ops
+from mgpu_bench import _native, ops
 from mgpu_bench.errors import CommTimeoutError, CudaError, NcclError, OutOfMemoryError
 from mgpu_bench.measurement import TimingOptions
+from mgpu_bench.probes.comm import measure as comm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu(2)]
 

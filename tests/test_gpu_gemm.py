@@ -10,8 +10,8 @@ import sys
 import pytest
 from conftest import interrupt_cli
 
-from mgpu_bench import gemm
-from mgpu_bench.gemm import GemmConfig, Shape
+from mgpu_bench.probes.gemm import measure as gemm
+from mgpu_bench.probes.gemm.measure import GemmConfig, Shape
 
 pytestmark = pytest.mark.gpu
 

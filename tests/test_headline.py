@@ -11,11 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mgpu_bench import env, gemm, hardware, links, memory, report
-from mgpu_bench import model_bench as mb
-from mgpu_bench.comm import CommRun
-from mgpu_bench.headline import LARGE, Metric, document_kind, metrics_from_document
+from mgpu_bench import env, hardware
 from mgpu_bench.measurement import CommMeasurement, CommSpec
+from mgpu_bench.metrics import LARGE, Metric, document_kind, metrics_from_document
+from mgpu_bench.probes.comm import render as report
+from mgpu_bench.probes.comm.measure import CommRun
+from mgpu_bench.probes.gemm import measure as gemm
+from mgpu_bench.probes.links import measure as links
+from mgpu_bench.probes.memory import measure as memory
+from mgpu_bench.probes.model import measure as mb
 
 GiB = 1 << 30
 MiB = 1 << 20

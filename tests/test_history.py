@@ -19,10 +19,10 @@ import pytest
 from click.testing import CliRunner
 from test_headline import comm_document, gemm_document, model_document, suite_document
 
-from mgpu_bench import history as hist
 from mgpu_bench.errors import InputError
-from mgpu_bench.headline import Metric, metrics_from_document
-from mgpu_bench.history import History, compare, fingerprint_diff, noise, topology_hash
+from mgpu_bench.history import store as hist
+from mgpu_bench.history.store import History, compare, fingerprint_diff, noise, topology_hash
+from mgpu_bench.metrics import Metric, metrics_from_document
 
 
 @pytest.fixture
@@ -245,8 +245,8 @@ def test_migrations_apply_in_order_in_one_transaction(db, monkeypatch):
 
 _WRITER = textwrap.dedent("""
     import sys, time
-    from mgpu_bench.history import History
-    from mgpu_bench.headline import Metric
+    from mgpu_bench.history.store import History
+    from mgpu_bench.metrics import Metric
     db, tag, start, n = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
     while time.time() < start:
         time.sleep(0.001)
@@ -287,7 +287,7 @@ def test_two_processes_writing_200_runs_each_lose_none(db):
 
 _OPENER = textwrap.dedent("""
     import sys, time
-    from mgpu_bench.history import History
+    from mgpu_bench.history.store import History
     db, start = sys.argv[1], float(sys.argv[2])
     while time.time() < start:
         pass
@@ -500,7 +500,7 @@ def test_topology_hash_follows_bus_ids_and_links():
 @pytest.fixture
 def cli():
     from mgpu_bench.cli import cli as main
-    from mgpu_bench.history_cli import register
+    from mgpu_bench.history.cli import register
 
     register(main)
     return main
@@ -711,7 +711,7 @@ def test_show_writes_a_prometheus_textfile(cli, tmp_path, db):
 def _cli_proc(*args: str, db: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, MGPU_BENCH_DB=str(db), CUDA_VISIBLE_DEVICES="")
     return subprocess.run(
-        [sys.executable, "-m", "mgpu_bench.history_cli", *args],
+        [sys.executable, "-m", "mgpu_bench.history.cli", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mgpu_bench import joined
 from mgpu_bench.launch import Group, Member, scopes
 from mgpu_bench.measurement import CommMeasurement, CommSpec
+from mgpu_bench.probes.comm import joined
 
 
 def members(per_node: list[int]) -> list[Member]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import links
 from mgpu_bench.cli import cli
-from mgpu_bench.links import LinkMeasurement, LinkSpec, LinksRun
+from mgpu_bench.probes.links import measure as links
+from mgpu_bench.probes.links.measure import LinkMeasurement, LinkSpec, LinksRun
 
 
 def synthetic(bw: dict[tuple[int, int], float], size=1 << 28) -> LinksRun:

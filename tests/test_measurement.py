@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from mgpu_bench import report
-from mgpu_bench.comm import CommRun
 from mgpu_bench.measurement import CommMeasurement, CommSpec
+from mgpu_bench.probes.comm import render as report
+from mgpu_bench.probes.comm.measure import CommRun
 
 
 def make(op="allreduce", nbytes=1 << 30, nranks=2, burst=(0.004, 0.005), samples=None, wrong=(0, 0),

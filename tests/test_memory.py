@@ -8,10 +8,10 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import memory
 from mgpu_bench.cli import cli
 from mgpu_bench.errors import InputError
-from mgpu_bench.memory import ChurnResult, HbmResult, MemoryConfig, MemoryRun
+from mgpu_bench.probes.memory import measure as memory
+from mgpu_bench.probes.memory.measure import ChurnResult, HbmResult, MemoryConfig, MemoryRun
 
 GiB = 1 << 30
 
@@ -128,7 +128,7 @@ def test_cli_bad_input_is_one_line_exit_2(args, text):
 
 
 def test_cli_without_gpu_says_so_exit_2():
-    from mgpu_bench.comm import visible_gpu_count
+    from mgpu_bench.probes.comm.measure import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("this machine has GPUs")

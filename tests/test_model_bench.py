@@ -10,9 +10,9 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import model_bench as mb
 from mgpu_bench import models
 from mgpu_bench.cli import cli
+from mgpu_bench.probes.model import measure as mb
 
 
 def test_stable_window_skips_a_slow_start_and_a_drift():
@@ -73,7 +73,7 @@ def test_verdicts():
 
 def test_two_gloo_processes_end_to_end(tmp_path):
     """A real run: the tiny GPT on 2 CPU processes (gloo) through torch's elastic launcher."""
-    from mgpu_bench.comm import visible_gpu_count
+    from mgpu_bench.probes.comm.measure import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("on GPU machines the GPU tests cover this")
@@ -103,7 +103,7 @@ def test_two_gloo_processes_end_to_end(tmp_path):
     (["--peak-tflops", "-1"], "--peak-tflops"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, text):
-    from mgpu_bench.comm import visible_gpu_count
+    from mgpu_bench.probes.comm.measure import visible_gpu_count
 
     if visible_gpu_count() > 0 and "--seq-len" in args:
         pytest.skip("GPU defaults differ")

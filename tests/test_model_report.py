@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from mgpu_bench import hardware, model_report
-from mgpu_bench.model_bench import ModelConfig, ModelRun, StepStats
+from mgpu_bench import hardware
+from mgpu_bench.probes.model import report as model_report
+from mgpu_bench.probes.model.measure import ModelConfig, ModelRun, StepStats
 
 PNG = b"\x89PNG\r\n\x1a\n"
 HOSTILE = "<script>x</script>"

@@ -18,8 +18,8 @@ from test_headline import (
     suite_document,
 )
 
-from mgpu_bench.headline import Metric, metrics_from_document
-from mgpu_bench.prometheus import (
+from mgpu_bench.metrics import Metric, metrics_from_document
+from mgpu_bench.output.prometheus import (
     escape_value,
     family,
     render,

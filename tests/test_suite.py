@@ -13,10 +13,10 @@ from dataclasses import replace
 import pytest
 from conftest import interrupt_cli
 
-from mgpu_bench import suite
-from mgpu_bench.comm import visible_gpu_count
-from mgpu_bench.headline import metrics_from_document
-from mgpu_bench.history import History
+from mgpu_bench.history.store import History
+from mgpu_bench.metrics import metrics_from_document
+from mgpu_bench.probes.comm.measure import visible_gpu_count
+from mgpu_bench.suite import run as suite
 
 pytestmark = pytest.mark.skipif(visible_gpu_count() > 0, reason="the CPU plan; GPUs run tests/test_gpu_suite.py")
 

@@ -15,20 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_bench import (
-    comm_report,
-    gemm,
-    gemm_report,
-    links,
-    memory,
-    memory_report,
-    model_bench,
-    model_report,
-    report,
-    suite_report,
-)
+from mgpu_bench.probes.comm import render as report
+from mgpu_bench.probes.comm import report as comm_report
+from mgpu_bench.probes.gemm import measure as gemm
+from mgpu_bench.probes.gemm import report as gemm_report
+from mgpu_bench.probes.links import measure as links
+from mgpu_bench.probes.memory import measure as memory
+from mgpu_bench.probes.memory import report as memory_report
+from mgpu_bench.probes.model import measure as model_bench
+from mgpu_bench.probes.model import report as model_report
 from mgpu_bench.sizes import format_bytes
-from mgpu_bench.suite_report import OK, PROBLEM, SEVERITIES, WARNING
+from mgpu_bench.suite import report as suite_report
+from mgpu_bench.suite.report import OK, PROBLEM, SEVERITIES, WARNING
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SUITE = FIXTURES / "suite" / "suite.json"
@@ -609,7 +607,7 @@ def test_report_command_renders_every_kind_of_document_again(tmp_path):
     from click.testing import CliRunner
 
     from mgpu_bench.cli import cli
-    from mgpu_bench.headline import document_kind
+    from mgpu_bench.metrics import document_kind
 
     doc = json.loads((FIXTURES / "suite" / "suite.json").read_text())
     kinds = set()

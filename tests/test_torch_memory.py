@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from mgpu_bench import torch_memory
 from mgpu_bench.errors import InputError
-from mgpu_bench.torch_memory import (
+from mgpu_bench.probes.memory import torch_memory
+from mgpu_bench.probes.memory.torch_memory import (
     SETTINGS,
     draw_seq_lens,
     max_batch,
@@ -92,7 +92,7 @@ def test_verdict_is_honest_when_nothing_helps():
 
 
 def _child(*args):
-    return subprocess.run([sys.executable, "-m", "mgpu_bench.torch_memory", *args],
+    return subprocess.run([sys.executable, "-m", "mgpu_bench.probes.memory.torch_memory", *args],
                           check=False, capture_output=True, text=True, timeout=120)
 
 

@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .errors import CommTimeoutError, InputError, MgpuError, OutOfMemoryError, portable
-from .measurement import CommRequest, TimingOptions
-from .ops import OPS, op_counts
+from mgpu_bench.errors import CommTimeoutError, InputError, MgpuError, OutOfMemoryError, portable
+from mgpu_bench.measurement import CommRequest, TimingOptions
+from mgpu_bench.ops import OPS, op_counts
 
 # Largest integer N such that every integer in [-N, N] is exact in the dtype (csrc/dtype.cpp).
 EXACT_LIMIT = {

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InputError, is_sigterm
+from mgpu_bench.errors import InputError, is_sigterm
 
 ROUNDS = {1: "single-GPU baseline", 2: "multi-GPU scaling", 3: "limit throughput"}
 QUIET_COMMANDS = ("comm", "gemm", "memory", "model")  # those with a progress display to turn off
@@ -213,7 +213,7 @@ def run_probe(probe: Probe, ngpu: int, work: Path, bus_ids: dict[int, str] | Non
     cmd = [sys.executable, "-m", "mgpu_bench.cli", *probe.args, "--json", str(out), *quiet, "--no-store"]
     sampler = None
     if probe.telemetry and bus_ids:
-        from . import telemetry
+        from mgpu_bench import telemetry
 
         sampler = telemetry.Sampler(bus_ids, interval_s=0.5)
         sampler.start()
@@ -270,7 +270,7 @@ class _Interrupted(KeyboardInterrupt):
 
 
 def _telemetry(sampler, t0: float) -> dict:
-    from . import telemetry
+    from mgpu_bench import telemetry
 
     return {"error": sampler.error, "interval_s": sampler.interval_s,
             "gpus": {str(i): {"static": sampler.static.get(i), "series": telemetry.series(s, t0),
@@ -321,8 +321,8 @@ def _skipped(p: Probe) -> dict:
 
 
 def document(run: SuiteRun, environment: dict, command: list[str] | None = None) -> dict:
-    from . import __version__
-    from .report import RESULT_SCHEMA, RESULT_SCHEMA_VERSION
+    from mgpu_bench import __version__
+    from mgpu_bench.probes.comm.render import RESULT_SCHEMA, RESULT_SCHEMA_VERSION
 
     return {
         "schema": RESULT_SCHEMA, "schema_version": RESULT_SCHEMA_VERSION, "kind": "suite",
@@ -356,7 +356,7 @@ TREND_LIMIT = 30
 def history_trend(history, doc: dict, per_prefix: int = 2) -> dict[str, list[tuple[str, float, str]]]:
     """metric name -> [(created ISO time, value, unit), ...] oldest first, for a few of this
     suite's headline metrics (the first `per_prefix` of each kind), from the history database."""
-    from .headline import metrics_from_document
+    from mgpu_bench.metrics import metrics_from_document
 
     out: dict[str, list[tuple[str, float, str]]] = {}
     taken: dict[str, int] = {}

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from . import _native
-from .errors import InputError
+from mgpu_bench import _native
+from mgpu_bench.errors import InputError
 
 ENGINES = ("ce", "sm")
 # A pair is an outlier when it is this many robust standard deviations below the median and
@@ -283,7 +283,7 @@ def render(run: LinksRun, console, hops: dict | None = None) -> None:
 
 
 def gpus_or_error(spec: str | None) -> list[int]:
-    from .comm import require_gpus
+    from mgpu_bench.probes.comm.measure import require_gpus
 
     return require_gpus("links", spec)[0]
 
@@ -349,7 +349,7 @@ def write_report(run: LinksRun, out_dir) -> list:
 def run_from_document(doc: dict) -> tuple[LinksRun, dict]:
     """(links.LinksRun, per-pair theory hops {(src, dst): theory.Hop}) rebuilt from the document
     the links command wrote."""
-    from .theory import Hop
+    from mgpu_bench.theory import Hop
 
     run = LinksRun(
         gpus=list(doc.get("gpus") or []),

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from .headline import Metric
+from mgpu_bench.metrics import Metric
 
 PREFIX = "mgpu_bench_"
 UNIT_SUFFIX = {

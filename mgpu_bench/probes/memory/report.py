@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import html_page, memory
-from .memory import MemoryRun
-from .plotting import png as _png
-from .plotting import pyplot as _pyplot
+from mgpu_bench.output import html_page
+from mgpu_bench.output.plotting import png as _png
+from mgpu_bench.output.plotting import pyplot as _pyplot
+from mgpu_bench.probes.memory import measure as memory
+
+from .measure import MemoryRun
 
 
 def plot_churn(run: MemoryRun, gpu: int) -> bytes | None:
@@ -144,7 +146,7 @@ def run_from_document(doc: dict) -> MemoryRun:
     """A memory.MemoryRun rebuilt from the document memory.document() wrote."""
     import dataclasses
 
-    from .memory import ChurnResult, HbmResult, MemoryConfig
+    from .measure import ChurnResult, HbmResult, MemoryConfig
 
     c = dict(doc.get("config") or {})
     known = {f.name for f in dataclasses.fields(MemoryConfig)}

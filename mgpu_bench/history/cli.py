@@ -16,8 +16,8 @@ from pathlib import Path
 
 import click
 
-from .errors import InputError
-from .paths import check_writable
+from mgpu_bench.errors import InputError
+from mgpu_bench.paths import check_writable
 
 EXIT_REGRESSION = 1
 
@@ -44,7 +44,7 @@ def _out():
 
 
 def _open(db_path: str | None):
-    from .history import History
+    from .store import History
 
     return History.open(db_path)
 
@@ -241,7 +241,7 @@ def history_show(run, prom_path, db_path) -> int:
     """One run's headline metrics (RUN: r12 as `history list` prints it, 12, or latest)."""
     from rich.table import Table
 
-    from .history import noise
+    from .store import noise
 
     check_writable(prom_path)
     out = _out()
@@ -285,7 +285,7 @@ def history_show(run, prom_path, db_path) -> int:
             "noise: 1.4826 x MAD / median of the samples (fractions: in points); - under 5 samples"
         )
     if prom_path:
-        from .prometheus import write_textfile
+        from mgpu_bench.output.prometheus import write_textfile
 
         try:
             write_textfile(prom_path, metrics, rec.run_id, fp)
@@ -456,7 +456,7 @@ Exit codes: 0 no regression; 1 at least one regression (gate cron jobs and CI on
 def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
     from rich.table import Table
 
-    from .history import NOISE_K, STATUSES, compare_runs
+    from .store import NOISE_K, STATUSES, compare_runs
 
     tolerance = parse_tolerance(tolerance_text)
     check_writable(json_path)
@@ -509,7 +509,7 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
         )
     out.print(", ".join(f"{n} {s}" for s, n in counts.items()))
     if json_path:
-        from .report import write_json
+        from mgpu_bench.probes.comm.render import write_json
 
         try:
             write_json(json_path, result.to_dict())
@@ -530,7 +530,7 @@ def register(main: click.Group) -> None:
 
 def main() -> None:
     """The mgpu-bench command line with these commands registered."""
-    from .cli import cli
+    from mgpu_bench.cli import cli
 
     register(cli)
     cli.main(prog_name="mgpu-bench")

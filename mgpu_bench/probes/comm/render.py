@@ -15,9 +15,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .comm import CommRun
-from .measurement import CommMeasurement
-from .sizes import format_bytes
+from mgpu_bench.measurement import CommMeasurement
+from mgpu_bench.sizes import format_bytes
+
+from .measure import CommRun
 
 RESULT_SCHEMA = "mgpu-bench/result"
 RESULT_SCHEMA_VERSION = 1
@@ -243,7 +244,7 @@ def render_csv(run: CommRun) -> str:
 
 def result_document(run: CommRun, environment: dict, command: list[str] | None = None) -> dict:
     """The versioned JSON document: schema, tool version, time, environment, measurements."""
-    from . import __version__
+    from mgpu_bench import __version__
 
     return {
         "schema": RESULT_SCHEMA,

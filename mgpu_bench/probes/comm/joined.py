@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .errors import MgpuError, portable
-from .launch import Group, Member
-from .measurement import CommMeasurement, CommRequest
+from mgpu_bench.errors import MgpuError, portable
+from mgpu_bench.launch import Group, Member
+from mgpu_bench.measurement import CommMeasurement, CommRequest
 
 SCOPES = ("world", "intra-node", "inter-node")
 

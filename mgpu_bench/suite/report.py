@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import html_page
-from .plotting import plain as _plain
-from .plotting import png as _png
-from .plotting import pyplot as _pyplot
+from mgpu_bench.output import html_page
+from mgpu_bench.output.plotting import plain as _plain
+from mgpu_bench.output.plotting import png as _png
+from mgpu_bench.output.plotting import pyplot as _pyplot
 
 PROBLEM, WARNING, OK = "problem", "warning", "ok"
 SEVERITIES = (PROBLEM, WARNING, OK)  # the order findings are listed in
@@ -96,7 +96,11 @@ def sub_kind(doc: Mapping | None) -> str | None:
 
 def _load(kind: str, doc: Mapping):
     """The run object of a probe's document, by the module that wrote it."""
-    from . import comm_report, gemm_report, links, memory_report, model_report
+    from mgpu_bench.probes.comm import report as comm_report
+    from mgpu_bench.probes.gemm import report as gemm_report
+    from mgpu_bench.probes.links import measure as links
+    from mgpu_bench.probes.memory import report as memory_report
+    from mgpu_bench.probes.model import report as model_report
 
     loaders = {"gemm": gemm_report.run_from_document, "memory": memory_report.run_from_document,
                "model": model_report.run_from_document, "comm": comm_report.run_from_document,
@@ -177,7 +181,7 @@ def _model_where(run, n: int) -> str:
 
 def _model_verdicts(run) -> list[tuple[int, str, str]]:
     """(GPU count, where, model_bench.verdict) for each count, as model_bench.findings words it."""
-    from . import model_bench
+    from mgpu_bench.probes.model import measure as model_bench
 
     out = []
     for n in run.gpu_counts:
@@ -195,7 +199,7 @@ def _model_verdicts(run) -> list[tuple[int, str, str]]:
 
 
 def _verdict_severity(run, n: int, text: str) -> str:
-    from . import model_bench
+    from mgpu_bench.probes.model import measure as model_bench
 
     if text.startswith("compute-bound"):
         return OK
@@ -257,7 +261,7 @@ def _verdict(probes: list[_Probe]) -> Finding | None:
 
 
 def _gemm_findings(run) -> list[tuple[str, str]]:
-    from . import gemm
+    from mgpu_bench.probes.gemm import measure as gemm
 
     out = []
     for line in gemm.findings(run):
@@ -297,7 +301,7 @@ def _gemm_findings(run) -> list[tuple[str, str]]:
 
 
 def _memory_findings(run) -> list[tuple[str, str]]:
-    from . import memory
+    from mgpu_bench.probes.memory import measure as memory
 
     out = []
     for line in memory.findings(run):
@@ -363,7 +367,7 @@ def _max_batches(run) -> dict[tuple, dict[bool, Any]]:
 def _model_findings(run, skip: str | None) -> list[tuple[str, str]]:
     """model_bench.findings with severities; the line equal to `skip` (the headline's) is left
     out, and so is the input-pipeline loss a verdict already states."""
-    from . import model_bench
+    from mgpu_bench.probes.model import measure as model_bench
 
     verdicts = {where: (n, text) for n, where, text in _model_verdicts(run)}
     scaling = run.scaling()
@@ -400,7 +404,7 @@ def _model_findings(run, skip: str | None) -> list[tuple[str, str]]:
 
 
 def _scaling_finding(run, n: int, eff: float, line: str) -> tuple[str, str]:
-    from . import model_bench
+    from mgpu_bench.probes.model import measure as model_bench
 
     if eff > SCALING_ABOVE:
         return WARNING, (
@@ -426,8 +430,8 @@ def _scaling_finding(run, n: int, eff: float, line: str) -> tuple[str, str]:
 
 
 def _comm_findings(run) -> list[tuple[str, str]]:
-    from . import report
-    from .sizes import format_bytes
+    from mgpu_bench.probes.comm import render as report
+    from mgpu_bench.sizes import format_bytes
 
     out = []
     transport = [f for f in run.findings if "where NVLink allows P2P" in f]
@@ -481,7 +485,8 @@ def _comm_findings(run) -> list[tuple[str, str]]:
 
 
 def _links_findings(run, hops: dict, doc: Mapping) -> list[tuple[str, str]]:
-    from . import links, topo
+    from mgpu_bench import topo
+    from mgpu_bench.probes.links import measure as links
 
     topo_findings = (
         topo.findings(doc["topology"])
@@ -527,7 +532,7 @@ def _telemetry_findings(tel: Mapping | None) -> list[tuple[str, str]]:
     """A GPU whose SM clock stayed below its peers' while the probe ran, with the cause
     telemetry.explain names; the GPUs whose clocks were lowered (power cap, thermal, ...) at
     their peers' clock, in one line."""
-    from . import telemetry
+    from mgpu_bench import telemetry
 
     sums = {
         k: g["summary"]
@@ -660,7 +665,7 @@ def _gbs(bps: float) -> str:
 
 
 def _key_gemm(run) -> tuple[str, str]:
-    from . import gemm
+    from mgpu_bench.probes.gemm import measure as gemm
 
     figs, exps = [], []
     sustained = [r for r in run.results if r.series]
@@ -723,7 +728,7 @@ def _key_gemm(run) -> tuple[str, str]:
 
 
 def _key_memory(run) -> tuple[str, str]:
-    from . import memory
+    from mgpu_bench.probes.memory import measure as memory
 
     figs, exps = [], []
     ce = {h.gpu: h for h in run.hbm if h.kind == "copy_ce"}
@@ -755,7 +760,7 @@ def _key_memory(run) -> tuple[str, str]:
 
 
 def _key_model(run) -> tuple[str, str]:
-    from . import model_bench
+    from mgpu_bench.probes.model import measure as model_bench
 
     tps = {
         n: s.derived["tokens_per_s"]
@@ -796,8 +801,8 @@ def _key_model(run) -> tuple[str, str]:
 
 
 def _key_comm(run) -> tuple[str, str]:
-    from . import report
-    from .sizes import format_bytes
+    from mgpu_bench.probes.comm import render as report
+    from mgpu_bench.sizes import format_bytes
 
     summary = report.summary(run) if run.measurements else []
     if not summary:
@@ -1152,7 +1157,11 @@ def plot_history(trend: Mapping[str, Sequence[tuple[str, float, str]]]) -> bytes
 
 def _probe_images(p: _Probe) -> dict[str, bytes]:
     """The module's own PNGs of one probe, keyed without the probe's prefix."""
-    from . import comm_report, gemm_report, links, memory_report, model_report
+    from mgpu_bench.probes.comm import report as comm_report
+    from mgpu_bench.probes.gemm import report as gemm_report
+    from mgpu_bench.probes.links import measure as links
+    from mgpu_bench.probes.memory import report as memory_report
+    from mgpu_bench.probes.model import report as model_report
 
     run = p.run
     if p.kind == "gemm":
@@ -1251,7 +1260,8 @@ def _imgs(
 
 
 def _section_gemm(p: _Probe, imgs) -> str:
-    from . import gemm, gemm_report
+    from mgpu_bench.probes.gemm import measure as gemm
+    from mgpu_bench.probes.gemm import report as gemm_report
 
     run = p.run
     parts = [
@@ -1338,7 +1348,7 @@ def _section_gemm(p: _Probe, imgs) -> str:
 
 
 def _section_memory(p: _Probe, imgs) -> str:
-    from . import memory_report
+    from mgpu_bench.probes.memory import report as memory_report
 
     run = p.run
     parts = [_imgs(imgs, p, grid=True)]
@@ -1383,7 +1393,7 @@ def _section_memory(p: _Probe, imgs) -> str:
 
 
 def _section_model(p: _Probe, imgs) -> str:
-    from . import model_report
+    from mgpu_bench.probes.model import report as model_report
 
     run = p.run
     parts = [
@@ -1402,8 +1412,8 @@ def _section_model(p: _Probe, imgs) -> str:
 
 
 def _section_comm(p: _Probe, imgs) -> str:
-    from . import report
-    from .sizes import format_bytes
+    from mgpu_bench.probes.comm import render as report
+    from mgpu_bench.sizes import format_bytes
 
     run = p.run
     e = html.escape

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InputError, MgpuError, interruption
+from mgpu_bench.errors import InputError, MgpuError, interruption
 
 PATTERNS = ("interleaved", "grow-shrink", "small-between-large")
 ALLOCATORS = ("cudaMalloc", "async", "vmm")
@@ -192,7 +192,7 @@ class MemoryRun:
 def run_memory(cfg: MemoryConfig, devices: list[dict], progress: Callable[[str], None] | None = None) -> MemoryRun:
     """Each part in turn, GPU after GPU; Ctrl-C or a failing probe stops the run and keeps what
     was measured (run.stopped says why)."""
-    from . import _native, hardware
+    from mgpu_bench import _native, hardware
 
     run = MemoryRun(cfg, list(devices))
     t0 = time.monotonic()
@@ -219,7 +219,7 @@ def run_memory(cfg: MemoryConfig, devices: list[dict], progress: Callable[[str],
                         raw = _native.memory_churn(g, allocator, pattern, cfg.seed, cfg.budget)
                         run.churn.append(ChurnResult(g, allocator, pattern, dict(raw)))
         if cfg.torch_settings or cfg.max_batch_model:
-            from . import torch_memory
+            from mgpu_bench.probes.memory import torch_memory
 
             first = devices[0]["index"]
             for setting in cfg.torch_settings:
@@ -284,7 +284,7 @@ def findings(run: MemoryRun) -> list[str]:
             lines.append(f"GPU {h.gpu} HBM {HBM_LABELS[h.kind]}: {h.bandwidth / 1e12:.2f} TB/s, {h.pct_peak:.1f}% of "
                          f"the {h.peak / 1e12:.2f} TB/s datasheet figure (below {100 * HBM_FLOOR:.0f}%)")
     if run.torch:
-        from . import torch_memory
+        from mgpu_bench.probes.memory import torch_memory
 
         lines.append(torch_memory.verdict(run.torch))
     for mb in run.max_batch:
@@ -370,8 +370,8 @@ def _i(v: Any) -> str:
 def document(run: MemoryRun, environment: dict, command: list[str] | None = None) -> dict:
     import datetime as _dt
 
-    from . import __version__
-    from .report import RESULT_SCHEMA, RESULT_SCHEMA_VERSION
+    from mgpu_bench import __version__
+    from mgpu_bench.probes.comm.render import RESULT_SCHEMA, RESULT_SCHEMA_VERSION
 
     c = run.config
     return {
@@ -391,6 +391,6 @@ def document(run: MemoryRun, environment: dict, command: list[str] | None = None
 
 
 def devices_or_error(spec: str | None) -> tuple[list[int], list[dict]]:
-    from .comm import require_gpus
+    from mgpu_bench.probes.comm.measure import require_gpus
 
     return require_gpus("memory", spec)

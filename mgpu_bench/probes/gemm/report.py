@@ -20,11 +20,13 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from . import gemm, html_page
-from .gemm import GemmResult, GemmRun, Shape
-from .plotting import plain as _mpl
-from .plotting import png as _png
-from .plotting import pyplot as _pyplot
+from mgpu_bench.output import html_page
+from mgpu_bench.output.plotting import plain as _mpl
+from mgpu_bench.output.plotting import png as _png
+from mgpu_bench.output.plotting import pyplot as _pyplot
+from mgpu_bench.probes.gemm import measure as gemm
+
+from .measure import GemmResult, GemmRun, Shape
 
 _OUTLIER = "tab:red"
 # Bar colours per shape; red is kept for outliers.
@@ -406,8 +408,9 @@ def write_report(run: GemmRun, out_dir: str | Path, environment: dict) -> list[P
 
 def run_from_document(doc: dict) -> GemmRun:
     """A gemm.GemmRun rebuilt from the document gemm.document() wrote."""
-    from .gemm import Candidate, GemmConfig
-    from .hardware import figure_from_dict
+    from mgpu_bench.hardware import figure_from_dict
+
+    from .measure import Candidate, GemmConfig
 
     c = doc.get("config") or {}
     shapes = (

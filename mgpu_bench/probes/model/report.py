@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import html_page, model_bench
-from .model_bench import PHASES, ModelRun, StepStats
-from .plotting import plain as _plain
-from .plotting import png as _png
-from .plotting import pyplot as _pyplot
+from mgpu_bench.output import html_page
+from mgpu_bench.output.plotting import plain as _plain
+from mgpu_bench.output.plotting import png as _png
+from mgpu_bench.output.plotting import pyplot as _pyplot
+from mgpu_bench.probes.model import measure as model_bench
+
+from .measure import PHASES, ModelRun, StepStats
 
 _PHASE_COLOURS = {"data": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:purple"}
 _IMAGES = ("steps", "phases", "scaling")  # file stems, in page order
@@ -255,8 +257,9 @@ def run_from_document(doc: dict) -> ModelRun:
     """A model_bench.ModelRun rebuilt from the document model_bench.document() wrote."""
     import dataclasses
 
-    from .hardware import figure_from_dict
-    from .model_bench import ModelConfig
+    from mgpu_bench.hardware import figure_from_dict
+
+    from .measure import ModelConfig
 
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     cfg = ModelConfig(

@@ -411,7 +411,7 @@ def _model(doc: Mapping) -> list[Metric]:
 
 
 def _links(doc: Mapping) -> list[Metric]:
-    from .links import LinkMeasurement, LinkSpec
+    from mgpu_bench.probes.links.measure import LinkMeasurement, LinkSpec
 
     out: list[Metric] = []
     for d in doc.get("measurements") or []:

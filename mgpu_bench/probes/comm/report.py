@@ -13,11 +13,13 @@ import base64
 import html
 from pathlib import Path
 
-from . import html_page, report
-from .comm import CommRun
-from .plotting import png as _png
-from .plotting import pyplot as _pyplot
-from .sizes import format_bytes
+from mgpu_bench.output import html_page
+from mgpu_bench.output.plotting import png as _png
+from mgpu_bench.output.plotting import pyplot as _pyplot
+from mgpu_bench.probes.comm import render as report
+from mgpu_bench.sizes import format_bytes
+
+from .measure import CommRun
 
 
 def _theory(run: CommRun) -> dict | None:
@@ -152,7 +154,7 @@ def write_report(run: CommRun, out_dir: str | Path, environment: dict) -> list[P
 
 def run_from_document(doc: dict) -> CommRun:
     """A CommRun rebuilt from a stored result document (theory kept as its dict)."""
-    from .measurement import CommMeasurement
+    from mgpu_bench.measurement import CommMeasurement
 
     run = CommRun(backend=doc["backend"], devices=list(doc["devices"]), requests=[],
                   measurements=[CommMeasurement.from_dict(d) for d in doc["measurements"] if d.get("kind") == "comm"],

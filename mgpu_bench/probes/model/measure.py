@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, MgpuError, interruption
+from mgpu_bench.errors import InputError, MgpuError, interruption
 
 PHASES = ("data", "forward", "backward", "optimizer")
 EXPOSED_COMM_LIMIT = 0.10  # healthy is under 10% of the step
@@ -132,7 +132,7 @@ def worker(cfg_dict: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from . import models
+    from mgpu_bench import models
 
     cfg = ModelConfig(**cfg_dict)
     rank = int(os.environ.get("RANK", "0"))
@@ -298,7 +298,7 @@ def launch(cfg: ModelConfig, nprocs: int) -> list[dict]:
     """Runs worker() on nprocs local processes through torch's elastic launcher (a c10d
     rendezvous on localhost) and returns each rank's result, rank order. Under an outer
     launcher (RANK and WORLD_SIZE set) it runs this process's rank only."""
-    from . import launch as launcher
+    from mgpu_bench import launch as launcher
 
     le = launcher.detect()
     if le is not None:
@@ -310,7 +310,7 @@ def launch(cfg: ModelConfig, nprocs: int) -> list[dict]:
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launcher.free_port()}", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn")
-    from .errors import restore_sigterm
+    from mgpu_bench.errors import restore_sigterm
 
     try:
         results = elastic_launch(lc, worker)(asdict(cfg))
@@ -325,7 +325,7 @@ def _joined(cfg: ModelConfig, le) -> list[dict]:
     checked to agree, and every rank's result gathered so that rank 0 reports the whole job."""
     import torch.distributed as dist
 
-    from . import launch as launcher
+    from mgpu_bench import launch as launcher
 
     launcher.export_env(le)
     if not dist.is_initialized():
@@ -381,7 +381,7 @@ class StepStats:
 
 def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float | None) -> StepStats:
     """Per-step seconds (slowest rank per step) -> window, throughput, MFU, shares."""
-    from . import models
+    from mgpu_bench import models
 
     spec = models.get_model_spec(cfg.model)
     st = StepStats(world=world, data=cfg.data, ranks=ranks)
@@ -574,8 +574,8 @@ def findings(run: ModelRun) -> list[str]:
 def document(run: ModelRun, environment: dict, command: list[str] | None = None) -> dict:
     import datetime as _dt
 
-    from . import __version__
-    from .report import RESULT_SCHEMA, RESULT_SCHEMA_VERSION
+    from mgpu_bench import __version__
+    from mgpu_bench.probes.comm.render import RESULT_SCHEMA, RESULT_SCHEMA_VERSION
 
     peak = run.peak
     return {

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import InputError
-from .headline import Metric, document_kind, metrics_from_document
+from mgpu_bench.errors import InputError
+from mgpu_bench.metrics import Metric, document_kind, metrics_from_document
 
 if TYPE_CHECKING:
     from typing import Self

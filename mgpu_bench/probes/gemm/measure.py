@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import hardware
-from .errors import InputError, MgpuError, OutOfMemoryError, interruption
+from mgpu_bench import hardware
+from mgpu_bench.errors import InputError, MgpuError, OutOfMemoryError, interruption
 
 GEMM_DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")
 _ALIASES = {"float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp32",
@@ -330,7 +330,7 @@ class GemmRun:
 # ------------------------------------------------------------------------------------ checks
 
 def devices_or_error(spec: str | None) -> tuple[list[int], list[dict]]:
-    from .comm import require_gpus
+    from mgpu_bench.probes.comm.measure import require_gpus
 
     return require_gpus("gemm", spec)
 
@@ -381,7 +381,7 @@ def run_gemm(cfg: GemmConfig, devices: list[dict], progress: Callable[[str], Non
              telemetry_factory: Callable[..., Any] | None = None) -> GemmRun:
     """Measures every (dtype, shape) on every GPU; Ctrl-C stops at the next burst and keeps the
     results gathered so far (run.stopped = 'interrupted')."""
-    from . import _native, telemetry
+    from mgpu_bench import _native, telemetry
 
     run = GemmRun(cfg, list(devices))
     t_start = time.monotonic()
@@ -512,7 +512,7 @@ def _measure_all(cfg, run, devices, probes, dtype, layout, shape, sampler, phase
 
 
 def _window(sampler, gpu: int, t0: float, t1: float) -> dict | None:
-    from . import telemetry
+    from mgpu_bench import telemetry
 
     if sampler.error:
         return None
@@ -556,7 +556,7 @@ def _sustain_all(cfg, run, devices, probes, dtype, sampler) -> None:
         t1 = time.monotonic()
         r.series = [(t - t0, s) for t, s in series]
         if not sampler.error:
-            from . import telemetry
+            from mgpu_bench import telemetry
 
             samples = sampler.window(dev["index"], t0, t1)
             r.series_telemetry = {"summary": telemetry.summarize(samples, sampler.static.get(dev["index"])),
@@ -606,7 +606,7 @@ def sustained_drop(series: Sequence[tuple[float, float]], flops: int) -> dict | 
 def findings(run: GemmRun) -> list[str]:
     """Lines a person can act on: wrong results, the slow GPU with its likely cause, a
     sustained run that lost throughput, throttling seen while measuring."""
-    from . import telemetry
+    from mgpu_bench import telemetry
 
     lines: list[str] = []
     for r in run.results:
@@ -655,8 +655,8 @@ def findings(run: GemmRun) -> list[str]:
 def document(run: GemmRun, environment: dict, command: list[str] | None = None) -> dict:
     import datetime as _dt
 
-    from . import __version__
-    from .report import RESULT_SCHEMA, RESULT_SCHEMA_VERSION
+    from mgpu_bench import __version__
+    from mgpu_bench.probes.comm.render import RESULT_SCHEMA, RESULT_SCHEMA_VERSION
 
     return {
         "schema": RESULT_SCHEMA, "schema_version": RESULT_SCHEMA_VERSION, "kind": "gemm",

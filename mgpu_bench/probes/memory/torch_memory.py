@@ -30,7 +30,7 @@ import tempfile
 import time
 from typing import Any
 
-from .errors import InputError
+from mgpu_bench.errors import InputError
 
 GIB = 2**30
 
@@ -254,7 +254,7 @@ def run_workload(model: str, batch: int, seq_lens: str, steps: int, seed: int,
     step's "ok" is False) and the run goes on."""
     import torch
 
-    from .models import GPT, get_model_spec, make_optimizer
+    from mgpu_bench.models import GPT, get_model_spec, make_optimizer
 
     spec = get_model_spec(model)
     choices = parse_seq_lens(seq_lens)
@@ -322,7 +322,7 @@ def _guarded_step(net, opt, spec, batch, seq_len, dev, gen) -> tuple[bool, str]:
     before the caller frees memory."""
     import torch
 
-    from .models import synthetic_batch, train_step
+    from mgpu_bench.models import synthetic_batch, train_step
 
     try:
         tokens, targets = synthetic_batch(spec, batch, seq_len, dev, gen)
@@ -347,7 +347,7 @@ def find_max_batch(model: str, seq_len: int, checkpointing: bool, device: str = 
     """
     import torch
 
-    from .models import GPT, get_model_spec, make_optimizer, param_count
+    from mgpu_bench.models import GPT, get_model_spec, make_optimizer, param_count
 
     spec = get_model_spec(model)
     if seq_len < 1 or seq_len > spec.max_seq:
@@ -436,7 +436,7 @@ def _trial_steps(state: dict, spec, batch: int, seq_len: int, dev) -> tuple[bool
     failed step's tensors once this returns."""
     import torch
 
-    from .models import synthetic_batch, train_step
+    from mgpu_bench.models import synthetic_batch, train_step
 
     try:
         tokens, targets = synthetic_batch(spec, batch, seq_len, dev, state["gen"])
@@ -521,7 +521,7 @@ def _child_env(conf: str | None) -> dict[str, str]:
 def _run_child(args: list[str], conf: str | None, timeout_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mgpu-mem-") as tmp:
         path = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, "-m", "mgpu_bench.torch_memory", *args, "--json", path]
+        cmd = [sys.executable, "-m", "mgpu_bench.probes.memory.torch_memory", *args, "--json", path]
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, check=False, env=_child_env(conf), capture_output=True, text=True,

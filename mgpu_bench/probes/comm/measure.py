@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import _native
-from .errors import CommTimeoutError, InputError, MgpuError, NcclError, OutOfMemoryError, interruption
-from .measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
-from .ops import OPS, buffer_bytes, op_counts
-from .sizes import format_bytes, format_gib
+from mgpu_bench import _native
+from mgpu_bench.errors import CommTimeoutError, InputError, MgpuError, NcclError, OutOfMemoryError, interruption
+from mgpu_bench.measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
+from mgpu_bench.ops import OPS, buffer_bytes, op_counts
+from mgpu_bench.sizes import format_bytes, format_gib
 
 BACKENDS = ("auto", "native", "torch")
 # Ops x dtypes the NCCL in use must support; fp8 needs NCCL >= 2.24, and its reductions sm_90+.
@@ -96,7 +96,7 @@ def require_gpus(command: str, spec: str | None) -> tuple[list[int], list[dict]]
 
 def launcher():
     """The launcher this process runs under (launch.LaunchEnv), or None."""
-    from . import launch
+    from mgpu_bench import launch
 
     return launch.detect()
 
@@ -269,7 +269,7 @@ def host_available_memory() -> int | None:
 
 def ring_theory_for(gpus: list[int]):
     """(theory.RingTheory for these CUDA devices, the topo snapshot behind it)."""
-    from . import theory, topo
+    from mgpu_bench import theory, topo
 
     snapshot = topo.collect()
     return theory.ring_theory(snapshot, theory.cuda_devices(gpus)), snapshot
@@ -277,7 +277,7 @@ def ring_theory_for(gpus: list[int]):
 
 def nvlink_rank_pairs(snapshot: dict | None, gpus: list[int]) -> set[tuple[int, int]]:
     """Ordered rank pairs (rank = position in `gpus`) that NVLink joins, per the snapshot."""
-    from . import theory
+    from mgpu_bench import theory
 
     return {(gpus.index(a), gpus.index(b)) for (a, b), h in theory.pair_hops(snapshot, gpus).items()
             if h.kind == "nvlink"}
@@ -356,7 +356,7 @@ def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
 
 
 def _run_native(run: CommRun, cfg: CommConfig, gpus: list[int], progress: ProgressFn | None) -> None:
-    from . import nccl_log
+    from mgpu_bench import nccl_log
 
     n = len(gpus)
     req = run.requests[0]
@@ -381,7 +381,7 @@ def _run_native(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progre
 
 def _read_transports(run: CommRun, capture, gpus: list[int]) -> None:
     """NCCL's own account of the transports, set against what the topology allows."""
-    from . import nccl_log
+    from mgpu_bench import nccl_log
 
     if capture.path is None:
         run.notes.append(capture.reason)
@@ -407,9 +407,10 @@ def _read_transports(run: CommRun, capture, gpus: list[int]) -> None:
 def explain_above_theory(run: CommRun) -> list[str]:
     """busbw above the link theory is never printed bare: say whether NCCL's model picks an
     algorithm the ring formula overstates (NVLS, CollNet), or that the theory must be wrong."""
-    from . import nccl_log
-    from .report import theory_dict
-    from .sizes import format_bytes
+    from mgpu_bench import nccl_log
+    from mgpu_bench.sizes import format_bytes
+
+    from .render import theory_dict
 
     t = theory_dict(run.theory)
     if not t or not t.get("bandwidth"):
@@ -465,7 +466,8 @@ def _run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pr
     import torch
     import torch.distributed as dist
 
-    from . import joined, launch
+    from mgpu_bench import launch
+    from mgpu_bench.probes.comm import joined
 
     launch.export_env(le)
     native = run.backend == "native"
@@ -549,7 +551,7 @@ def _run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pr
 
 def _joined_theory(run: CommRun, members, groups) -> None:
     """Theory per scope from this node's topology (every node is assumed to look like it)."""
-    from . import theory, topo
+    from mgpu_bench import theory, topo
 
     # by PCI bus id, which NVML knows whatever each process's CUDA_VISIBLE_DEVICES hides
     local = [(m.local_rank, m.bus_id) for m in members if m.node == members[0].node]
@@ -565,7 +567,7 @@ def _native_measure(cfg: CommConfig, store, me, members, gpu: int, sessions: dic
     """measure() for joined.sweep on the native core: one CommSession per communicator this
     rank belongs to, created on first use; its NCCL unique id comes from the communicator's
     lowest rank through the launcher's store."""
-    from . import launch
+    from mgpu_bench import launch
 
     prefix = launch._prefix()
 
