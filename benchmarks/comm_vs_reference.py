@@ -14,10 +14,12 @@ import sys
 import time
 from pathlib import Path
 
+from mgpu_bench import document
 from mgpu_bench.env import fingerprint
 from mgpu_bench.measurement import TimingOptions
+from mgpu_bench.probes.comm import document as comm_document
 from mgpu_bench.probes.comm import measure as comm
-from mgpu_bench.probes.comm import render as report
+from mgpu_bench.probes.comm import plan as comm_plan
 
 # nccl-tests busbw, GB/s, 2x H200 NV18, fp32 out-of-place, NCCL 2.28.9, NVLS off (ANCHORS.md).
 ANCHORS = {
@@ -31,7 +33,7 @@ ANCHORS = {
 
 
 def sweep(ops, sizes, **timing):
-    cfg = comm.CommConfig(ops=tuple(ops), dtype="fp32", redop="sum", sizes=tuple(sizes), inplace=(False,),
+    cfg = comm_plan.CommConfig(ops=tuple(ops), dtype="fp32", redop="sum", sizes=tuple(sizes), inplace=(False,),
                           timing=TimingOptions(**timing))
     return comm.run_comm(cfg)
 
@@ -48,7 +50,7 @@ def main() -> None:
     # 1. Native busbw at the anchor sizes (>= 64 MiB is the 2% target).
     sizes = [1 << 20, 64 << 20, 1 << 30]
     run = sweep(list(ANCHORS), sizes)
-    report.write_json(out / "native.json", report.result_document(run, env))
+    document.write_json(out / "native.json", comm_document.result_document(run, env))
     big = sweep(["allreduce"], [8 << 30])
     native = {(m.spec.op, m.spec.bytes): m for m in run.measurements + big.measurements}
 
@@ -80,7 +82,7 @@ def main() -> None:
 
     # 2b. The tool's own torch backend (torch.distributed + NCCL, one process per GPU): the
     # framework's overhead beside the native figures.
-    tb = comm.run_comm(comm.CommConfig(ops=("allreduce", "allgather"), dtype="fp32", redop="sum",
+    tb = comm.run_comm(comm_plan.CommConfig(ops=("allreduce", "allgather"), dtype="fp32", redop="sum",
                                        sizes=(64 << 20, 1 << 30), inplace=(False,), backend="torch"))
     print("\n| op | size | native busbw GB/s | --backend torch busbw GB/s | diff |")
     print("|---|---|---|---|---|")

@@ -18,6 +18,7 @@ import torch
 
 from mgpu_bench.probes.gemm import measure as gemm
 from mgpu_bench.probes.gemm.measure import GemmConfig, Shape
+from mgpu_bench.selection import require_gpus
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32,
                 "fp64": torch.float64}
@@ -77,7 +78,7 @@ def main() -> None:
     ap.add_argument("--inits", default="uniform", help="comma-separated: uniform, normal, positive")
     args = ap.parse_args()
     (shape,) = gemm.parse_shapes(args.shape)
-    _, devices = gemm.devices_or_error(None)
+    _, devices = require_gpus("gemm", None)
     devices = [d for d in devices if d["index"] == args.gpu]
     for dtype in gemm.parse_dtypes(args.dtypes):
         for init in args.inits.split(","):

@@ -468,3 +468,49 @@ def scopes(members: list[Member]) -> list[Group]:
         if len(ranks) > 1:
             out.append(Group("inter-node", f"local rank {local}", ranks))
     return out
+
+
+def strip_options(argv: list[str], drop: tuple[str, ...]) -> list[str]:
+    """argv without the options named in `drop` and their values (--opt VALUE or --opt=VALUE)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in drop:
+            skip = True
+            continue
+        if arg.startswith(tuple(f"{d}=" for d in drop)):
+            continue
+        out.append(arg)
+    return out
+
+
+def relaunch(args: list[str], nprocs: int, timeout_s: float) -> int:
+    """`python -m mgpu_bench.cli ARGS` again in `nprocs` local processes started by torch's elastic
+    launcher on a localhost rendezvous; they join as under torchrun and rank 0 prints and writes.
+    Exit code: 0; the ranks' own code when one failed (2 bad input, 143 SIGTERM, 130 Ctrl-C), else
+    1; 130 when this process is interrupted."""
+    import sys
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from .errors import interruption, restore_sigterm
+
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
+                      rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
+                      monitor_interval=0.1, start_method="spawn", rdzv_timeout=int(max(60, timeout_s)))
+    try:
+        elastic_launch(lc, sys.executable)("-m", "mgpu_bench.cli", *args)
+    except ChildFailedError as exc:  # the ranks said why; their exit code is ours (2: bad input)
+        codes = {f.exitcode for f in exc.failures.values()}
+        return next((c for c in (2, 143, 130) if c in codes), 1)
+    except (KeyboardInterrupt, SignalException) as exc:  # the agent turns Ctrl-C and SIGTERM into SignalException
+        print(f"mgpu-bench: {interruption(exc)}", file=sys.stderr)
+        return 130
+    finally:
+        restore_sigterm()  # the agent's handler stays behind otherwise
+    return 0

@@ -16,9 +16,9 @@ the op and rank count allow (see op_counts).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from . import _native
 from .errors import InputError
 
 # Display order (also the order of `--ops all`).
@@ -41,12 +41,19 @@ class OpInfo:
     inplace: bool
 
 
+@functools.cache
 def _registry() -> dict[str, OpInfo]:
+    """The ops the native core implements (one file each under csrc/ops/), in display order."""
+    from . import _native
+
     native = {d["name"]: OpInfo(d["name"], d["reduces"], d["rooted"], d["inplace"]) for d in _native.ops()}
     return {name: native[name] for name in OP_ORDER if name in native}
 
 
-OPS: dict[str, OpInfo] = _registry()
+def __getattr__(name: str):
+    if name == "OPS":  # read from the native module on first use: the formulas below need no GPU code
+        return _registry()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def busbw_factor(op: str, nranks: int) -> float:
@@ -64,18 +71,18 @@ def busbw_factor(op: str, nranks: int) -> float:
 def parse_ops(text: str) -> list[str]:
     """'allreduce,allgather' or 'all' -> names, checked against the registry."""
     if text.strip().lower() == "all":
-        return list(OPS)
+        return list(_registry())
     out = []
     for part in text.split(","):
         name = part.strip().lower().replace("_", "").replace("-", "")
         if not name:
             continue
-        if name not in OPS:
-            raise InputError(f"unknown op '{part.strip()}': choose from {', '.join(OPS)} or all")
+        if name not in _registry():
+            raise InputError(f"unknown op '{part.strip()}': choose from {', '.join(_registry())} or all")
         if name not in out:
             out.append(name)
     if not out:
-        raise InputError("--ops is empty: name one or more of " + ", ".join(OPS))
+        raise InputError("--ops is empty: name one or more of " + ", ".join(_registry()))
     return out
 
 
@@ -88,11 +95,15 @@ def parse_dtype(text: str) -> str:
 
 
 def dtype_size(dtype: str) -> int:
+    from . import _native
+
     return int(_native.dtype_size(dtype))
 
 
 def op_counts(op: str, size: int, dtype: str, nranks: int) -> dict:
     """Element counts for one measurement; ``bytes`` is the size after rounding."""
+    from . import _native
+
     return dict(_native.op_counts(op, size, dtype, nranks))
 
 

@@ -94,3 +94,20 @@ def format_bytes(n: float) -> str:
 def format_gib(n: float) -> str:
     """An amount of memory, approximately: 24107499520 -> '22.45 GiB'."""
     return f"{n / (1 << 30):.2f} GiB"
+
+
+def format_gbs(bytes_per_s: float) -> str:
+    """bytes/s as GB/s (10^9), without the unit: one decimal from 10 GB/s up, two below."""
+    v = bytes_per_s / 1e9
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def parse_duration(text: str) -> float:
+    """'60s', '2m', '90' (seconds), '1h' -> seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|sec|m|min|h)?\s*", text.lower())
+    if not m:
+        raise InputError(f"--duration '{text}' is not a duration: write e.g. 60s, 5m or 1h")
+    value = float(m.group(1)) * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, None: 1}[m.group(2)]
+    if not (0 < value <= 7 * 24 * 3600):
+        raise InputError(f"--duration '{text}' must be more than 0 and at most a week")
+    return value

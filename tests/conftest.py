@@ -4,7 +4,7 @@ import pytest
 
 
 def _gpu_count() -> int:
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     return visible_gpu_count()
 

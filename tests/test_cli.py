@@ -66,9 +66,9 @@ def test_bad_input_is_one_line_and_exit_2(args, words):
 
 
 def test_gpu_requests_without_gpus_say_so(monkeypatch):
-    from mgpu_bench.probes.comm import measure as comm
+    from mgpu_bench import selection
 
-    monkeypatch.setattr(comm, "visible_gpu_count", lambda: 0)
+    monkeypatch.setattr(selection, "visible_gpu_count", lambda: 0)
     r = invoke("comm", "--gpus", "0,1", "--sizes", "1K")
     assert r.exit_code == 2 and "no NVIDIA GPU is visible" in r.output
     r = invoke("comm", "--graph", "--sizes", "1K")
@@ -87,9 +87,9 @@ def test_native_backend_without_a_driver_names_what_is_missing():
 
 def test_gloo_sweep_end_to_end_writes_json_and_csv(tmp_path, monkeypatch):
     """The whole command on 2 real CPU processes (torch.distributed with gloo)."""
-    from mgpu_bench.probes.comm import measure as comm
+    from mgpu_bench import selection
 
-    monkeypatch.setattr(comm, "visible_gpu_count", lambda: 0)
+    monkeypatch.setattr(selection, "visible_gpu_count", lambda: 0)
     j, c = tmp_path / "r.json", tmp_path / "r.csv"
     r = invoke("comm", "--ops", "allreduce,sendrecv", "--sizes", "1K,4K,1001", "--min-time", "0.01",
                "--json", str(j), "--csv", str(c))
@@ -124,9 +124,9 @@ def test_ctrl_c_keeps_finished_sizes(tmp_path):
 
 
 def test_summary_lines_are_not_wrapped(tmp_path, monkeypatch):
-    from mgpu_bench.probes.comm import measure as comm
+    from mgpu_bench import selection
 
-    monkeypatch.setattr(comm, "visible_gpu_count", lambda: 0)
+    monkeypatch.setattr(selection, "visible_gpu_count", lambda: 0)
     r = invoke("comm", "--ops", "reducescatter", "--sizes", "64M", "--outofplace", "--iters", "2",
                "--warmup-iters", "1")
     assert r.exit_code == 0, r.output

@@ -10,6 +10,8 @@ from click.testing import CliRunner
 
 from mgpu_bench import theory
 from mgpu_bench.cli import cli
+from mgpu_bench.probes.comm import analyse as comm_analyse
+from mgpu_bench.probes.comm import document as comm_document
 from mgpu_bench.probes.comm import report as comm_report
 
 FIX = Path(__file__).with_name("fixtures")
@@ -19,7 +21,7 @@ FIX = Path(__file__).with_name("fixtures")
 def run():
     doc = json.loads((FIX / "comm_2x_h200.json").read_text())
     snap = json.loads((FIX / "topo_2x_h200.json").read_text())
-    r = comm_report.run_from_document(doc)
+    r = comm_document.run_from_document(doc)
     r.theory = theory.ring_theory(snap, [(g["index"], g["pci_bus_id"]) for g in snap["gpus"]]).to_dict()
     return r
 
@@ -80,19 +82,18 @@ def test_report_folder_must_be_creatable(tmp_path):
 
 def test_busbw_above_theory_is_explained_never_bare(run):
     from mgpu_bench import nccl_log
-    from mgpu_bench.probes.comm import measure as comm
 
     log = (FIX / "nccl_info_2x_h200.log").read_text()
     table = nccl_log.tuning_table(log)
     run.algorithms = {f"{m.spec.op}@{m.spec.bytes}": nccl_log.predicted_algorithm(table, m.spec.op, m.spec.bytes)
                       for m in run.measurements if m.spec.op != "alltoall" and m.spec.op != "sendrecv"}
-    assert comm.explain_above_theory(run) == []  # all below 450 GB/s on this machine
+    assert comm_analyse.explain_above_theory(run) == []  # all below 450 GB/s on this machine
     run.theory = dict(run.theory, bandwidth=300e9, summary="a made-up 300 GB/s link")
-    text = comm.explain_above_theory(run)
+    text = comm_analyse.explain_above_theory(run)
     assert any(t.startswith("allreduce 1 GiB out-of-place: busbw 330.8 GB/s is above the link theory 300 GB/s "
                             "with no in-switch algorithm") for t in text)
     run.algorithms["allreduce@1073741824"] = "NVLS/Simple"
-    assert any("NCCL's model picks NVLS/Simple" in t for t in comm.explain_above_theory(run))
+    assert any("NCCL's model picks NVLS/Simple" in t for t in comm_analyse.explain_above_theory(run))
 
 
 def test_algorithm_spans_group_sizes(run):
@@ -108,7 +109,8 @@ def test_markdown_keeps_outside_text_on_one_line():
     import json
     from pathlib import Path
 
-    from mgpu_bench.probes.comm.report import markdown, run_from_document
+    from mgpu_bench.probes.comm.document import run_from_document
+    from mgpu_bench.probes.comm.report import markdown
 
     doc = json.loads((Path(__file__).with_name("fixtures") / "comm_2x_h200.json").read_text())
     md = markdown(run_from_document(doc), {"host": "evil\n# injected | heading", "gpus": []})

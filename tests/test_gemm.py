@@ -9,10 +9,13 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import hardware
+from mgpu_bench import hardware, sizes
 from mgpu_bench.cli import cli
 from mgpu_bench.errors import InputError
+from mgpu_bench.probes.gemm import analyse as gemm_analyse
+from mgpu_bench.probes.gemm import document as gemm_document
 from mgpu_bench.probes.gemm import measure as gemm
+from mgpu_bench.probes.gemm import render as gemm_render
 from mgpu_bench.probes.gemm.measure import Candidate, GemmConfig, GemmResult, GemmRun, Shape
 
 H200 = hardware.Figure(989e12, "FLOP/s", "nvidia-h200-datasheet")
@@ -76,11 +79,11 @@ def test_layout_rules():
 
 
 def test_parse_duration_and_range():
-    assert gemm.parse_duration("60s") == 60 and gemm.parse_duration("2m") == 120
-    assert gemm.parse_duration("1.5") == 1.5 and gemm.parse_duration("1h") == 3600
+    assert sizes.parse_duration("60s") == 60 and sizes.parse_duration("2m") == 120
+    assert sizes.parse_duration("1.5") == 1.5 and sizes.parse_duration("1h") == 3600
     for bad in ("0s", "-1", "1y", "", "8d"):
         with pytest.raises(InputError):
-            gemm.parse_duration(bad)
+            sizes.parse_duration(bad)
     assert gemm.parse_range("2048:8192:2048") == (2048, 4096, 6144, 8192)
     assert gemm.parse_range("1k:3k:1k") == (1024, 2048, 3072)
     for bad in ("1:2", "4096:2048:1024", "1:100000:1", "0:4:1"):
@@ -138,15 +141,15 @@ def test_a_failed_candidate_is_skipped():
 
 
 def test_outliers_need_a_gap_beyond_noise():
-    assert gemm.outliers({0: 780.0}, {0: 0.001}) == []  # one GPU: nothing to compare
-    assert gemm.outliers({0: 780, 1: 781, 2: 779, 3: 770}, {g: 0.001 for g in range(4)}) == []  # 1.3% < 2%
-    out = gemm.outliers({0: 780, 1: 781, 2: 779, 3: 700}, {g: 0.001 for g in range(4)})
+    assert gemm_analyse.outliers({0: 780.0}, {0: 0.001}) == []  # one GPU: nothing to compare
+    assert gemm_analyse.outliers({0: 780, 1: 781, 2: 779, 3: 770}, {g: 0.001 for g in range(4)}) == []  # 1.3% < 2%
+    out = gemm_analyse.outliers({0: 780, 1: 781, 2: 779, 3: 700}, {g: 0.001 for g in range(4)})
     assert [o["gpu"] for o in out] == [3]
     assert out[0]["deficit"] == pytest.approx(1 - 700 / 779.5)
     # the same 10% gap inside a noisy run is not named: 3 x 5% noise is more than the gap
-    assert gemm.outliers({0: 780, 1: 781, 2: 779, 3: 700}, {g: 0.05 for g in range(4)}) == []
+    assert gemm_analyse.outliers({0: 780, 1: 781, 2: 779, 3: 700}, {g: 0.05 for g in range(4)}) == []
     # two GPUs: the slower one is below the median by half the gap
-    assert [o["gpu"] for o in gemm.outliers({0: 780, 1: 700}, {0: 0.001, 1: 0.001})] == [1]
+    assert [o["gpu"] for o in gemm_analyse.outliers({0: 780, 1: 700}, {0: 0.001, 1: 0.001})] == [1]
 
 
 def test_findings_name_the_slow_gpu_and_its_cause():
@@ -157,7 +160,7 @@ def test_findings_name_the_slow_gpu_and_its_cause():
     run = GemmRun(GemmConfig(), devices=[])
     run.results = [result(0, 780, telemetry=tel_ok), result(1, 782, telemetry=tel_ok),
                    result(2, 690, telemetry=tel_slow)]
-    lines = gemm.findings(run)
+    lines = [f.text for f in gemm_analyse.findings(run)]
     slow = [x for x in lines if x.startswith("GPU 2 bf16")]
     assert len(slow) == 1 and "below the node's median" in slow[0] and "1410 MHz" in slow[0]
     assert any("clocks lowered by power cap" in x for x in lines)
@@ -170,7 +173,7 @@ def test_a_gemm_no_algorithm_ran_for_is_a_finding():
     r.candidates = [cand(i, [], max_error=None, error="cublasLtMatmul: CUBLAS_STATUS_NOT_SUPPORTED") for i in range(3)]
     run.results = [r]
     assert r.best is None
-    (line,) = gemm.findings(run)
+    (line,) = [f.text for f in gemm_analyse.findings(run)]
     assert "none of the 3 algorithms" in line and "NOT_SUPPORTED" in line
 
 
@@ -185,31 +188,31 @@ def test_validate_counts_the_buffers_of_the_largest_shape():
 def test_sustained_drop():
     flops = Shape(8192, 8192, 8192).flops
     steady = [(0.5 * i, flops / 780e12) for i in range(40)]
-    assert gemm.sustained_drop(steady, flops)["drop"] == pytest.approx(0.0, abs=1e-12)
+    assert gemm_analyse.sustained_drop(steady, flops)["drop"] == pytest.approx(0.0, abs=1e-12)
     falling = [(0.5 * i, flops / (780e12 if i < 20 else 700e12)) for i in range(40)]
-    d = gemm.sustained_drop(falling, flops)
+    d = gemm_analyse.sustained_drop(falling, flops)
     assert d["drop"] == pytest.approx(1 - 700 / 780)
-    assert gemm.sustained_drop(steady[:5], flops) is None
+    assert gemm_analyse.sustained_drop(steady[:5], flops) is None
     run = GemmRun(GemmConfig(), devices=[])
     r = result(0, 780.0, series=falling, series_telemetry={"summary": {"limiting": ["thermal (software)"]}})
     run.results = [r]
-    assert any("sustained" in x and "thermal (software)" in x for x in gemm.findings(run))
+    assert any("sustained" in x and "thermal (software)" in x for x in [f.text for f in gemm_analyse.findings(run)])
 
 
 def test_document_and_csv_carry_the_figures():
     run = GemmRun(GemmConfig(), devices=[{"index": 0, "name": "NVIDIA H200"}])
     run.results = [result(0, 780.0), result(1, 760.0)]
-    doc = gemm.document(run, {"host": "h"}, ["mgpu-bench", "gemm"])
+    doc = gemm_document.document(run, {"host": "h"}, ["mgpu-bench", "gemm"])
     json.dumps(doc)  # serialisable
     assert doc["kind"] == "gemm" and doc["schema"] == "mgpu-bench/result"
     assert doc["results"][0]["flops_per_s"] == pytest.approx(780e12)
     assert len(doc["results"][1]["candidates"]) == 2 and doc["results"][1]["candidates"][1]["seconds"]
-    csv_text = gemm.render_csv(run)
+    csv_text = gemm_render.render_csv(run)
     header, first = csv_text.splitlines()[:2]
     assert header.split(",")[:3] == ["gpu", "gpu_name", "dtype"]
     row = dict(zip(header.split(","), first.split(","), strict=False))
     assert float(row["flops_per_s"]) == pytest.approx(780e12)
-    lines = gemm.summary_lines(run)
+    lines = gemm_render.summary_lines(run)
     assert any("median 770.0 TFLOP/s" in x and "989" in x for x in lines)
 
 
@@ -235,7 +238,7 @@ def test_cli_bad_input_is_one_line_exit_2(args, text):
 
 
 def test_cli_without_gpu_says_so_exit_2():
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("this machine has GPUs")

@@ -12,7 +12,8 @@ from html.parser import HTMLParser
 import pytest
 
 from mgpu_bench import hardware, telemetry
-from mgpu_bench.probes.gemm import measure as gemm
+from mgpu_bench.probes.gemm import analyse as gemm_analyse
+from mgpu_bench.probes.gemm import render as gemm_render
 from mgpu_bench.probes.gemm import report as gemm_report
 from mgpu_bench.probes.gemm.measure import Candidate, GemmConfig, GemmResult, GemmRun, Shape
 
@@ -120,7 +121,7 @@ class _Tags(HTMLParser):
 def test_the_inputs_make_an_outlier_and_findings():
     run = make_run()
     assert [r.tflops for r in run.results[:2]] == pytest.approx([tflops(0, "bf16"), tflops(1, "bf16")])
-    lines = gemm.findings(run)
+    lines = [f.text for f in gemm_analyse.findings(run)]
     assert any(line.startswith("GPU 1 bf16 8192x8192x8192:") for line in lines)
     assert any("gave wrong results" in line for line in lines)
     assert any("sustained" in line for line in lines)
@@ -151,7 +152,7 @@ def test_report_files_are_written_and_self_contained(tmp_path):
     assert sorted(base64.b64decode(s.split(",", 1)[1]) for s in srcs) == sorted(pngs.values())
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "&lt;img src=x onerror=alert(1)&gt;" in page and "&lt;b&gt;markup&lt;/b&gt;" in page
-    for line in gemm.findings(run):
+    for line in [f.text for f in gemm_analyse.findings(run)]:
         assert html.escape(f"finding: {line}") in page
 
 
@@ -182,7 +183,7 @@ def test_markdown_has_the_table_with_the_figures_from_the_seconds():
         watts, celsius = max(x.power_w for x in got), max(x.temp_c for x in got)
         cells = f"| {sm:.0f} | {watts:.0f} | {celsius:.0f} | {limits} |"
         assert cells in md, cells
-    for line in gemm.summary_lines(run) + gemm.findings(run):
+    for line in gemm_render.summary_lines(run) + [f.text for f in gemm_analyse.findings(run)]:
         assert line in md
     assert "a note with <b>markup</b>" in md and "Stopped early" not in md
 

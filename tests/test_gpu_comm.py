@@ -15,6 +15,7 @@ from mgpu_bench import _native, ops
 from mgpu_bench.errors import CommTimeoutError, CudaError, NcclError, OutOfMemoryError
 from mgpu_bench.measurement import TimingOptions
 from mgpu_bench.probes.comm import measure as comm
+from mgpu_bench.probes.comm import plan as comm_plan
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu(2)]
 
@@ -89,7 +90,7 @@ def test_out_of_memory_leaves_the_session_usable(session):
 def test_sweep_stops_at_oom_and_keeps_earlier_sizes(monkeypatch):
     monkeypatch.setattr(comm, "check_memory", lambda *a: None)  # let the run reach the device limit
     free, _ = _native.mem_get_info(0)
-    cfg = comm.CommConfig(ops=("allreduce",), dtype="fp32", redop="sum", sizes=(1 << 20, 4 << 20, free),
+    cfg = comm_plan.CommConfig(ops=("allreduce",), dtype="fp32", redop="sum", sizes=(1 << 20, 4 << 20, free),
                           inplace=(False,), timing=QUICK)
     run = comm.run_comm(cfg)
     assert run.stopped == "out_of_memory"
@@ -175,7 +176,7 @@ def test_ctrl_c_mid_sweep_writes_what_was_measured(tmp_path):
 
 
 def test_torch_backend_on_gpus_is_checked_and_comparable():
-    cfg = comm.CommConfig(ops=("allreduce", "allgather", "sendrecv"), dtype="bf16", redop="sum",
+    cfg = comm_plan.CommConfig(ops=("allreduce", "allgather", "sendrecv"), dtype="bf16", redop="sum",
                           sizes=(1 << 20, 64 << 20), backend="torch", timing=TimingOptions(min_time_s=0.02))
     run = comm.run_comm(cfg)
     assert run.backend == "torch-nccl" and run.stopped is None, run.stop_message

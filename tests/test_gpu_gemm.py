@@ -12,12 +12,13 @@ from conftest import interrupt_cli
 
 from mgpu_bench.probes.gemm import measure as gemm
 from mgpu_bench.probes.gemm.measure import GemmConfig, Shape
+from mgpu_bench.selection import require_gpus
 
 pytestmark = pytest.mark.gpu
 
 
 def _devices(n=1):
-    _gpus, devices = gemm.devices_or_error(str(n))
+    _gpus, devices = require_gpus("gemm", str(n))
     return devices
 
 

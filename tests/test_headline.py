@@ -11,14 +11,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mgpu_bench import env, hardware
+from mgpu_bench import document, env, hardware
+from mgpu_bench.document import document_kind
 from mgpu_bench.measurement import CommMeasurement, CommSpec
-from mgpu_bench.metrics import LARGE, Metric, document_kind, metrics_from_document
-from mgpu_bench.probes.comm import render as report
-from mgpu_bench.probes.comm.measure import CommRun
+from mgpu_bench.metrics import Metric
+from mgpu_bench.probe import headline as metrics_from_document
+from mgpu_bench.probes.comm import analyse as comm_analyse
+from mgpu_bench.probes.comm import document as comm_docs
+from mgpu_bench.probes.comm.headline import LARGE
+from mgpu_bench.probes.comm.plan import CommRun
+from mgpu_bench.probes.gemm import document as gemm_docs
 from mgpu_bench.probes.gemm import measure as gemm
-from mgpu_bench.probes.links import measure as links
+from mgpu_bench.probes.links import document as links_docs
+from mgpu_bench.probes.links import result as links
+from mgpu_bench.probes.memory import document as memory_docs
 from mgpu_bench.probes.memory import measure as memory
+from mgpu_bench.probes.model import analyse as model_analyse
+from mgpu_bench.probes.model import document as model_docs
 from mgpu_bench.probes.model import measure as mb
 
 GiB = 1 << 30
@@ -84,7 +93,7 @@ def comm_document(scale: float = 1.0, **env_over) -> dict:
                 ms.append(comm_measurement(op, size, sec * scale, inplace=inplace))
     run = CommRun(backend="native", devices=["cuda:0", "cuda:1"], requests=[])
     run.measurements = ms
-    return report.result_document(run, _environment(**env_over), ["mgpu-bench", "comm"])
+    return comm_docs.result_document(run, _environment(**env_over), ["mgpu-bench", "comm"])
 
 
 BIG = gemm.Shape(8192, 8192, 8192)
@@ -139,7 +148,7 @@ def gemm_document(tflops=(700.0, 690.0)) -> dict:
         [{"index": 0, "name": "NVIDIA H200"}, {"index": 1, "name": "NVIDIA H200"}],
         results=results,
     )
-    return gemm.document(run, _environment(), ["mgpu-bench", "gemm"])
+    return gemm_docs.document(run, _environment(), ["mgpu-bench", "gemm"])
 
 
 def memory_document() -> dict:
@@ -182,7 +191,7 @@ def memory_document() -> dict:
         },
         {"model": "350m", "seq_len": 2048, "checkpointing": True, "error": "timed out"},
     ]
-    return memory.document(run, _environment(), ["mgpu-bench", "memory"])
+    return memory_docs.document(run, _environment(), ["mgpu-bench", "memory"])
 
 
 def _ranks(
@@ -218,15 +227,15 @@ def model_document(step_1=0.100, step_2=0.105) -> dict:
         model="350m", seq_len=2048, batch_size=8, steps=12, device="cuda"
     )
     jitter = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01, 0.99, 1.0, 1.0, 1.0]
-    st1 = mb.analyse(cfg, 1, _ranks([step_1 * j for j in jitter], 1), H200.value)
-    st2 = mb.analyse(
+    st1 = model_analyse.analyse(cfg, 1, _ranks([step_1 * j for j in jitter], 1), H200.value)
+    st2 = model_analyse.analyse(
         cfg,
         2,
         _ranks([step_2 * j for j in jitter], 2, nosync_s=step_2 * 0.95),
         H200.value,
     )
-    run = mb.ModelRun(cfg, [1, 2], ["synthetic"], "NVIDIA H200", H200, stats=[st1, st2])
-    return mb.document(run, _environment(), ["mgpu-bench", "model"])
+    run = model_analyse.ModelRun(cfg, [1, 2], ["synthetic"], "NVIDIA H200", H200, stats=[st1, st2])
+    return model_docs.document(run, _environment(), ["mgpu-bench", "model"])
 
 
 def links_document() -> dict:
@@ -256,12 +265,12 @@ def links_document() -> dict:
             )
     run = links.LinksRun(gpus=[0, 1], measurements=ms)
     return {
-        "schema": report.RESULT_SCHEMA,
-        "schema_version": report.RESULT_SCHEMA_VERSION,
+        "schema": document.RESULT_SCHEMA,
+        "schema_version": document.RESULT_SCHEMA_VERSION,
         "command": ["mgpu-bench", "links"],
         "environment": _environment(),
         "topology": None,
-        **links.document(run),
+        **links_docs.document(run),
     }
 
 
@@ -292,8 +301,8 @@ def suite_document() -> dict:
         },
     ]
     return {
-        "schema": report.RESULT_SCHEMA,
-        "schema_version": report.RESULT_SCHEMA_VERSION,
+        "schema": document.RESULT_SCHEMA,
+        "schema_version": document.RESULT_SCHEMA_VERSION,
         "kind": "suite",
         "environment": _environment(),
         "command": ["mgpu-bench", "suite"],
@@ -412,7 +421,7 @@ def test_comm_subcommunicators_get_their_own_names():
     run = CommRun(backend="native", devices=["cuda:0", "cuda:1"], requests=[])
     run.measurements = [m, sub]
     names = [
-        x.name for x in metrics_from_document(report.result_document(run, {}, None))
+        x.name for x in metrics_from_document(comm_docs.result_document(run, {}, None))
     ]
     assert names == [
         "comm.allreduce.fp32.1GiB.out.2ranks.busbw",
@@ -615,4 +624,4 @@ def test_non_finite_values_are_left_out():
 
 
 def test_large_threshold_matches_the_comm_summary():
-    assert LARGE == report.LARGE
+    assert LARGE == comm_analyse.LARGE

@@ -20,9 +20,10 @@ from click.testing import CliRunner
 from test_headline import comm_document, gemm_document, model_document, suite_document
 
 from mgpu_bench.errors import InputError
+from mgpu_bench.history import History, compare, fingerprint_diff, noise, topology_hash
 from mgpu_bench.history import store as hist
-from mgpu_bench.history.store import History, compare, fingerprint_diff, noise, topology_hash
-from mgpu_bench.metrics import Metric, metrics_from_document
+from mgpu_bench.metrics import Metric
+from mgpu_bench.probe import headline as metrics_from_document
 
 
 @pytest.fixture
@@ -711,7 +712,7 @@ def test_show_writes_a_prometheus_textfile(cli, tmp_path, db):
 def _cli_proc(*args: str, db: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, MGPU_BENCH_DB=str(db), CUDA_VISIBLE_DEVICES="")
     return subprocess.run(
-        [sys.executable, "-m", "mgpu_bench.history.cli", *args],
+        [sys.executable, "-m", "mgpu_bench.cli", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -86,7 +86,7 @@ def _torchrun(args: list[str], tmp_path, timeout=240):
 
 
 def test_torchrun_two_gloo_ranks_rank0_prints_and_writes(tmp_path):
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("the GPU tests launch NCCL ranks instead")
@@ -104,7 +104,7 @@ def test_torchrun_two_gloo_ranks_rank0_prints_and_writes(tmp_path):
 
 
 def test_torchrun_ranks_with_different_arguments_stop_with_one_line(tmp_path):
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0 or shutil.which("sh") is None:
         pytest.skip("CPU only")
@@ -119,7 +119,7 @@ def test_torchrun_ranks_with_different_arguments_stop_with_one_line(tmp_path):
 
 
 def test_torchrun_model_rank0_reports_the_whole_job(tmp_path):
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -148,7 +148,7 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout(tmp_path, rank, e
     import os
     import time
 
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -179,7 +179,7 @@ def test_every_waiting_rank_names_the_missing_one(tmp_path):
     """Ranks 0 and 1 of a three-rank job: both stop after --timeout naming rank 2."""
     import os
 
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -199,7 +199,7 @@ def test_every_waiting_rank_names_the_missing_one(tmp_path):
 
 
 def test_torchrun_model_both_data_sources_and_argument_agreement(tmp_path):
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -216,7 +216,7 @@ def test_torchrun_model_both_data_sources_and_argument_agreement(tmp_path):
 def test_launch_processes_reruns_the_command_under_the_elastic_launcher(tmp_path):
     """`comm --launch processes`: one process per rank started by torch's elastic launcher,
     joined as under torchrun; rank 0 alone prints and writes."""
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -237,7 +237,7 @@ def test_launch_processes_reruns_the_command_under_the_elastic_launcher(tmp_path
 
 
 def test_gpu_choice_maps_through_an_existing_cuda_visible_devices(monkeypatch):
-    from mgpu_bench.cli import _pin_gpus
+    from mgpu_bench.selection import pin_gpus as _pin_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,GPU-abc")
     _pin_gpus([1, 2])
@@ -250,7 +250,7 @@ def test_gpu_choice_maps_through_an_existing_cuda_visible_devices(monkeypatch):
 def test_two_torchrun_agents_as_two_nodes_split_intra_and_inter_node(tmp_path):
     """Two torchrun agents (--nnodes 2) on one machine: the job is measured as a whole, per
     node and across nodes (one communicator per local rank); rank 0 alone writes."""
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -334,7 +334,7 @@ def _two_ranks_then_signal(tmp_path, sig, command=COMM_SWEEP, victim=1):
 def test_a_rank_that_leaves_mid_sweep_is_named_and_rank0_keeps_its_measurements(tmp_path, sig, word):
     import signal
 
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -350,7 +350,7 @@ def test_a_rank_that_leaves_mid_sweep_is_named_and_rank0_keeps_its_measurements(
 def test_when_rank_0_dies_the_others_say_that_nothing_was_written(tmp_path):
     import signal
 
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -364,7 +364,7 @@ def test_when_rank_0_dies_the_others_say_that_nothing_was_written(tmp_path):
 def test_a_rank_killed_mid_training_is_named(tmp_path):
     import signal
 
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -430,7 +430,7 @@ def test_sigterm_keeps_what_was_measured_and_exits_143(tmp_path):
     import signal
     import time
 
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -470,7 +470,7 @@ def _sigterm_when(cmd: list[str], stream: str, words: str, tmp_path) -> tuple[in
 def test_sigterm_while_the_results_are_written_waits_for_them(tmp_path):
     """SIGTERM (a batch job's time limit) right after the sweep, while the tables print: the JSON,
     the report and the history entry are all written, then exit 143."""
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -485,7 +485,7 @@ def test_sigterm_while_the_results_are_written_waits_for_them(tmp_path):
 def test_sigterm_to_model_under_its_own_launcher_is_143_with_the_configurations_kept(tmp_path):
     """`model` starts its ranks through torch's elastic agent, which takes SIGTERM over while it
     runs them: still "terminated (SIGTERM)", exit 143, the finished configuration kept."""
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")

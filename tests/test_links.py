@@ -7,8 +7,10 @@ import pytest
 from click.testing import CliRunner
 
 from mgpu_bench.cli import cli
+from mgpu_bench.probes.links import analyse as links_analyse
 from mgpu_bench.probes.links import measure as links
-from mgpu_bench.probes.links.measure import LinkMeasurement, LinkSpec, LinksRun
+from mgpu_bench.probes.links import report as links_report
+from mgpu_bench.probes.links.result import LinkMeasurement, LinkSpec, LinksRun
 
 
 def synthetic(bw: dict[tuple[int, int], float], size=1 << 28) -> LinksRun:
@@ -39,29 +41,29 @@ def test_bandwidth_is_bytes_over_median_and_bidirectional_counts_both_ways():
 
 
 def test_robust_z_is_zero_without_spread_and_large_for_the_outlier():
-    assert set(links.robust_z({1: 5.0, 2: 5.0, 3: 5.0}).values()) == {0.0}
-    z = links.robust_z({1: 10.0, 2: 10.5, 3: 9.5, 4: 10.2, 5: 3.0})
+    assert set(links_analyse.robust_z({1: 5.0, 2: 5.0, 3: 5.0}).values()) == {0.0}
+    z = links_analyse.robust_z({1: 10.0, 2: 10.5, 3: 9.5, 4: 10.2, 5: 3.0})
     assert z[5] < -3 and abs(z[1]) < 1
 
 
 def test_a_healthy_node_has_no_outlier():
-    assert links.outliers(synthetic(eight_gpus())) == []
-    assert not any("slow pairs" in f for f in links.findings(synthetic(eight_gpus())))
+    assert links_analyse.outliers(synthetic(eight_gpus())) == []
+    assert not any("slow pairs" in f for f in links_analyse.findings(synthetic(eight_gpus())))
 
 
 def test_the_gpu_behind_the_slow_pairs_is_named():
     run = synthetic(eight_gpus(slow_gpu=5))
-    slow = links.outliers(run)
+    slow = links_analyse.outliers(run)
     assert len(slow) == 14  # 7 pairs from GPU 5, 7 pairs to it
     assert all(5 in (s["src"], s["dst"]) for s in slow)
-    text = links.findings(run)
+    text = [f.text for f in links_analyse.findings(run)]
     assert text[0].startswith("GPU 5 is in 14 of 14 slow pairs")
 
 
 def test_one_slow_pair_is_named_without_blaming_a_gpu():
     bw = eight_gpus()
     bw[(2, 6)] *= 0.5
-    text = links.findings(synthetic(bw))
+    text = [f.text for f in links_analyse.findings(synthetic(bw))]
     assert not any("slow pairs" in t for t in text)
     assert any(t.startswith("GPU 2 -> GPU 6 (ce, one direction)") for t in text)
 
@@ -69,7 +71,7 @@ def test_one_slow_pair_is_named_without_blaming_a_gpu():
 def test_a_small_drop_within_10_percent_is_not_flagged_even_on_a_tight_node():
     bw = {k: 380.0 for k in eight_gpus()}
     bw[(1, 2)] = 350.0  # -8%: a MAD of 0 makes z huge, the 10% rule keeps it quiet
-    assert links.outliers(synthetic(bw)) == []
+    assert links_analyse.outliers(synthetic(bw)) == []
 
 
 def test_eight_gpu_estimate_scales_pairs_and_host_copies():
@@ -113,7 +115,7 @@ def test_a_copy_far_below_the_link_theory_is_a_finding():
 
     run = synthetic({(0, 1): 393.4, (1, 0): 250.0})
     hops = {(0, 1): Hop(0, 1, "nvlink", 450e9, "NVLink 4 x18"), (1, 0): Hop(1, 0, "nvlink", 450e9, "NVLink 4 x18")}
-    (f,) = links.findings(run, hops)
+    (f,) = [f.text for f in links_analyse.findings(run, hops)]
     assert f.startswith("GPU 1 -> GPU 0: 250.0 GB/s, 56% of NVLink 4 x18 (450 GB/s per direction)")
 
 
@@ -121,11 +123,11 @@ def test_the_named_gpu_gets_the_topologys_explanation():
     run = synthetic(eight_gpus(slow_gpu=5))
     topo_findings = [{"severity": "warning", "subject": "GPU 5", "message": "GPU 5 has 16 active NVLinks, its peers 18"},
                      {"severity": "warning", "subject": "GPU 15", "message": "not this one"}]
-    text = links.findings(run, None, topo_findings)
+    text = [f.text for f in links_analyse.findings(run, None, topo_findings)]
     assert text[0] == "GPU 5 is in 14 of 14 slow pairs; the topology says: GPU 5 has 16 active NVLinks, its peers 18"
 
 
 def test_heatmaps_are_written(tmp_path):
     run = synthetic(eight_gpus(slow_gpu=5))
-    (p,) = links.write_report(run, tmp_path / "rep")
+    (p,) = links_report.write_report(run, tmp_path / "rep")
     assert p.name == "links_ce_uni.png" and p.read_bytes()[:4] == b"\x89PNG"

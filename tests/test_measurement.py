@@ -5,9 +5,12 @@ import json
 import numpy as np
 import pytest
 
+from mgpu_bench import document
 from mgpu_bench.measurement import CommMeasurement, CommSpec
+from mgpu_bench.probes.comm import analyse as comm_analyse
+from mgpu_bench.probes.comm import document as comm_document
 from mgpu_bench.probes.comm import render as report
-from mgpu_bench.probes.comm.measure import CommRun
+from mgpu_bench.probes.comm.plan import CommRun
 
 
 def make(op="allreduce", nbytes=1 << 30, nranks=2, burst=(0.004, 0.005), samples=None, wrong=(0, 0),
@@ -58,14 +61,14 @@ def test_wrong_elements_count_and_warn():
 def test_json_round_trip_keeps_raw_samples(tmp_path):
     run = CommRun(backend="native", devices=["cuda:0", "cuda:1"], requests=[],
                   measurements=[make(), make(inplace=True, wrong=None)])
-    doc = report.result_document(run, {"host": "h", "env": {"NCCL_NVLS_ENABLE": "0"}}, ["mgpu-bench", "comm"])
+    doc = comm_document.result_document(run, {"host": "h", "env": {"NCCL_NVLS_ENABLE": "0"}}, ["mgpu-bench", "comm"])
     path = tmp_path / "r.json"
-    report.write_json(path, doc)
+    document.write_json(path, doc)
     raw = json.loads(path.read_text())
     assert raw["schema"] == "mgpu-bench/result" and raw["schema_version"] == 1
     assert raw["environment"]["env"] == {"NCCL_NVLS_ENABLE": "0"}
     assert raw["status"]["completed"] is True
-    _, back = report.load_measurements(path)
+    _, back = comm_document.load_measurements(path)
     assert len(back) == 2
     for a, b in zip(run.measurements, back):
         assert a.spec == b.spec
@@ -77,14 +80,14 @@ def test_load_rejects_other_schemas(tmp_path):
     p = tmp_path / "x.json"
     p.write_text(json.dumps({"schema": "mgpu-bench/result", "schema_version": 99, "measurements": []}))
     with pytest.raises(ValueError, match="schema version 99"):
-        report.load_measurements(p)
+        comm_document.load_measurements(p)
 
 
 def test_summary_uses_largest_size_and_mean_over_large_sizes():
     ms = [make(nbytes=1 << 20, burst=(1e-4, 1e-4)), make(nbytes=64 << 20, burst=(2.5e-4, 2.5e-4)),
           make(nbytes=1 << 30, burst=(3.2e-3, 3.2e-3))]
     run = CommRun(backend="native", devices=["cuda:0", "cuda:1"], requests=[], measurements=ms)
-    (s,) = report.summary(run)
+    (s,) = comm_analyse.summary(run)
     assert s["largest_bytes"] == 1 << 30
     assert s["busbw_at_largest"] == pytest.approx((1 << 30) / 3.2e-3)
     assert s["large_sizes"] == 2

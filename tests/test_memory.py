@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from mgpu_bench.cli import cli
 from mgpu_bench.errors import InputError
+from mgpu_bench.probes.memory import analyse as memory_analyse
 from mgpu_bench.probes.memory import measure as memory
 from mgpu_bench.probes.memory.measure import ChurnResult, HbmResult, MemoryConfig, MemoryRun
 
@@ -92,15 +93,15 @@ def test_findings_name_the_fragmenting_allocator_and_the_one_that_recovers():
     run = MemoryRun(MemoryConfig(), devices=[])
     run.churn = [churn("cudaMalloc", "interleaved", 40 * GiB, 40 * GiB),
                  churn("async", "interleaved", 40 * GiB, 15 * GiB)]
-    lines = memory.findings(run)
+    lines = [f.text for f in memory_analyse.findings(run)]
     assert any("interleaved under async" in x and "25.00 GiB of 40.00 GiB" in x for x in lines)
     assert any("cudaMalloc recovers it" in x for x in lines)
     run.churn = [churn("cudaMalloc", "interleaved", 40 * GiB, 39.9 * GiB)]
-    assert any(x.startswith("no allocator fragmented") for x in memory.findings(run))
+    assert any(x.startswith("no allocator fragmented") for x in [f.text for f in memory_analyse.findings(run)])
     # under 5% but more than a point apart: stated, with both figures
     run.churn = [churn("cudaMalloc", "small-between-large", 133 * GiB, 132.9 * GiB),
                  churn("async", "small-between-large", 133 * GiB, 129.5 * GiB)]
-    lines = memory.findings(run)
+    lines = [f.text for f in memory_analyse.findings(run)]
     assert any("small-between-large: async leaves 3.50 GiB (2.6%)" in x and "cudaMalloc 0.10 GiB (0.1%)" in x
                for x in lines)
 
@@ -108,7 +109,7 @@ def test_findings_name_the_fragmenting_allocator_and_the_one_that_recovers():
 def test_findings_flag_slow_hbm():
     run = MemoryRun(MemoryConfig(), devices=[])
     run.hbm = [HbmResult(0, "copy_ce", GiB, GiB, [1e-3], 4.8e12)]  # 2.15 TB/s of 4.8
-    assert any("HBM copy" in x and "below 80%" in x for x in memory.findings(run))
+    assert any("HBM copy" in x and "below 80%" in x for x in [f.text for f in memory_analyse.findings(run)])
 
 
 @pytest.mark.parametrize("args,text", [
@@ -128,7 +129,7 @@ def test_cli_bad_input_is_one_line_exit_2(args, text):
 
 
 def test_cli_without_gpu_says_so_exit_2():
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("this machine has GPUs")

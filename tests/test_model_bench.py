@@ -12,25 +12,26 @@ from click.testing import CliRunner
 
 from mgpu_bench import models
 from mgpu_bench.cli import cli
+from mgpu_bench.probes.model import analyse as model_analyse
 from mgpu_bench.probes.model import measure as mb
 
 
 def test_stable_window_skips_a_slow_start_and_a_drift():
     steady = [0.100 + 0.001 * (i % 3) for i in range(20)]
-    assert mb.stable_window(steady, 0) == (0, 20, True)
+    assert model_analyse.stable_window(steady, 0) == (0, 20, True)
     slow_start = [0.5, 0.3, 0.2, 0.15, 0.12] + steady
-    start, end, stable = mb.stable_window(slow_start, 0)
+    start, end, stable = model_analyse.stable_window(slow_start, 0)
     assert stable and end == 25 and 3 <= start <= 5
-    assert mb.stable_window(slow_start, 2)[0] >= 3  # never inside the warm-up
+    assert model_analyse.stable_window(slow_start, 2)[0] >= 3  # never inside the warm-up
     drifting = [0.1 * (1.03 ** i) for i in range(20)]  # 3% slower every step: never stable
-    assert mb.stable_window(drifting, 0)[2] is False
-    assert mb.stable_window([0.1, 0.1], 0) == (0, 2, False)  # too short to tell
+    assert model_analyse.stable_window(drifting, 0)[2] is False
+    assert model_analyse.stable_window([0.1, 0.1], 0) == (0, 2, False)  # too short to tell
 
 
 def test_scaling_efficiency():
-    eff = mb.scaling_efficiency({1: 1000.0, 2: 1900.0, 4: 3000.0})
+    eff = model_analyse.scaling_efficiency({1: 1000.0, 2: 1900.0, 4: 3000.0})
     assert eff == {1: 1.0, 2: pytest.approx(0.95), 4: pytest.approx(0.75)}
-    assert mb.scaling_efficiency({2: 1900.0}) == {}
+    assert model_analyse.scaling_efficiency({2: 1900.0}) == {}
 
 
 def ranks(step_s, world=1, data_s=0.001, nosync_s=None, oom=False):
@@ -51,29 +52,29 @@ def ranks(step_s, world=1, data_s=0.001, nosync_s=None, oom=False):
 
 def test_analyse_throughput_mfu_and_exposed_comm():
     cfg = mb.ModelConfig(model="350m", seq_len=2048, batch_size=8)
-    st = mb.analyse(cfg, 2, ranks(0.2, world=2, nosync_s=0.17), peak_flops=989e12)
+    st = model_analyse.analyse(cfg, 2, ranks(0.2, world=2, nosync_s=0.17), peak_flops=989e12)
     d = st.derived
     assert st.tokens_per_step == 8 * 2 * 2048
     assert d["tokens_per_s"] == pytest.approx(8 * 2 * 2048 / 0.2)
     fpt = models.flops_per_token(models.get_model_spec("350m"), 2048)
     assert d["mfu"] == pytest.approx(8 * 2048 / 0.2 * fpt / 989e12)
     assert d["exposed_comm_share"] == pytest.approx(0.15)
-    assert mb.verdict(st).startswith("communication-bound: exposed communication is 15.0%")
+    assert model_analyse.verdict(st).startswith("communication-bound: exposed communication is 15.0%")
 
 
 def test_verdicts():
     cfg = mb.ModelConfig(model="tiny", seq_len=128, batch_size=4)
-    assert mb.verdict(mb.analyse(cfg, 1, ranks(0.1), None)) == "compute-bound"
-    assert mb.verdict(mb.analyse(cfg, 1, ranks(0.1, data_s=0.03), None)).startswith("input-bound")
-    assert mb.verdict(mb.analyse(cfg, 1, ranks(0.1, oom=True), None)).startswith("memory-bound")
-    eff, gross = mb.analyse(cfg, 1, ranks(0.1), None), mb.analyse(cfg, 1, ranks(0.125), None)
-    assert mb.input_loss(eff, gross) == pytest.approx(0.2)
-    assert "input pipeline costs 20.0%" in mb.verdict(eff, gross)
+    assert model_analyse.verdict(model_analyse.analyse(cfg, 1, ranks(0.1), None)) == "compute-bound"
+    assert model_analyse.verdict(model_analyse.analyse(cfg, 1, ranks(0.1, data_s=0.03), None)).startswith("input-bound")
+    assert model_analyse.verdict(model_analyse.analyse(cfg, 1, ranks(0.1, oom=True), None)).startswith("memory-bound")
+    eff, gross = model_analyse.analyse(cfg, 1, ranks(0.1), None), model_analyse.analyse(cfg, 1, ranks(0.125), None)
+    assert model_analyse.input_loss(eff, gross) == pytest.approx(0.2)
+    assert "input pipeline costs 20.0%" in model_analyse.verdict(eff, gross)
 
 
 def test_two_gloo_processes_end_to_end(tmp_path):
     """A real run: the tiny GPT on 2 CPU processes (gloo) through torch's elastic launcher."""
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("on GPU machines the GPU tests cover this")
@@ -103,7 +104,7 @@ def test_two_gloo_processes_end_to_end(tmp_path):
     (["--peak-tflops", "-1"], "--peak-tflops"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, text):
-    from mgpu_bench.probes.comm.measure import visible_gpu_count
+    from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0 and "--seq-len" in args:
         pytest.skip("GPU defaults differ")

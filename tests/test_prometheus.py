@@ -18,7 +18,7 @@ from test_headline import (
     suite_document,
 )
 
-from mgpu_bench.metrics import Metric, metrics_from_document
+from mgpu_bench.metrics import Metric
 from mgpu_bench.output.prometheus import (
     escape_value,
     family,
@@ -27,6 +27,7 @@ from mgpu_bench.output.prometheus import (
     sanitize_name,
     write_textfile,
 )
+from mgpu_bench.probe import headline as metrics_from_document
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL = r"[a-zA-Z_][a-zA-Z0-9_]*"

@@ -14,8 +14,10 @@ import pytest
 from conftest import interrupt_cli
 
 from mgpu_bench.history.store import History
-from mgpu_bench.metrics import metrics_from_document
-from mgpu_bench.probes.comm.measure import visible_gpu_count
+from mgpu_bench.probe import Step, replace_option
+from mgpu_bench.probe import headline as metrics_from_document
+from mgpu_bench.probes.model.analyse import steps_to_fill
+from mgpu_bench.selection import visible_gpu_count
 from mgpu_bench.suite import run as suite
 
 pytestmark = pytest.mark.skipif(visible_gpu_count() > 0, reason="the CPU plan; GPUs run tests/test_gpu_suite.py")
@@ -27,16 +29,42 @@ def _suite(tmp_path, *args, timeout=600):
 
 
 def test_plan_covers_three_rounds_and_picks_gpus():
-    probes = suite.plan(suite.SuiteConfig(quick=True, duration_s=20), [0, 1])
+    probes = suite.plan(suite.SuiteConfig(quick=True, duration_s=20, gpus=(0, 1)))
     assert [p.round for p in probes] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert [p.name for p in probes] == ["gemm", "memory", "model-1gpu", "comm", "links", "model-scaling",
+                                        "max-batch", "gemm-sustained", "model-sustained"]
     scaling = next(p for p in probes if p.name == "model-scaling")
     assert "1,2" in scaling.args and "--gpus" in scaling.args
     assert next(p for p in probes if p.name == "gemm-sustained").args[-3:] == ("20s", "--gpus", "2")
-    odd = suite.plan(suite.SuiteConfig(rounds=(1,)), [2, 3])
+    odd = suite.plan(suite.SuiteConfig(rounds=(1,), gpus=(2, 3)))
     assert next(p for p in odd if p.name == "model-1gpu").args[-4:-2] == ("--gpus", "2,")
-    assert suite._counts(8) == "1,2,4,8" and suite._counts(6) == "1,2,4,6"
-    assert suite.sustained_steps({"runs": [{"derived": {"step_s": 0.1}}]}, 20) == 200
-    assert suite.sustained_steps(None, 20) == 0
+
+    def counts(n):
+        step = next(p for p in suite.plan(suite.SuiteConfig(gpus=tuple(range(n)))) if p.name == "model-scaling")
+        return step.args[step.args.index("--scaling") + 1]
+
+    assert counts(8) == "1,2,4,8" and counts(6) == "1,2,4,6" and counts(2) == "1,2"
+    assert steps_to_fill({"runs": [{"derived": {"step_s": 0.1}}]}, 20) == 200
+    assert steps_to_fill(None, 20) == 0
+
+
+def test_the_sustained_run_is_planned_from_an_earlier_model_run_or_a_calibration():
+    (step,) = [p for p in suite.plan(suite.SuiteConfig(rounds=(3,), duration_s=20, gpus=(0, 1)))
+               if p.name == "model-sustained"]
+    earlier = [{"name": "model-1gpu", "document": {"runs": [{"world": 1, "derived": {"step_s": 0.1}}]}}]
+    ran = []
+    planned = step.prepare(step, earlier, ran.append)
+    assert ran == [] and replace_option(step.args, "--steps", "200") == planned.args
+    calibration = {"name": "model-calibration", "document": {"runs": [{"world": 2, "derived": {"step_s": 0.5}}]}}
+
+    def run_step(s):
+        ran.append(s)
+        return calibration
+
+    planned = step.prepare(step, [], run_step)
+    (calib,) = ran
+    assert calib.name == "model-calibration" and calib.args[calib.args.index("--steps") + 1] == "5"
+    assert planned.args[planned.args.index("--steps") + 1] == "40"
 
 
 def test_rounds_2_and_3_on_cpu_ranks_report_store_and_skip_with_reasons(tmp_path):
@@ -129,11 +157,10 @@ def test_every_planned_command_line_parses(gpus, tmp_path):
     (checked by click's parser here, since CI cannot run them)."""
     from mgpu_bench.cli import cli
 
-    for p in suite.plan(suite.SuiteConfig(quick=False, duration_s=60), gpus, sustained_steps=100) + \
-            suite.plan(suite.SuiteConfig(quick=True, duration_s=20), gpus):
-        quiet = ["--no-progress"] if p.args[0] in suite.QUIET_COMMANDS else []
-        args = [*p.args[1:], "--json", str(tmp_path / "x.json"), *quiet, "--no-store"]
-        cli.commands[p.args[0]].make_context(p.args[0], args)
+    for p in suite.plan(suite.SuiteConfig(quick=False, duration_s=60, gpus=tuple(gpus))) + \
+            suite.plan(suite.SuiteConfig(quick=True, duration_s=20, gpus=tuple(gpus))):
+        args = suite.child_args(p, tmp_path / "x.json")
+        cli.commands[p.args[0]].make_context(p.args[0], args[1:])
 
 
 def test_report_renders_a_stored_suite_again(tmp_path):
@@ -148,15 +175,15 @@ def test_report_renders_a_stored_suite_again(tmp_path):
 
 
 def test_a_probe_past_its_time_limit_is_a_failure_not_an_interrupt(tmp_path):
-    probe = suite.Probe(2, "comm", "collective bus bandwidth",
-                        ("comm", "--backend", "torch", "--ops", "allreduce", "--sizes", "1K", "--min-time", "60",
-                         "--iters", "0"), min_gpus=0, timeout_s=8)
+    probe = Step(2, 10, "comm", "collective bus bandwidth",
+                 ("comm", "--backend", "torch", "--ops", "allreduce", "--sizes", "1K", "--min-time", "60",
+                  "--iters", "0"), min_gpus=0, timeout_s=8)
     entry = suite.run_probe(probe, 0, tmp_path)
     assert entry["status"] == "failed" and entry["error"] == "did not finish within 8 s; stopped"
     assert entry["seconds"] < 8 + 60
 
 
-def test_with_steps_replaces_only_the_step_counts():
+def test_replace_option_replaces_only_that_value():
     args = ("model", "--model", "350m", "--steps", "50", "--warmup-steps", "3", "--gpus", "2")
-    assert suite._with_steps(args, 5, 2) == ("model", "--model", "350m", "--steps", "5", "--warmup-steps", "2",
-                                             "--gpus", "2")
+    assert replace_option(replace_option(args, "--steps", "5"), "--warmup-steps", "2") == (
+        "model", "--model", "350m", "--steps", "5", "--warmup-steps", "2", "--gpus", "2")

@@ -15,18 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_bench.probes.comm import render as report
-from mgpu_bench.probes.comm import report as comm_report
-from mgpu_bench.probes.gemm import measure as gemm
-from mgpu_bench.probes.gemm import report as gemm_report
-from mgpu_bench.probes.links import measure as links
-from mgpu_bench.probes.memory import measure as memory
-from mgpu_bench.probes.memory import report as memory_report
-from mgpu_bench.probes.model import measure as model_bench
-from mgpu_bench.probes.model import report as model_report
+from mgpu_bench.probe import OK, PROBLEM, SEVERITIES, WARNING
+from mgpu_bench.probes.comm import analyse as comm_analyse
+from mgpu_bench.probes.comm import document as comm_document
+from mgpu_bench.probes.gemm import analyse as gemm_analyse
+from mgpu_bench.probes.gemm import document as gemm_document
+from mgpu_bench.probes.links import document as links_document
+from mgpu_bench.probes.memory import analyse as memory_analyse
+from mgpu_bench.probes.memory import document as memory_document
+from mgpu_bench.probes.model import analyse as model_analyse
+from mgpu_bench.probes.model import document as model_document
 from mgpu_bench.sizes import format_bytes
+from mgpu_bench.suite import judge as suite_judge
 from mgpu_bench.suite import report as suite_report
-from mgpu_bench.suite.report import OK, PROBLEM, SEVERITIES, WARNING
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SUITE = FIXTURES / "suite" / "suite.json"
@@ -69,7 +70,7 @@ def test_fixture_is_small_and_says_what_is_real():
 
 def test_every_document_is_recognised_and_rebuilt_faithfully(doc):
     """The loaders give back runs whose own findings and documents equal what was stored."""
-    kinds = [suite_report.sub_kind(p["document"]) for p in doc["probes"]]
+    kinds = [suite_judge.sub_kind(p["document"]) for p in doc["probes"]]
     assert kinds == [
         "gemm",
         "memory",
@@ -83,39 +84,39 @@ def test_every_document_is_recognised_and_rebuilt_faithfully(doc):
     ]
     for p in doc["probes"]:
         d = p["document"]
-        kind = suite_report.sub_kind(d)
+        kind = suite_judge.sub_kind(d)
         if kind == "gemm":
-            run = gemm_report.run_from_document(d)
-            assert gemm.findings(run) == d["findings"]
-            assert gemm.document(run, d["environment"])["results"] == d["results"]
+            run = gemm_document.run_from_document(d)
+            assert [f.text for f in gemm_analyse.findings(run)] == d["findings"]
+            assert gemm_document.document(run, d["environment"])["results"] == d["results"]
         elif kind == "memory":
-            assert (
-                memory.findings(memory_report.run_from_document(d)) == d["findings"]
-            )
+            assert [f.text for f in memory_analyse.findings(memory_document.run_from_document(d))] == d["findings"]
         elif kind == "model":
-            run = model_report.run_from_document(d)
-            again = model_bench.document(run, d["environment"])
-            assert model_bench.findings(run) == d["findings"]
+            run = model_document.run_from_document(d)
+            again = model_document.document(run, d["environment"])
+            assert [f.text for f in model_analyse.findings(run)] == d["findings"]
             assert (again["runs"], again["config"], again["scaling"]) == (
                 d["runs"],
                 d["config"],
                 d["scaling"],
             )
         elif kind == "links":
-            run, hops = links.run_from_document(d)
-            again = links.document(run, hops)
+            run, hops = links_document.run_from_document(d)
+            again = links_document.document(run, hops)
             assert again["kind"] == "links"  # the stored document predates the field
-            assert all(again[k] == d[k] for k in again if k != "kind")
+            envelope = {"schema", "schema_version", "kind", "tool_version", "created", "command", "environment",
+                        "topology"}
+            assert all(again[k] == d[k] for k in again if k not in envelope)
         elif kind == "comm":
-            run = comm_report.run_from_document(d)
-            assert report.summary(run) == d["summary"]
+            run = comm_document.run_from_document(d)
+            assert comm_analyse.summary(run) == d["summary"]
 
 
 # ------------------------------------------------------------------------------------ findings
 
 
 def test_findings_problems_first_with_figures_and_causes(doc):
-    fs = suite_report.findings(doc)
+    fs = suite_judge.findings(doc)
     assert [SEVERITIES.index(f.severity) for f in fs] == sorted(
         SEVERITIES.index(f.severity) for f in fs
     )
@@ -147,7 +148,7 @@ def test_findings_problems_first_with_figures_and_causes(doc):
     scaling = next(
         t for t in problems if t.startswith("round 2 model-scaling: scaling 1 -> 2")
     )
-    eff = model_report.run_from_document(
+    eff = model_document.run_from_document(
         probe(doc, "model-scaling")["document"]
     ).scaling()[2]
     assert f"efficiency {100 * eff:.1f}%" in scaling and "(healthy >= 90%)" in scaling
@@ -182,7 +183,7 @@ def test_the_suites_own_telemetry_names_the_slow_gpu_and_the_capped_ones(doc):
         "(-13%), power cap (software) seen, 599 W of 600 W: power-capped at a lower power limit "
         "(600 W vs 700 W on its peers)"
     )
-    fs = suite_report.findings(doc)
+    fs = suite_judge.findings(doc)
     assert cause in texts(fs, WARNING)
     assert not [
         t
@@ -193,7 +194,7 @@ def test_the_suites_own_telemetry_names_the_slow_gpu_and_the_capped_ones(doc):
         g["summary"].update(sm_hz_median=1.5e9, limiting=["power cap (software)"])
     assert (
         "round 3 model-sustained: GPU 0, 1, 2, 3 while it ran: clocks lowered by power cap (software)"
-        in texts(suite_report.findings(doc), WARNING)
+        in texts(suite_judge.findings(doc), WARNING)
     )
     page = suite_report.page(doc)
     assert page.count("<b>telemetry sampled by the suite</b> every 0.5 s") == 2
@@ -215,7 +216,7 @@ def test_skipped_interrupted_and_missing_documents_are_warnings(doc):
     )
     probe(doc, "comm").update(status="interrupted", error="Ctrl-C")
     probe(doc, "max-batch")["document"] = None
-    fs = suite_report.findings(doc)
+    fs = suite_judge.findings(doc)
     warnings = texts(fs, WARNING)
     assert "round 2 links skipped: needs 2 GPUs or more" in warnings
     assert "round 2 comm interrupted: Ctrl-C" in warnings
@@ -225,7 +226,7 @@ def test_skipped_interrupted_and_missing_documents_are_warnings(doc):
 def test_a_broken_document_is_a_problem_not_an_exception(doc):
     probe(doc, "gemm")["document"]["results"] = [{"gpu": 0}]
     probe(doc, "comm")["document"]["measurements"] = [{"kind": "comm"}]
-    problems = texts(suite_report.findings(doc), PROBLEM)
+    problems = texts(suite_judge.findings(doc), PROBLEM)
     assert (
         "round 1 gemm: its result document could not be read: KeyError: 'dtype'"
         in problems
@@ -253,10 +254,10 @@ def test_comm_far_below_theory_is_a_problem_named_with_the_transport(doc):
         "summary": "NVLink 4 x18: 450.0 GB/s per direction",
     }
     comm["findings"] = [shm]
-    fs = suite_report.findings(doc)
+    fs = suite_judge.findings(doc)
     s = next(
         x
-        for x in report.summary(comm_report.run_from_document(comm))
+        for x in comm_analyse.summary(comm_document.run_from_document(comm))
         if x["op"] == "allreduce" and x["placement"] == "out-of-place"
     )
     bw = s["busbw_at_largest"]
@@ -266,7 +267,7 @@ def test_comm_far_below_theory_is_a_problem_named_with_the_transport(doc):
     )
     assert expect in texts(fs, PROBLEM)
     assert f"round 2 comm: {shm}" in texts(fs, WARNING)
-    row = next(r for r in suite_report.headline_rows(doc) if r["probe"] == "comm")
+    row = next(r for r in suite_judge.headline_rows(doc) if r["probe"] == "comm")
     assert row["expected"] == f"{100 * bw / 450e9:.0f}% of 450 GB/s theory"
 
 
@@ -280,12 +281,12 @@ def test_comm_of_a_real_h200_run_is_ok_against_its_theory(doc):
         "summary": "NVLink 4 x18: 450.0 GB/s per direction",
     }
     probe(doc, "comm")["document"] = comm
-    oks = texts(suite_report.findings(doc), OK)
+    oks = texts(suite_judge.findings(doc), OK)
     assert (
         "round 2 comm: allreduce busbw 330.8 GB/s at 1 GiB, 74% of the 450 GB/s theory (NVLink 4 x18: "
         "450.0 GB/s per direction); NCCL rings reach about 360 GB/s"
     ) in oks
-    row = next(r for r in suite_report.headline_rows(doc) if r["probe"] == "comm")
+    row = next(r for r in suite_judge.headline_rows(doc) if r["probe"] == "comm")
     assert (row["figure"], row["expected"]) == (
         "allreduce 1 GiB busbw 330.8 GB/s",
         "74% of 450 GB/s theory",
@@ -297,7 +298,7 @@ def test_scaling_above_ideal_says_the_baseline_is_suspect(doc):
     one = next(r for r in runs if r["world"] == 1)
     two = next(r for r in runs if r["world"] == 2)
     two["derived"]["tokens_per_s"] = 2.3 * one["derived"]["tokens_per_s"]
-    warnings = texts(suite_report.findings(doc), WARNING)
+    warnings = texts(suite_judge.findings(doc), WARNING)
     assert any(
         t.startswith("round 2 model-scaling: scaling 1 -> 2: efficiency 115.0%")
         and "above 100%" in t
@@ -307,14 +308,14 @@ def test_scaling_above_ideal_says_the_baseline_is_suspect(doc):
 
 def test_headline_is_compute_bound_when_every_model_probe_says_so(doc):
     doc["probes"] = [p for p in doc["probes"] if p["name"] != "model-1gpu"]
-    head = suite_report.verdict(doc)
+    head = suite_judge.verdict(doc)
     assert head.severity == OK
     assert (
         head.text
         == "verdict: compute-bound, exposed communication 0.0% (2 process(es), round 2 model-scaling)"
     )
     doc["probes"] = [p for p in doc["probes"] if not p["name"].startswith("model")]
-    assert suite_report.verdict(doc) is None
+    assert suite_judge.verdict(doc) is None
 
 
 # ------------------------------------------------------------------------------------ markdown
@@ -328,10 +329,10 @@ def test_markdown_has_the_machine_the_verdicts_and_the_key_figures(doc):
     )
     assert "## Verdicts (5 problem(s), 4 warning(s), 7 ok)" in md
     assert "- **PROBLEM** verdict: input-bound" in md
-    comm = comm_report.run_from_document(probe(doc, "comm")["document"])
+    comm = comm_document.run_from_document(probe(doc, "comm")["document"])
     s = next(
         x
-        for x in report.summary(comm)
+        for x in comm_analyse.summary(comm)
         if x["op"] == "allreduce" and x["placement"] == "out-of-place"
     )
     for row in (
@@ -607,7 +608,7 @@ def test_report_command_renders_every_kind_of_document_again(tmp_path):
     from click.testing import CliRunner
 
     from mgpu_bench.cli import cli
-    from mgpu_bench.metrics import document_kind
+    from mgpu_bench.document import document_kind
 
     doc = json.loads((FIXTURES / "suite" / "suite.json").read_text())
     kinds = set()

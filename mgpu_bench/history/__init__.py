@@ -1,1 +1,18 @@
-"""placeholder"""
+"""The history: every run's result document and headline metrics in SQLite, baselines per kind,
+and the comparison that gates on regressions.
+
+    store.py     the database (WAL, application id, migrations), runs, metrics, baselines, trends
+    compare.py   change per metric against a noise-aware threshold, fingerprint differences
+    cli.py       `mgpu-bench history`, `baseline` and `compare`
+
+It reads result documents and the metrics their probes name (probe.headline); it imports no
+probe backend.
+"""
+
+from __future__ import annotations
+
+from .compare import Change, Comparison, compare, compare_runs, fingerprint_diff, noise, topology_hash
+from .store import History, RunInfo, RunRecord, TrendPoint, default_path, run_label
+
+__all__ = ["Change", "Comparison", "History", "RunInfo", "RunRecord", "TrendPoint", "compare", "compare_runs",
+           "default_path", "fingerprint_diff", "noise", "run_label", "topology_hash"]

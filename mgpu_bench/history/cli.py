@@ -2,8 +2,7 @@
 baseline per kind, and the regression check a cron job or CI can gate on.
 
 The main group registers these with `register(cli)`. Bad input raises InputError, which the
-main group turns into one line on stderr and exit code 2. `python -m mgpu_bench.history_cli`
-runs the main command line with these commands registered.
+main group turns into one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -241,7 +240,7 @@ def history_show(run, prom_path, db_path) -> int:
     """One run's headline metrics (RUN: r12 as `history list` prints it, 12, or latest)."""
     from rich.table import Table
 
-    from .store import noise
+    from .compare import noise
 
     check_writable(prom_path)
     out = _out()
@@ -456,7 +455,7 @@ Exit codes: 0 no regression; 1 at least one regression (gate cron jobs and CI on
 def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
     from rich.table import Table
 
-    from .store import NOISE_K, STATUSES, compare_runs
+    from .compare import NOISE_K, STATUSES, compare_runs
 
     tolerance = parse_tolerance(tolerance_text)
     check_writable(json_path)
@@ -509,7 +508,7 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
         )
     out.print(", ".join(f"{n} {s}" for s, n in counts.items()))
     if json_path:
-        from mgpu_bench.probes.comm.render import write_json
+        from mgpu_bench.document import write_json
 
         try:
             write_json(json_path, result.to_dict())
@@ -527,14 +526,3 @@ def register(main: click.Group) -> None:
     for command in (history_group, baseline_group, compare_command):
         main.add_command(command)
 
-
-def main() -> None:
-    """The mgpu-bench command line with these commands registered."""
-    from mgpu_bench.cli import cli
-
-    register(cli)
-    cli.main(prog_name="mgpu-bench")
-
-
-if __name__ == "__main__":
-    main()

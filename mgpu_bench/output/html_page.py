@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 STYLE = ("body{font-family:sans-serif;max-width:72em;margin:2em auto}table{border-collapse:collapse;"
@@ -21,6 +21,21 @@ ENV_KEYS = ("host", "nvidia_driver", "cuda_driver", "cuda_runtime", "nccl", "cub
 
 def image(name: str, png: bytes) -> str:
     return f"<p><img alt='{html.escape(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'></p>"
+
+
+def images(pngs: Mapping[str, bytes], keys: Sequence[str] | None = None, grid: bool = False) -> str:
+    """The PNGs (all, or those of `keys` that exist, in that order), side by side when `grid`."""
+    names = list(pngs) if keys is None else [k for k in keys if k in pngs]
+    body = "".join(image(k, pngs[k]) for k in names)
+    return f"<div class=grid>{body}</div>" if grid and body else body
+
+
+def ul(items: Sequence[object], cls: str = "") -> str:
+    """A list of outside texts, escaped; "" for none."""
+    if not items:
+        return ""
+    attr = f" class={cls}" if cls else ""
+    return f"<ul{attr}>" + "".join(f"<li>{html.escape(str(i))}</li>" for i in items) + "</ul>"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], left: Sequence[int] = ()) -> str:

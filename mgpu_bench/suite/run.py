@@ -1,14 +1,14 @@
 """`mgpu-bench suite`: the three rounds of a throughput stress test, one command.
 
-Round 1, single-GPU baseline: GEMM per dtype on every GPU, HBM bandwidth and fragmentation, the
-model's training step on one GPU. Round 2, multi-GPU scaling: collective sweeps, GPU-to-GPU links,
-the model over 1..N GPUs. Round 3, limit throughput: the largest batch that fits, then a sustained
-GEMM and a sustained training run with clocks, power, temperature and throttle reasons over time.
+Round 1, single-GPU baseline; round 2, multi-GPU scaling; round 3, limit throughput. The plan is
+what every registered probe contributes (probe.suite_steps), ordered by round and the probe's own
+place in it; the suite knows no probe by name.
 
-Each probe is the tool's own command run as a child process (`python -m mgpu_bench.cli ...
+Each step is the tool's own command run as a child process (`python -m mgpu_bench.cli ...
 --json FILE`): a probe that fails, runs out of memory or hangs past its time limit is recorded
 with its reason and the suite goes on; its GPU state (CUDA context, NCCL communicators) dies with
-it. The suite document holds every probe's own result document unchanged.
+it. The suite document holds every probe's own result document unchanged. The children get the
+user's environment as it is (NCCL_* included): the suite sets no variable of its own.
 """
 
 from __future__ import annotations
@@ -26,22 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mgpu_bench.errors import InputError, is_sigterm
+from mgpu_bench import probe as registry
+from mgpu_bench.document import envelope
+from mgpu_bench.errors import InputError, is_sigterm, terminated
+from mgpu_bench.probe import PlanContext, Step
 
-ROUNDS = {1: "single-GPU baseline", 2: "multi-GPU scaling", 3: "limit throughput"}
-QUIET_COMMANDS = ("comm", "gemm", "memory", "model")  # those with a progress display to turn off
-SUITE_MODEL = "350m"  # the model of round 1 and 3 on GPUs (ANCHORS: 40% MFU on one H200)
-
-
-@dataclass(frozen=True)
-class Probe:
-    round: int
-    name: str
-    title: str
-    args: tuple[str, ...]  # the mgpu-bench command line after "mgpu-bench"
-    min_gpus: int = 1  # 0: runs on CPU ranks too
-    telemetry: bool = False  # the suite samples NVML while it runs (round 3)
-    timeout_s: float = 900.0
+from .judge import ROUND_TITLES
 
 
 @dataclass(frozen=True)
@@ -49,7 +39,8 @@ class SuiteConfig:
     quick: bool = False
     rounds: tuple[int, ...] = (1, 2, 3)
     duration_s: float = 300.0  # round 3's sustained runs, each
-    gpus: str | None = None  # as every command's --gpus
+    gpus: tuple[int, ...] = ()  # the selected CUDA devices; () on CPU ranks
+    tolerance: float = 0.05  # against the baseline
 
 
 @dataclass
@@ -57,6 +48,7 @@ class SuiteRun:
     config: SuiteConfig
     probes: list[dict] = field(default_factory=list)  # one entry per probe (see document())
     interrupted: bool = False
+    stop_message: str | None = None
     wall_seconds: float = 0.0
 
     @property
@@ -69,134 +61,26 @@ def parse_rounds(text: str) -> tuple[int, ...]:
         rounds = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
     except ValueError:
         raise InputError(f"--rounds '{text}': write round numbers like 1,2 or 1,2,3") from None
-    if not rounds or any(r not in ROUNDS for r in rounds):
+    if not rounds or any(r not in ROUND_TITLES for r in rounds):
         raise InputError(f"--rounds '{text}': the rounds are 1, 2 and 3")
     return rounds
 
 
-def gpu_spec(gpus: list[int]) -> str:
-    """--gpus for exactly these CUDA devices: "N" for the first N, else indices ("3," for one)."""
-    if gpus == list(range(len(gpus))):
-        return str(len(gpus))
-    return ",".join(map(str, gpus)) + ("," if len(gpus) == 1 else "")
+def plan(cfg: SuiteConfig) -> list[Step]:
+    """Every registered probe's steps for the chosen rounds on cfg.gpus ([]: CPU ranks, where
+    the GPU steps stay in the plan and are recorded as skipped), by round and order."""
+    ctx = PlanContext(cfg.quick, tuple(cfg.gpus), cfg.duration_s)
+    steps = [s for name in registry.names() if name != "suite" for s in registry.get(name).suite_steps(ctx)]
+    return sorted((s for s in steps if s.round in cfg.rounds), key=lambda s: (s.round, s.order))
 
 
-def _counts(n: int) -> str:
-    """1, 2, 4, ... up to n, and n itself."""
-    out, k = [], 1
-    while k < n:
-        out.append(k)
-        k *= 2
-    return ",".join(map(str, [*out, n]))
+def child_args(step: Step, out: Path | None = None) -> list[str]:
+    """The step's command line as the suite runs it: its result document to `out`, no progress
+    display, nothing stored (the suite stores the whole run)."""
+    return [*step.args, "--json", str(out or "x.json"), "--no-progress", "--no-store"]
 
 
-def plan(cfg: SuiteConfig, gpus: list[int], sustained_steps: int = 0) -> list[Probe]:
-    """The probes of the chosen rounds on the selected CUDA devices `gpus` ([]: CPU ranks, where
-    the GPU probes stay in the plan and are recorded as skipped). `sustained_steps`: the
-    sustained model run's steps, from round 1's step time (0: a default)."""
-    q = cfg.quick
-    ngpu = len(gpus)
-    g = ("--gpus", gpu_spec(gpus)) if ngpu else ()
-    one = ("--gpus", gpu_spec(gpus[:1])) if ngpu else ()  # the first selected GPU
-    dur = f"{cfg.duration_s:g}s"
-    if ngpu:
-        model = ("--model", SUITE_MODEL, "--seq-len", "2048", "--batch-size", "8")
-        steps = ("--steps", "12", "--warmup-steps", "3") if q else ("--steps", "30", "--warmup-steps", "5")
-        probes = [
-            Probe(1, "gemm", "GEMM per GPU and dtype",
-                  ("gemm", "--dtype", "bf16,fp8" if q else "fp64,tf32,fp16,bf16,fp8", *g)),
-            Probe(1, "memory", "HBM bandwidth and fragmentation",
-                  ("memory", "--bandwidth", "--pattern", "grow-shrink" if q else "all", "--allocator",
-                   "cudaMalloc,async" if q else "all", *g)),
-            Probe(1, "model-1gpu", "training step on one GPU",
-                  ("model", *model, *steps, *one, *(("--data", "both") if not q else ()))),
-            Probe(2, "comm", "collective bus bandwidth",
-                  ("comm", "--ops", "allreduce,allgather,reducescatter" if q else
-                   "allreduce,allgather,reducescatter,alltoall,broadcast,sendrecv",
-                   "--sizes", "1M-1G", "--factor", "4" if q else "2", "--outofplace", *g), min_gpus=2),
-            Probe(2, "links", "GPU-to-GPU links", ("links", *(("--iters", "5") if q else ()), *g), min_gpus=2),
-            Probe(2, "model-scaling", "training steps over GPU counts",
-                  ("model", *model, *steps, "--scaling", _counts(ngpu), "--no-profile" if q else "--profile", *g),
-                  min_gpus=2),
-            Probe(3, "max-batch", "largest batch that fits",
-                  ("memory", "--no-churn", "--max-batch", SUITE_MODEL, "--seq-len", "2048", *one)),
-            Probe(3, "gemm-sustained", "sustained GEMM",
-                  ("gemm", "--dtype", "bf16", "--duration", dur, *g), telemetry=True,
-                  timeout_s=cfg.duration_s + 600),
-            Probe(3, "model-sustained", "sustained training",
-                  ("model", *model, "--steps", str(sustained_steps or 50), "--warmup-steps", "3",
-                   "--no-exposed-comm", "--no-profile", *g), telemetry=True, timeout_s=cfg.duration_s * 3 + 600),
-        ]
-    else:  # CPU ranks: what needs no GPU runs (gloo, the tiny model), the rest is skipped
-        tiny = ("--model", "tiny", "--steps", "8" if q else "20", "--warmup-steps", "2")
-        probes = [
-            Probe(1, "gemm", "GEMM per GPU and dtype", ("gemm",)),
-            Probe(1, "memory", "HBM bandwidth and fragmentation", ("memory", "--bandwidth")),
-            Probe(1, "model-1gpu", "training step on one process", ("model", *tiny, "--nproc", "1"), min_gpus=0),
-            Probe(2, "comm", "collective bus bandwidth",
-                  ("comm", "--backend", "torch", "--nproc", "2", "--ops", "allreduce,allgather", "--sizes",
-                   "1K-1M", "--factor", "32", "--outofplace"), min_gpus=0),
-            Probe(2, "links", "GPU-to-GPU links", ("links",), min_gpus=2),
-            Probe(2, "model-scaling", "training steps over process counts",
-                  ("model", *tiny, "--scaling", "1,2"), min_gpus=0),
-            Probe(3, "max-batch", "largest batch that fits", ("memory", "--no-churn", "--max-batch", "tiny")),
-            Probe(3, "gemm-sustained", "sustained GEMM", ("gemm", "--duration", dur)),
-            Probe(3, "model-sustained", "sustained training",
-                  ("model", "--model", "tiny", "--steps", str(sustained_steps or 40), "--warmup-steps", "2",
-                   "--nproc", "1", "--no-exposed-comm", "--no-profile"), min_gpus=0,
-                  timeout_s=cfg.duration_s * 3 + 600),
-        ]
-    return [p for p in probes if p.round in cfg.rounds]
-
-
-def sustained_steps(model_doc: dict | None, duration_s: float) -> int:
-    """Steps that fill `duration_s` at the median step time of an earlier model run with the
-    most GPUs (at least 20); 0 when there is none."""
-    try:
-        run = max((r for r in model_doc["runs"] if r.get("derived")), key=lambda r: r.get("world", 1))
-        return max(20, int(duration_s / run["derived"]["step_s"]))
-    except (TypeError, KeyError, ValueError, ZeroDivisionError):
-        return 0
-
-
-def _with_steps(args: tuple[str, ...], steps: int, warmup: int) -> tuple[str, ...]:
-    """A model command line with its --steps and --warmup-steps values replaced."""
-    out = list(args)
-    for flag, value in (("--steps", steps), ("--warmup-steps", warmup)):
-        out[out.index(flag) + 1] = str(value)
-    return tuple(out)
-
-
-def _last_error(stderr: str) -> str:
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    ours = [ln for ln in lines if ln.startswith("mgpu-bench:")]
-    return (ours or lines or ["no message"])[-1][:400]
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("NCCL_NVLS_ENABLE", "0")  # as the host requires; the user's value wins
-    return env
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def _stop_group(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
-    """SIGINT to the probe's process group (it writes what it measured and exits), SIGKILL to
-    the group after `grace_s`."""
-    _signal_group(proc, signal.SIGINT)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        _signal_group(proc, signal.SIGKILL)
-        proc.wait()
-    _signal_group(proc, signal.SIGKILL)  # anything of it still alive after the probe itself ended
-
-
-def run_probe(probe: Probe, ngpu: int, work: Path, bus_ids: dict[int, str] | None = None) -> dict:
+def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None = None) -> dict:
     """Runs one probe as a child process in its own process group; its entry in the suite
     document. Past probe.timeout_s, or on Ctrl-C (forwarded to the group), the probe gets SIGINT
     and writes what it measured (SIGKILL after 60 s); after a Ctrl-C, KeyboardInterrupt is
@@ -209,8 +93,7 @@ def run_probe(probe: Probe, ngpu: int, work: Path, bus_ids: dict[int, str] | Non
                           else "needs an NVIDIA GPU")
         return entry
     out = work / f"{probe.round}-{probe.name}.json"
-    quiet = ("--no-progress",) if probe.args[0] in QUIET_COMMANDS else ()
-    cmd = [sys.executable, "-m", "mgpu_bench.cli", *probe.args, "--json", str(out), *quiet, "--no-store"]
+    cmd = [sys.executable, "-m", "mgpu_bench.cli", *child_args(probe, out)]
     sampler = None
     if probe.telemetry and bus_ids:
         from mgpu_bench import telemetry
@@ -224,7 +107,7 @@ def run_probe(probe: Probe, ngpu: int, work: Path, bus_ids: dict[int, str] | Non
     # Its own session and process group: a stop reaches every process the probe started (torch
     # ranks, DataLoader workers), and its output goes to a file, which no orphan can hold open.
     with open(log, "w") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             try:
                 proc.wait(timeout=probe.timeout_s)
@@ -263,6 +146,29 @@ def run_probe(probe: Probe, ngpu: int, work: Path, bus_ids: dict[int, str] | Non
     return entry
 
 
+def _last_error(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    ours = [ln for ln in lines if ln.startswith("mgpu-bench:")]
+    return (ours or lines or ["no message"])[-1][:400]
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGINT to the probe's process group (it writes what it measured and exits), SIGKILL to
+    the group after `grace_s`."""
+    _signal_group(proc, signal.SIGINT)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+    _signal_group(proc, signal.SIGKILL)  # anything of it still alive after the probe itself ended
+
+
 class _Interrupted(KeyboardInterrupt):
     def __init__(self, entry: dict) -> None:
         super().__init__()
@@ -278,59 +184,47 @@ def _telemetry(sampler, t0: float) -> dict:
                      for i, s in sampler.samples.items()}}
 
 
-def run_suite(cfg: SuiteConfig, gpus: list[int], bus_ids: dict[int, str],
-              say: Callable[[str], None] | None = None) -> SuiteRun:
-    """Every probe of the plan in order; Ctrl-C ends the suite after the running probe has
+def run_suite(cfg: SuiteConfig, bus_ids: dict[int, str], say: Callable[[str], None] | None = None) -> SuiteRun:
+    """Every step of the plan in order; Ctrl-C ends the suite after the running probe has
     written what it measured (the rest are recorded as skipped)."""
     run = SuiteRun(cfg)
     t0 = time.monotonic()
+    ngpu = len(cfg.gpus)
     with tempfile.TemporaryDirectory(prefix="mgpu-bench-suite-") as tmp:
-        probes = plan(cfg, gpus)
-        i = 0
-        while i < len(probes):
-            p = probes[i]
-            if p.name == "model-sustained":  # as many steps as fill --duration, from an earlier step time
-                steps = next((n for e in reversed(run.probes) if e["name"].startswith("model")
-                              and (n := sustained_steps(e["document"], cfg.duration_s))), 0)
-                if not steps:  # no earlier model run (round 1 not asked for, or it failed): time a few
-                    calib = run_probe(Probe(3, "model-calibration", "step time for the sustained run",
-                                            _with_steps(p.args, 5, 2), min_gpus=p.min_gpus), len(gpus), Path(tmp))
-                    steps = sustained_steps(calib["document"], cfg.duration_s)
-                p = next(x for x in plan(cfg, gpus, steps) if x.name == "model-sustained")
-            if say:
-                say(f"round {p.round} ({ROUNDS[p.round]}), {i + 1}/{len(probes)}: {p.title}")
+        steps = plan(cfg)
+        for i, step in enumerate(steps):
             try:
-                entry = run_probe(p, len(gpus), Path(tmp), bus_ids)
+                if step.prepare is not None:  # a step planned from what ran before it
+                    step = step.prepare(step, run.probes, lambda s: run_probe(s, ngpu, Path(tmp)))
+                if say:
+                    say(f"round {step.round} ({ROUND_TITLES[step.round]}), {i + 1}/{len(steps)}: {step.title}")
+                entry = run_probe(step, ngpu, Path(tmp), bus_ids)
             except _Interrupted as stop:
                 run.probes.append(stop.entry)
                 run.interrupted = True
-                for rest in probes[i + 1:]:
+                how = "terminated (SIGTERM)" if terminated() else "interrupted (Ctrl-C)"
+                run.stop_message = f"{how}; the probes measured so far are in the report"
+                for rest in steps[i + 1:]:
                     run.probes.append({**_skipped(rest), "error": "not run: the suite was interrupted"})
                 break
             run.probes.append(entry)
             if say:
                 say(f"  {entry['status']} in {entry['seconds']:.1f} s" + (f": {entry['error']}" if entry["error"] else ""))
-            i += 1
     run.wall_seconds = time.monotonic() - t0
     return run
 
 
-def _skipped(p: Probe) -> dict:
+def _skipped(p: Step) -> dict:
     return {"round": p.round, "name": p.name, "title": p.title, "command": ["mgpu-bench", *p.args],
             "status": "skipped", "error": None, "seconds": 0.0, "document": None, "telemetry": None}
 
 
 def document(run: SuiteRun, environment: dict, command: list[str] | None = None) -> dict:
-    from mgpu_bench import __version__
-    from mgpu_bench.probes.comm.render import RESULT_SCHEMA, RESULT_SCHEMA_VERSION
-
     return {
-        "schema": RESULT_SCHEMA, "schema_version": RESULT_SCHEMA_VERSION, "kind": "suite",
-        "tool_version": __version__, "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "command": command, "environment": environment, "quick": run.config.quick,
+        **envelope("suite", environment, command), "quick": run.config.quick,
         "rounds": list(run.config.rounds), "duration_s": run.config.duration_s,
         "status": {"completed": not run.interrupted, "stopped": "interrupted" if run.interrupted else None,
-                   "failed": [p["name"] for p in run.failed]},
+                   "message": run.stop_message, "failed": [p["name"] for p in run.failed]},
         "wall_seconds": run.wall_seconds, "probes": run.probes, "findings": [],
     }
 
@@ -350,17 +244,19 @@ def write_document(path: Path, doc: dict) -> None:
 
 # The headline metrics whose history the report plots, by the start of their names.
 TREND_PREFIXES = ("gemm.", "comm.allreduce.", "memory.", "model.")
+
+
 TREND_LIMIT = 30
 
 
 def history_trend(history, doc: dict, per_prefix: int = 2) -> dict[str, list[tuple[str, float, str]]]:
     """metric name -> [(created ISO time, value, unit), ...] oldest first, for a few of this
     suite's headline metrics (the first `per_prefix` of each kind), from the history database."""
-    from mgpu_bench.metrics import metrics_from_document
+    from mgpu_bench.probe import headline
 
     out: dict[str, list[tuple[str, float, str]]] = {}
     taken: dict[str, int] = {}
-    for m in metrics_from_document(doc):
+    for m in headline(doc):
         prefix = next((p for p in TREND_PREFIXES if m.name.startswith(p)), None)
         if prefix is None or taken.get(prefix, 0) >= per_prefix:
             continue

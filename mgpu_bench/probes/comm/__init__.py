@@ -1,1 +1,248 @@
-"""placeholder"""
+"""`mgpu-bench comm`: collective bus bandwidth sweeps, checked, against the theory of the path.
+
+    plan.py           the config, the backend and ranks, every input check, the requests
+    measure.py        runs them: the native core, torch.distributed workers (torch_backend.py),
+                      or one rank of a launcher's job (joined.py)
+    analyse.py        busbw against theory, the summary per op, stragglers, the suite's verdicts
+    render.py         terminal table and CSV
+    report.py         busbw-vs-size plots, HTML page, Markdown, the suite section
+    document.py       the result document, written and read back
+    headline.py       the metrics history compares
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from mgpu_bench.errors import InputError
+from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, WARNING, Finding, PlanContext, Probe, Step, option
+
+HELP = """Collective bandwidth sweeps: time, algbw and busbw per size, checked.
+
+\b
+Sizes mean what nccl-tests' size column means: the per-rank buffer for allreduce,
+broadcast, reduce and sendrecv; the whole gathered output for allgather; the whole input
+for reducescatter; the whole per-rank buffer for alltoall. They are rounded down to whole
+elements (for allgather, reducescatter and alltoall, to a multiple of the rank count), and
+the rounding is printed. alltoall and sendrecv run out-of-place only: with one buffer,
+received data would overwrite data not yet sent.
+
+\b
+Stopping rule per size: max(2, --warmup-iters) warm-up iterations (the later ones give a
+per-iteration estimate, the slowest rank's wins), then --iters iterations, or by default
+enough to fill --min-time (0.03 s) at that estimate, at least 20 and at most 10000. The
+burst is timed with CUDA events at its two ends only (time = burst / iterations, slowest
+rank: nccl-tests' time column); a second pass of the same length records an event every
+batch of iterations lasting >= 0.5 ms, which gives the median, p99 and CoV without event
+overhead in the time column. --check (on) then runs the op once on known data and counts
+wrong elements on the GPU; any wrong element makes the exit code 1.
+
+\b
+busbw = algbw x 2(n-1)/n (allreduce), x (n-1)/n (allgather, reducescatter, alltoall),
+x 1 (broadcast, reduce, sendrecv). GB/s = 10^9 bytes/s.
+"""
+
+
+class CommProbe(Probe):
+    name = "comm"
+    summary = "collective bus bandwidth (NCCL), checked"
+    help = HELP
+    payload = "measurements"
+    outputs = ("json", "csv", "report")
+    output_help: ClassVar[Mapping[str, str]] = {
+        "json": "Write the versioned result document (raw samples included).",
+        "csv": "Write one row per measurement, base units.",
+        "report": "Write busbw-vs-size PNGs with the theory line, a self-contained HTML page and a Markdown "
+                  "summary into this folder.",
+        "progress": "Progress bar on stderr [default: when a terminal].",
+    }
+    progress = "bar"
+
+    def options(self) -> list:
+        import click
+
+        from mgpu_bench.measurement import TimingOptions
+
+        return [
+            option("--ops", "ops_text", default="allreduce,allgather", show_default=True,
+                   help="Comma list of allreduce, allgather, reducescatter, broadcast, reduce, alltoall, "
+                        "sendrecv, or 'all'."),
+            option("--sizes", "sizes_text", default=None,
+                   help="A range 1M-1G (see --factor/--step) or a list 8,1K,64M; K/M/G = 1024^n. "
+                        "Default 1M-1G on GPUs, 1K-4M on CPU ranks."),
+            option("--factor", type=float, default=None, help="Multiply sizes by this over a range [default: 2]."),
+            option("--step", "step_text", default=None, help="Add this many bytes over a range instead."),
+            option("--dtype", "dtype_text", default="fp32", show_default=True,
+                   help="fp32, fp16, bf16, fp64, int32, int8, fp8_e4m3, fp8_e5m2."),
+            option("--redop", default="sum", show_default=True, help="sum, max, min or avg (reducing ops only)."),
+            option("--inplace", "only_inplace", is_flag=True, help="In-place only (default: both)."),
+            option("--outofplace", "only_outofplace", is_flag=True, help="Out-of-place only (default: both)."),
+            option("--gpus", default=None, help=GPUS_HELP),
+            option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "native", "torch"]),
+                   help="auto: native where NVIDIA GPUs are visible, else torch.distributed with gloo on "
+                        "CPU processes. torch on GPUs: torch.distributed with NCCL, one process per GPU."),
+            option("--nproc", default=2, show_default=True, type=int, help="Ranks for torch on CPU."),
+            option("--iters", default=0, type=int, help="Fixed timed iterations per size (default: by --min-time)."),
+            option("--warmup-iters", default=5, show_default=True, type=int),
+            option("--min-time", default=TimingOptions.min_time_s, show_default=True, type=float,
+                   help="Seconds of timed iterations per size when --iters is not given."),
+            option("--graph", is_flag=True, help="Capture the timed iterations into CUDA graphs (native)."),
+            option("--check/--no-check", default=True, show_default=True, help="Count wrong elements."),
+            option("--timeout", default=120.0, show_default=True, type=float,
+                   help="Seconds one size may take before the communicators are aborted."),
+            option("--launch", "launch_mode", default="single", show_default=True,
+                   type=click.Choice(["single", "processes"]),
+                   help="processes: start one process per local GPU (--nproc on CPU) through torch's elastic "
+                        "launcher and measure as torchrun would (native backend on GPUs, one communicator per "
+                        "process); single: one process drives all GPUs."),
+        ]
+
+    def configure(self, o: dict):
+        from mgpu_bench import ops, selection
+        from mgpu_bench.measurement import TimingOptions
+        from mgpu_bench.sizes import parse_sizes
+
+        from .plan import CommConfig
+
+        op_names = ops.parse_ops(o["ops_text"])
+        dtype = ops.parse_dtype(o["dtype_text"])
+        redop = o["redop"].strip().lower()
+        if redop not in ops.REDOPS:
+            raise InputError(f"unknown --redop '{redop}': choose from {', '.join(ops.REDOPS)}")
+        iters, warmup = o["iters"], o["warmup_iters"]
+        if not (0 <= iters <= MAX_ITERS and 0 <= warmup <= MAX_ITERS):
+            raise InputError(f"--iters and --warmup-iters must be between 0 and {MAX_ITERS}")
+        if not (0 < o["min_time"] <= 1e4):
+            raise InputError("--min-time must be a positive number of seconds (at most 1e4)")
+        only_in, only_out = o["only_inplace"], o["only_outofplace"]
+        placements = (True,) if only_in and not only_out else (False,) if only_out and not only_in else (False, True)
+        sizes_text = o["sizes_text"]
+        if sizes_text is None:
+            sizes_text = "1M-1G" if selection.visible_gpu_count() > 0 else "1K-4M"
+        sizes = parse_sizes(sizes_text, o["factor"], o["step_text"])
+        timing = TimingOptions(warmup_iters=warmup, iters=iters, min_time_s=o["min_time"], graph=o["graph"],
+                               check=o["check"])
+        return CommConfig(ops=tuple(op_names), dtype=dtype, redop=redop, sizes=tuple(sizes), inplace=placements,
+                          backend=o["backend"], gpus=o["gpus"], nproc=o["nproc"], timing=timing,
+                          timeout_s=o["timeout"], launch=o["launch_mode"])
+
+    def delegate(self, cfg) -> int | None:
+        """--launch processes outside a launcher: the same command in one process per GPU."""
+        import sys
+
+        from mgpu_bench import launch, selection
+
+        from .plan import native_error_as_input
+
+        if cfg.launch != "processes" or launch.detect() is not None:
+            return None
+        ngpu = selection.visible_gpu_count()
+        if cfg.backend == "native" and ngpu == 0:
+            native_error_as_input()
+        if ngpu:
+            chosen = selection.parse_gpus(cfg.gpus, ngpu)
+            selection.pin_gpus(chosen)  # the GPUs are chosen through CUDA_VISIBLE_DEVICES instead of --gpus
+            n = len(chosen)
+        else:
+            if cfg.gpus is not None:
+                raise InputError("--gpus given but no NVIDIA GPU is visible here")
+            n = cfg.nproc
+        if n < 2:
+            raise InputError(f"--launch processes needs at least 2 processes ({n} selected)")
+        return launch.relaunch(launch.strip_options(sys.argv[1:], ("--launch", "--gpus")), n, cfg.timeout_s)
+
+    def run(self, cfg, ctx):
+        from mgpu_bench import launch
+        from mgpu_bench.document import Document
+        from mgpu_bench.env import backend_versions
+        from mgpu_bench.sizes import format_bytes
+
+        from .document import result_document
+        from .measure import run_comm
+
+        def progress(i, total, req):
+            ctx.progress.step(i, total, f"{req.op} {format_bytes(req.size)} {'in' if req.inplace else 'out'}")
+
+        run = run_comm(cfg, progress)
+        environment = {**ctx.environment, **backend_versions(run.backend)}
+        le = launch.detect()
+        if le is not None:
+            environment["launcher"] = {"kind": le.launcher, "world_size": le.world_size,
+                                       "nnodes": run.nnodes or le.nnodes, "master": f"{le.master_addr}:{le.master_port}"}
+        return Document.of(result_document(run, environment, ctx.command), run)
+
+    def from_document(self, doc: Mapping):
+        from .document import run_from_document
+
+        return run_from_document(dict(doc))
+
+    def notes(self, doc: Mapping) -> list[str]:
+        return list(self.load(doc).notes)
+
+    def findings(self, doc: Mapping) -> list[Finding]:
+        return [Finding(WARNING, f) for f in self.load(doc).findings]
+
+    def judge(self, doc: Mapping) -> list[Finding]:
+        from .analyse import judge
+
+        return judge(self.load(doc))
+
+    def failure(self, doc: Mapping) -> str | None:
+        wrong = self.load(doc).total_wrong
+        return f"{wrong} wrong element(s): the data did not arrive intact" if wrong else None
+
+    def headline(self, doc: Mapping) -> list:
+        from .headline import headline
+
+        return headline(doc)
+
+    def key_figure(self, doc: Mapping) -> tuple[str, str]:
+        from .analyse import key_figure
+
+        return key_figure(self.load(doc))
+
+    def render(self, doc: Mapping, console) -> None:
+        from .render import render_terminal, summary_lines
+
+        run = self.load(doc)
+        if run.measurements:
+            render_terminal(run, console)
+            for line in summary_lines(run):
+                console.print(line, highlight=False, soft_wrap=True)  # one line each, for grep
+        console.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s wall, "
+                      "communicator set-up included", highlight=False)
+
+    def csv(self, doc: Mapping) -> str:
+        from .render import render_csv
+
+        return render_csv(self.load(doc))
+
+    def images(self, doc: Mapping) -> dict[str, bytes]:
+        from .report import images
+
+        return images(self.load(doc))
+
+    def section(self, doc: Mapping, images: Mapping[str, bytes]) -> str:
+        from .report import section
+
+        return section(self.load(doc), dict(images))
+
+    def report(self, doc: Mapping, out_dir, history=None):
+        from .report import write_report
+
+        return write_report(self.load(doc), out_dir, doc.get("environment") or {})
+
+    def suite_steps(self, plan: PlanContext) -> list[Step]:
+        if plan.ngpu:
+            ops = "allreduce,allgather,reducescatter" if plan.quick else \
+                "allreduce,allgather,reducescatter,alltoall,broadcast,sendrecv"
+            args = ("comm", "--ops", ops, "--sizes", "1M-1G", "--factor", "4" if plan.quick else "2", "--outofplace",
+                    *plan.gpus_args())
+            return [Step(2, 10, "comm", "collective bus bandwidth", args, min_gpus=2)]
+        return [Step(2, 10, "comm", "collective bus bandwidth",
+                     ("comm", "--backend", "torch", "--nproc", "2", "--ops", "allreduce,allgather", "--sizes",
+                      "1K-1M", "--factor", "32", "--outofplace"), min_gpus=0)]
+
+
+PROBE = CommProbe()

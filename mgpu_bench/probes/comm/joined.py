@@ -15,9 +15,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from mgpu_bench.errors import MgpuError, portable
+from mgpu_bench import _native
+from mgpu_bench.errors import CommTimeoutError, InputError, MgpuError, portable
 from mgpu_bench.launch import Group, Member
 from mgpu_bench.measurement import CommMeasurement, CommRequest
+
+from .analyse import explain_above_theory, stragglers
+from .plan import CommConfig, CommRun, ProgressFn, native_args, spec_of, stop
 
 SCOPES = ("world", "intra-node", "inter-node")
 
@@ -89,56 +93,159 @@ def combine(per_rank: list[dict]) -> dict:
 
 # -- the straggler report ------------------------------------------------------------------------
 
-# A communicator (node or rail) is named when its busbw is this far below the median of its
-# peers in the same scope, op and size, in at least STRAGGLER_SHARE of the sizes measured.
-GROUP_GAP = 0.10
-# In a synchronising collective the rank that starts late waits least, so it measures the
-# shortest time; it is named when it measures this much less than the slowest rank...
-RANK_GAP = 0.10
-# ... in at least this share of the measurements (and at least MIN_MEASUREMENTS of them).
-STRAGGLER_SHARE = 0.75
-MIN_MEASUREMENTS = 3
+
+def run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: ProgressFn | None) -> None:
+    """This process as one rank of a job torchrun / srun / mpirun started (one GPU each, the
+    local rank's). The ranks meet at the launcher's store, check that they run the same sweep
+    and learn where each runs; the native backend takes its NCCL unique ids from that store,
+    the torch backend forms its process group there. Every rank measures, rank 0 keeps the
+    combined results (joined.sweep). A fault on any rank stops every rank with the measurements
+    so far kept on rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    from mgpu_bench import launch
+
+    launch.export_env(le)
+    native = run.backend == "native"
+    gpu = gpus[0] if gpus else None
+    if gpu is not None:
+        torch.cuda.set_device(gpu)
+    pg_backend = "nccl" if run.backend == "torch-nccl" else "gloo"  # native: gloo carries control only
+    device = torch.device("cuda", gpu) if gpu is not None else torch.device("cpu")
+    req = run.requests[0]
+    sessions: dict[str, object] = {}
+    try:
+        store = launch.init_group(le, pg_backend, cfg.timeout_s, device if pg_backend == "nccl" else None)
+    except CommTimeoutError as exc:
+        stop(run, exc, req)
+        return
+    members: list[launch.Member] | None = None
+    try:
+        all_gather = launch.all_gatherer(le.world_size)
+        launch.agree(repr((run.backend, run.requests, cfg.timing)), all_gather)
+        bus = "" if gpu is None else str(_native.device_info(gpu)["pci_bus_id"])
+        me = launch.Member(le.rank, le.host, le.node_rank, le.local_rank, "cpu" if gpu is None else f"cuda:{gpu}",
+                           bus)
+        members = all_gather(me)
+        if le.launcher == "mpi":  # no node index exported: number the nodes by host
+            members = launch.nodes_by_host(members)
+            me = members[le.rank]
+        groups = launch.scopes(members)
+        run.nnodes = len({m.node for m in members})
+        multinode = run.nnodes > 1
+        run.devices = [f"{m.host}:{m.device}" if multinode else m.device for m in members]
+        if le.rank == 0 and gpu is not None:
+            _joined_theory(run, members, groups)
+        if native:
+            measure = _native_measure(cfg, store, me, members, gpu, sessions)
+        else:
+            measure = _torch_measure(cfg, members, groups, device)
+        def emit(index: int, scope: str, group, raw: dict) -> None:
+            r = run.requests[index]
+            devices = run.devices if group is None else [run.devices[x] for x in group.ranks]
+            spec = spec_of(r, raw["counts"], run.backend, devices, cfg.timing.graph)
+            if group is not None:
+                from dataclasses import replace
+
+                spec = replace(spec, scope=scope, group=group.label)
+            run.measurements.append(CommMeasurement.from_raw(spec, raw, cfg.timing.check))
+            if progress and scope == "world" and index + 1 < len(run.requests):
+                progress(index + 1, len(run.requests), run.requests[index + 1])
+
+        if progress:
+            progress(0, len(run.requests), run.requests[0])
+
+        def measure_tracked(r: CommRequest, group, place: int, size: int) -> dict:
+            nonlocal req
+            req = r
+            return measure(r, group, place, size)
+
+        sweep(run.requests, me, members, groups, measure_tracked, all_gather, emit)
+        if le.rank == 0:
+            run.findings += stragglers(run.measurements, [m.host for m in members])
+            run.findings += explain_above_theory(run)
+            if native:
+                run.notes.append("under a launcher NCCL's transports are not read from its log")
+    except InputError:
+        raise
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - any fault: keep what was measured, say why
+        told = launch.account(exc, store, le, members, min(5.0, cfg.timeout_s), told=(RankFailure,))
+        kept = None
+        if le.rank != 0:  # the measurements live on rank 0 alone
+            rank0_gone = isinstance(told, launch.RankLost) and str(told).startswith("rank 0 ")
+            kept = ("rank 0, which held the measurements, is gone: none were written" if rank0_gone
+                    else "rank 0 keeps the measurements")
+        stop(run, told, req, kept)
+    finally:
+        for key in list(sessions):
+            del sessions[key]  # communicators destroyed (or left aborted) here
+        import contextlib
+
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
 
-def stragglers(measurements: Sequence[CommMeasurement], hosts: Sequence[str] | None = None) -> list[str]:
-    """Findings naming the slow node or rail (communicators of one scope compared with each other)
-    and the rank that arrives late (per-rank times within the world communicator)."""
-    out = []
-    by_key: dict[tuple, list[CommMeasurement]] = {}
-    for m in measurements:
-        if m.spec.scope != "world":
-            by_key.setdefault((m.spec.scope, m.spec.op, m.spec.inplace, m.spec.bytes), []).append(m)
-    slow: dict[tuple[str, str], list[float]] = {}  # (scope, group) -> gaps where it stood out
-    seen: dict[str, int] = {}
-    for (scope, *_), ms in by_key.items():
-        if len(ms) < 2:
-            continue
-        seen[scope] = seen.get(scope, 0) + 1
-        median = float(np.median([m.busbw for m in ms]))
-        for m in ms:
-            gap = 1 - m.busbw / median if median > 0 else 0.0
-            if gap > GROUP_GAP:
-                slow.setdefault((scope, m.spec.group), []).append(gap)
-    for (scope, group), gaps in sorted(slow.items()):
-        total = seen[scope]
-        if total >= MIN_MEASUREMENTS and len(gaps) >= STRAGGLER_SHARE * total:
-            what = "NVLink/PCIe inside that node" if scope == "intra-node" else "the NIC of that local rank"
-            out.append(f"{scope} {group}: busbw {100 * float(np.median(gaps)):.0f}% below its peers' median in "
-                       f"{len(gaps)} of {total} measurements: check {what}")
-    world = [m for m in measurements if m.spec.scope == "world" and len(m.burst_seconds) > 1]
-    if len(world) >= MIN_MEASUREMENTS:
-        late: dict[int, list[float]] = {}
-        for m in world:
-            b = np.asarray(m.burst_seconds)
-            r = int(b.argmin())
-            gap = 1 - float(b[r] / b.max())
-            if gap > RANK_GAP:
-                late.setdefault(r, []).append(gap)
-        for r, gaps in sorted(late.items()):
-            if len(gaps) >= STRAGGLER_SHARE * len(world):
-                where = f" on {hosts[r]}" if hosts and r < len(hosts) else ""
-                out.append(f"rank {r}{where} measures {100 * float(np.median(gaps)):.0f}% less time per call than "
-                           f"the slowest rank in {len(gaps)} of {len(world)} measurements: it reaches each "
-                           "collective late and the others wait for it (a busy host CPU, a slower GPU or "
-                           "its PCIe/NIC path)")
-    return out
+def _joined_theory(run: CommRun, members, groups) -> None:
+    """Theory per scope from this node's topology (every node is assumed to look like it)."""
+    from mgpu_bench import theory, topo
+
+    # by PCI bus id, which NVML knows whatever each process's CUDA_VISIBLE_DEVICES hides
+    local = [(m.local_rank, m.bus_id) for m in members if m.node == members[0].node]
+    run.topology = topo.collect()
+    if groups:
+        run.scope_theory = theory.hierarchy_theory(run.topology, local)
+        run.theory = run.scope_theory["world"]
+    else:
+        run.theory = theory.ring_theory(run.topology, local)
+
+
+def _native_measure(cfg: CommConfig, store, me, members, gpu: int, sessions: dict):
+    """measure() for joined.sweep on the native core: one CommSession per communicator this
+    rank belongs to, created on first use; its NCCL unique id comes from the communicator's
+    lowest rank through the launcher's store."""
+    from mgpu_bench import launch
+
+    prefix = launch._prefix()
+
+    def session(group, place: int, size: int):
+        key = "world" if group is None else f"{group.scope}/{group.label}"
+        if key not in sessions:
+            store_key = f"{prefix}/nccl-id/{key}"
+            if place == 0:
+                store.set(store_key, _native.nccl_unique_id())
+            uid = store.get(store_key)  # waits up to the store's timeout (--timeout)
+            sessions[key] = _native.CommSession([gpu], size, place, bytes(uid), cfg.timeout_s)
+        return sessions[key]
+
+    def measure(req: CommRequest, group, place: int, size: int) -> dict:
+        raw = session(group, place, size).measure(native_args(req, cfg.timing))
+        return {"counts": raw["counts"], "iters": raw["iters"], "batch": raw["batch"],
+                "burst": raw["burst_seconds"][0], "samples": list(raw["samples"][0]), "wrong": raw["wrong"][0],
+                "estimate": raw["warmup_seconds_per_iter"]}
+
+    return measure
+
+
+def _torch_measure(cfg: CommConfig, members, groups, device):
+    """measure() for joined.sweep on torch.distributed: the scopes' groups are formed once, by
+    every rank in the same order, as torch requires."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from .torch_backend import _measure, _plan
+
+    # new_group does not inherit the world's timeout (torch gives gloo 30 min): --timeout here too
+    pgs = {g.label + g.scope: dist.new_group(list(g.ranks), timeout=timedelta(seconds=cfg.timeout_s))
+           for g in groups}
+    kind = "cuda" if device.type == "cuda" else "cpu"
+
+    def measure(req: CommRequest, group, place: int, size: int) -> dict:
+        plan = _plan(req, size, kind)
+        pg = None if group is None else pgs[group.label + group.scope]
+        m = _measure(plan, place, size, device, cfg.timing, pg, None if group is None else group.ranks)
+        return {"counts": plan["counts"], "iters": m["iters"], "batch": m["batch"], "burst": m["burst"],
+                "samples": m["samples"], "wrong": m["wrong"], "estimate": m["estimate"]}
+
+    return measure

@@ -1,6 +1,6 @@
-"""Tables and result files for comm sweeps: one table model, several renderers.
+"""comm on the terminal and in CSV: one table model, several renderers.
 
-Rows are built once (`comm_rows`); the terminal (rich), CSV and Markdown renderers only format.
+Rows are built once (`row`); the terminal (rich), CSV, Markdown and HTML renderers only format.
 Stored figures are base units; display units are chosen here: us for time, GB/s (10^9 bytes/s,
 as nccl-tests prints) for bandwidth.
 """
@@ -8,21 +8,15 @@ as nccl-tests prints) for bandwidth.
 from __future__ import annotations
 
 import csv
-import datetime as _dt
 import io
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from mgpu_bench.measurement import CommMeasurement
 from mgpu_bench.sizes import format_bytes
 
-from .measure import CommRun
-
-RESULT_SCHEMA = "mgpu-bench/result"
-RESULT_SCHEMA_VERSION = 1
-LARGE = 64 << 20  # the summary's "large sizes": >= 64 MiB, where busbw has settled
+from .analyse import pct_theory, series, summary, theory_dict, theory_for
+from .plan import CommRun
 
 
 @dataclass(frozen=True)
@@ -48,51 +42,6 @@ COLUMNS = (
     Column("cov", "CoV", "%", ".1f"),
     Column("wrong", "#wrong", "", "d"),
 )
-
-
-def theory_dict(theory) -> dict | None:
-    """A run's theory as stored: theory.RingTheory at run time, its dict once loaded."""
-    if theory is None or isinstance(theory, dict):
-        return theory
-    return theory.to_dict()
-
-
-def theory_for(run: CommRun, m: CommMeasurement):
-    """The theory of the communicator `m` ran on: its scope's under a multi-node launch."""
-    scoped = run.scope_theory or {}
-    return scoped.get(m.spec.scope, run.theory) if m.spec.scope != "world" else run.theory
-
-
-@dataclass(frozen=True)
-class Series:
-    """The measurements of one op on one communicator, in run order: what one table shows."""
-
-    op: str
-    scope: str
-    group: str
-    measurements: tuple[CommMeasurement, ...]
-
-    @property
-    def title(self) -> str:
-        return self.op if self.scope == "world" else f"{self.op}, {self.scope} ({self.group})"
-
-
-def series(run: CommRun) -> list[Series]:
-    """World first per op, then each intra-node and inter-node communicator."""
-    keys = list(dict.fromkeys((m.spec.op, m.spec.scope, m.spec.group) for m in run.measurements))
-    order = {"world": 0, "intra-node": 1, "inter-node": 2}
-    ops = list(dict.fromkeys(k[0] for k in keys))
-    keys.sort(key=lambda k: (ops.index(k[0]), order.get(k[1], 3)))
-    return [Series(op, scope, group, tuple(m for m in run.measurements
-                                           if (m.spec.op, m.spec.scope, m.spec.group) == (op, scope, group)))
-            for op, scope, group in keys]
-
-
-def pct_theory(m: CommMeasurement, theory) -> float | None:
-    """busbw as a percentage of the ring's per-direction theory (mgpu_bench.theory)."""
-    t = theory_dict(theory)
-    bw = t.get("bandwidth") if t else None
-    return 100.0 * m.busbw / bw if bw else None
 
 
 def row(m: CommMeasurement, theory=None) -> dict:
@@ -125,33 +74,6 @@ def format_cell(col: Column, value) -> str:
     if isinstance(value, float) and math.isnan(value):
         return "n/a"
     return format(value, col.fmt) if col.fmt else str(value)
-
-
-def summary(run: CommRun) -> list[dict]:
-    """Per op and placement: busbw at the largest size and the mean over sizes >= 64 MiB
-    (not nccl-tests' mean over all sizes, which small-message latency drags down)."""
-    out = []
-    for sr in series(run):
-        for inplace in dict.fromkeys(m.spec.inplace for m in sr.measurements):
-            ms = [m for m in sr.measurements if m.spec.inplace == inplace]
-            out.append(_summary_entry(sr, inplace, ms))
-    return out
-
-
-def _summary_entry(sr: Series, inplace: bool, ms: list[CommMeasurement]) -> dict:
-    largest = max(ms, key=lambda m: m.spec.bytes)
-    large = [m.busbw for m in ms if m.spec.size >= LARGE]  # as asked: 64M stays large after rounding
-    return {
-            "op": sr.op,
-            "scope": sr.scope,
-            "group": sr.group,
-            "placement": "in-place" if inplace else "out-of-place",
-            "largest_bytes": largest.spec.bytes,
-            "busbw_at_largest": largest.busbw,
-            "mean_busbw_large": sum(large) / len(large) if large else None,
-            "large_sizes": len(large),
-            "wrong": sum(m.total_wrong for m in ms),
-    }
 
 
 def summary_lines(run: CommRun) -> list[str]:
@@ -240,49 +162,3 @@ def render_csv(run: CommRun) -> str:
             "wrong": "" if m.wrong is None else m.total_wrong,
         })
     return buf.getvalue()
-
-
-def result_document(run: CommRun, environment: dict, command: list[str] | None = None) -> dict:
-    """The versioned JSON document: schema, tool version, time, environment, measurements."""
-    from mgpu_bench import __version__
-
-    return {
-        "schema": RESULT_SCHEMA,
-        "schema_version": RESULT_SCHEMA_VERSION,
-        "kind": "comm",
-        "tool_version": __version__,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "command": command,
-        "environment": environment,
-        "backend": run.backend,
-        "devices": run.devices,
-        "status": {"completed": run.stopped is None, "stopped": run.stopped, "message": run.stop_message},
-        "notes": run.notes,
-        "wall_seconds": run.wall_seconds,
-        "summary": summary(run),
-        "theory": theory_dict(run.theory),
-        "scope_theory": {k: theory_dict(v) for k, v in run.scope_theory.items()} if run.scope_theory else None,
-        "findings": run.findings,
-        "transports": run.transports,
-        "algorithms_modelled": run.algorithms,
-        "topology": run.topology,
-        "measurements": [m.to_dict() for m in run.measurements],
-    }
-
-
-def write_json(path: str | Path, document: dict) -> None:
-    """Writes atomically (a temporary file, then a rename) into an existing folder."""
-    p = Path(path)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(document, indent=1))
-    tmp.replace(p)
-
-
-def load_measurements(path: str | Path) -> tuple[dict, list[CommMeasurement]]:
-    """Reads a result file; raises ValueError on a schema it does not know."""
-    doc = json.loads(Path(path).read_text())
-    if doc.get("schema") != RESULT_SCHEMA:
-        raise ValueError(f"{path}: not an mgpu-bench result file")
-    if doc.get("schema_version") != RESULT_SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema version {doc.get('schema_version')} (this tool reads {RESULT_SCHEMA_VERSION})")
-    return doc, [CommMeasurement.from_dict(d) for d in doc["measurements"] if d.get("kind") == "comm"]

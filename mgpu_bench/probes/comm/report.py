@@ -16,14 +16,15 @@ from pathlib import Path
 from mgpu_bench.output import html_page
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
-from mgpu_bench.probes.comm import render as report
-from mgpu_bench.sizes import format_bytes
+from mgpu_bench.sizes import format_bytes, format_gbs
 
-from .measure import CommRun
+from .analyse import series, summary, theory_dict, theory_for
+from .plan import CommRun
+from .render import COLUMNS, format_cell, row
 
 
 def _theory(run: CommRun) -> dict | None:
-    return report.theory_dict(run.theory)
+    return theory_dict(run.theory)
 
 
 def plot_op(run: CommRun, op: str) -> bytes:
@@ -81,9 +82,9 @@ def markdown(run: CommRun, environment: dict) -> str:
         lines.append(f"- finding: {md(f)}")
     lines += ["", "| op | placement | busbw at largest size | mean busbw >= 64 MiB | % of theory | wrong |",
               "|---|---|---|---|---|---|"]
-    for s in report.summary(run):
+    for s in summary(run):
         mean = f"{s['mean_busbw_large'] / 1e9:.1f} GB/s" if s["mean_busbw_large"] is not None else "n/a"
-        st = report.theory_dict((run.scope_theory or {}).get(s["scope"], run.theory)
+        st = theory_dict((run.scope_theory or {}).get(s["scope"], run.theory)
                                 if s["scope"] != "world" else run.theory)
         pct = f"{100 * s['busbw_at_largest'] / st['bandwidth']:.0f}%" if st and st.get("bandwidth") else "n/a"
         what = s["op"] if s["scope"] == "world" else f"{s['op']} {s['scope']} {md(s['group'])}"
@@ -113,9 +114,10 @@ def page(run: CommRun, environment: dict, images: dict[str, bytes]) -> str:
     if run.stopped:
         head.append(f"<p class=finding>{e(run.stop_message or '')}</p>")
     body = []
-    cols = report.COLUMNS
-    all_series = report.series(run)
-    for op, png in images.items():
+    cols = COLUMNS
+    all_series = series(run)
+    for key, png in images.items():
+        op = key.removeprefix("busbw_")
         body.append(f"<h2>{e(op)}</h2>")
         body.append(f"<img alt='busbw of {e(op)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
         for sr in (x for x in all_series if x.op == op):
@@ -123,8 +125,8 @@ def page(run: CommRun, environment: dict, images: dict[str, bytes]) -> str:
                 body.append(f"<h3>{e(sr.title)}</h3>")
             body.append("<table><tr>" + "".join(f"<th>{e(c.title)}<br>{e(c.unit)}</th>" for c in cols) + "</tr>")
             for m in sr.measurements:
-                r = report.row(m, report.theory_for(run, m))
-                body.append("<tr>" + "".join(f"<td>{e(report.format_cell(c, r[c.key]))}</td>" for c in cols)
+                r = row(m, theory_for(run, m))
+                body.append("<tr>" + "".join(f"<td>{e(format_cell(c, r[c.key]))}</td>" for c in cols)
                             + "</tr>")
             body.append("</table>")
     notes = "".join(f"<li>{e(n)}</li>" for n in run.notes)
@@ -139,29 +141,33 @@ def page(run: CommRun, environment: dict, images: dict[str, bytes]) -> str:
 def write_report(run: CommRun, out_dir: str | Path, environment: dict) -> list[Path]:
     """Writes busbw_<op>.png per op, report.html and summary.md into out_dir (created if its
     parent exists); returns the paths."""
-    out = Path(out_dir)
-    out.mkdir(exist_ok=True)
-    images = {op: plot_op(run, op) for op in dict.fromkeys(m.spec.op for m in run.measurements)}
-    written = []
-    for op, png in images.items():
-        p = out / f"busbw_{op}.png"
-        p.write_bytes(png)
-        written.append(p)
-    (out / "report.html").write_text(page(run, environment, images))
-    (out / "summary.md").write_text(markdown(run, environment))
-    return written + [out / "report.html", out / "summary.md"]
+    pngs = images(run)
+    return html_page.write_bundle(out_dir, pngs, page(run, environment, pngs), markdown(run, environment))
 
 
-def run_from_document(doc: dict) -> CommRun:
-    """A CommRun rebuilt from a stored result document (theory kept as its dict)."""
-    from mgpu_bench.measurement import CommMeasurement
+def images(run: CommRun) -> dict[str, bytes]:
+    """busbw_<op> per op, in run order."""
+    return {f"busbw_{op}": plot_op(run, op) for op in dict.fromkeys(m.spec.op for m in run.measurements)}
 
-    run = CommRun(backend=doc["backend"], devices=list(doc["devices"]), requests=[],
-                  measurements=[CommMeasurement.from_dict(d) for d in doc["measurements"] if d.get("kind") == "comm"],
-                  notes=list(doc.get("notes", [])), stopped=doc["status"]["stopped"],
-                  stop_message=doc["status"]["message"], wall_seconds=doc.get("wall_seconds", 0.0))
-    run.theory = doc.get("theory")
-    run.scope_theory = doc.get("scope_theory")
-    run.findings = list(doc.get("findings") or [])
-    run.transports = doc.get("transports")
-    return run
+
+def section(run: CommRun, pngs: dict[str, bytes]) -> str:
+    """The sweep's part of the suite page: ranks, theory, transports, plots, summary per op."""
+    e = html.escape
+    t = theory_dict(run.theory) or {}
+    theory = t.get("summary") or "none (no GPU topology)"
+    parts = [f"<p>{run.nranks} ranks, backend {e(run.backend)}; theory: {e(theory)}</p>"]
+    if run.transports:
+        words = "; ".join(f"{pair} " + ", ".join(f"{k} x{v}" for k, v in c.items())
+                          for pair, c in run.transports.items())
+        parts.append(f"<p>NCCL transports (ranks, channels): {e(words)}</p>")
+    parts.append(html_page.images(pngs, grid=True))
+    rows = []
+    for s in summary(run) if run.measurements else []:
+        pct = f"{100 * s['busbw_at_largest'] / t['bandwidth']:.0f}" if t.get("bandwidth") else "-"
+        mean = "-" if s["mean_busbw_large"] is None else format_gbs(s["mean_busbw_large"])
+        rows.append([s["op"], s["placement"], format_bytes(s["largest_bytes"]), format_gbs(s["busbw_at_largest"]),
+                     mean, pct, s["wrong"]])
+    if rows:
+        parts.append(html_page.table(["op", "placement", "largest size", "busbw GB/s", "mean busbw >= 64 MiB GB/s",
+                                      "% of theory", "wrong"], rows, left=(0, 1)))
+    return "".join(parts)

@@ -2,7 +2,7 @@
 runs over time with their clocks and power, the shape search's spread (PNGs), one
 self-contained HTML page holding them, and a Markdown summary for a ticket.
 
-Like comm_report, the page loads nothing from anywhere: images are embedded as data URIs, styles
+Like the comm report, the page loads nothing from anywhere: images are embedded as data URIs, styles
 are inline, and every string that came from outside (GPU names, host, environment values,
 findings, notes, algorithm names) is escaped. matplotlib is imported lazily, with its
 non-interactive Agg backend; outside strings drawn in a plot have their `$` escaped so that
@@ -24,9 +24,10 @@ from mgpu_bench.output import html_page
 from mgpu_bench.output.plotting import plain as _mpl
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
-from mgpu_bench.probes.gemm import measure as gemm
 
+from .analyse import findings, outliers
 from .measure import GemmResult, GemmRun, Shape
+from .render import rows, summary_lines
 
 _OUTLIER = "tab:red"
 # Bar colours per shape; red is kept for outliers.
@@ -35,11 +36,6 @@ _PALETTE = ("tab:blue", "tab:green", "tab:purple", "tab:olive", "tab:cyan", "tab
 _PNG_KINDS = ("gemm", "sustained", "search")  # file stems: <kind>_<dtype>.png, in page order
 
 # ------------------------------------------------------------------------------------ helpers
-
-
-
-
-
 
 
 def _dtypes(run: GemmRun) -> list[str]:
@@ -54,9 +50,9 @@ def _measured(run: GemmRun, dtype: str) -> list[GemmResult]:
 
 
 def _outlier_gpus(rs: list[GemmResult]) -> set[int]:
-    """The GPUs gemm.outliers() names among results of one dtype and shape (as findings() does)."""
+    """The GPUs outliers() names among results of one dtype and shape (as findings() does)."""
     ok = [r for r in rs if r.tflops]
-    return {o["gpu"] for o in gemm.outliers({r.gpu: r.tflops for r in ok},  # type: ignore[misc]
+    return {o["gpu"] for o in outliers({r.gpu: r.tflops for r in ok},  # type: ignore[misc]
                                             {r.gpu: r.noise for r in ok})}
 
 
@@ -80,7 +76,7 @@ def _scaled(v: float | None, unit: float, fmt: str) -> str:
 def plot_tflops(run: GemmRun, dtype: str) -> bytes:
     """PNG of TFLOP/s per GPU for `dtype` (bars grouped by shape when several were measured),
     with the datasheet dense peak, the node's median per shape (dashed) and the outliers that
-    gemm.outliers() names in red. A GPU without a valid result is marked 'no valid result'."""
+    outliers() names in red. A GPU without a valid result is marked 'no valid result'."""
     plt = _pyplot()
     rs = _measured(run, dtype)
     shapes = list(dict.fromkeys(r.shape for r in rs))
@@ -249,7 +245,7 @@ def plot_search(run: GemmRun, dtype: str) -> bytes | None:
 # ------------------------------------------------------------------------------------ tables
 
 # One table model for Markdown and HTML: (header with its unit, right-aligned, cell text from a
-# gemm.rows() row). The headers are the terminal table's (gemm.render_terminal).
+# render.rows() row). The headers are the terminal table's (render.render_terminal).
 COLUMNS: tuple[tuple[str, bool, Callable[[dict], str]], ...] = (
     ("GPU", True, lambda r: str(r["gpu"])),
     ("dtype", False, lambda r: r["dtype"]),
@@ -301,7 +297,7 @@ def _md_cell(text: object) -> str:
 
 
 def markdown(run: GemmRun, environment: dict) -> str:
-    """The summary for a ticket: environment, findings, the table of gemm.rows() (units in the
+    """The summary for a ticket: environment, findings, the table of render.rows() (units in the
     headers), gemm.summary_lines(), notes and the stop message."""
     e = {k: _md(environment.get(k)) for k in ("host", "nvidia_driver", "cuda_driver", "cuda_runtime",
                                                   "cublaslt", "torch")}
@@ -309,14 +305,14 @@ def markdown(run: GemmRun, environment: dict) -> str:
                 f"driver {e['nvidia_driver']}; CUDA {e['cuda_driver']} (runtime {e['cuda_runtime']}); "
                 f"cuBLASLt {e['cublaslt']}; torch {e['torch']}")
     lines = [f"# {_title(run)}", "", env_line]
-    for f in gemm.findings(run):
-        lines.append(f"- finding: {_md(f)}")
-    table = gemm.rows(run)
+    for f in findings(run):
+        lines.append(f"- finding: {_md(f.text)}")
+    table = rows(run)
     if table:
         lines += ["", "| " + " | ".join(title for title, _, _ in COLUMNS) + " |",
                   "|" + "|".join("---:" if right else "---" for _, right, _ in COLUMNS) + "|"]
         lines += ["| " + " | ".join(_md_cell(cell(row)) for _, _, cell in COLUMNS) + " |" for row in table]
-    summary = gemm.summary_lines(run)
+    summary = summary_lines(run)
     if summary:
         lines += [""] + [f"- {_md(s)}" for s in summary]
     lines += ["", _wall(run)]
@@ -341,8 +337,8 @@ def page(run: GemmRun, environment: dict, images: dict[str, bytes]) -> str:
     variables = " ".join(f"{k}={v}" for k, v in (env_.get("env") or {}).items())
     head.append(f"<tr><th>environment</th><td>{e(variables)}</td></tr>")
     head.append("</table>")
-    for f in gemm.findings(run):
-        head.append(f"<p class=finding>finding: {e(f)}</p>")
+    for f in findings(run):
+        head.append(f"<p class=finding>finding: {e(f.text)}</p>")
     if run.stopped:
         head.append(f"<p class=finding>stopped early ({e(run.stopped)}): {e(run.stop_message or '')}</p>")
 
@@ -352,7 +348,7 @@ def page(run: GemmRun, environment: dict, images: dict[str, bytes]) -> str:
 
     body = []
     shown: set[str] = set()
-    table = gemm.rows(run)
+    table = rows(run)
     header = "<tr>" + "".join(f"<th>{e(title)}</th>" for title, _, _ in COLUMNS) + "</tr>"
     for dtype in _dtypes(run):
         body.append(f"<h2>{e(dtype)}</h2>")
@@ -370,7 +366,7 @@ def page(run: GemmRun, environment: dict, images: dict[str, bytes]) -> str:
     for key in images:
         if key not in shown:
             body.append(f"<h2>{e(key)}</h2>{img(key)}")
-    summary = "".join(f"<li>{e(s)}</li>" for s in gemm.summary_lines(run))
+    summary = "".join(f"<li>{e(s)}</li>" for s in summary_lines(run))
     if summary:
         body.append(f"<h2>summary</h2><ul class=mono>{summary}</ul>")
     body.append(f"<p>{e(_wall(run))}</p>")
@@ -406,76 +402,68 @@ def write_report(run: GemmRun, out_dir: str | Path, environment: dict) -> list[P
     return html_page.write_bundle(out_dir, pngs, page(run, environment, pngs), markdown(run, environment))
 
 
-def run_from_document(doc: dict) -> GemmRun:
-    """A gemm.GemmRun rebuilt from the document gemm.document() wrote."""
-    from mgpu_bench.hardware import figure_from_dict
+def plot_temperature(run: GemmRun, dtype: str) -> bytes | None:
+    """GPU temperature (C) over the sustained runs of `dtype`, from the telemetry sampled beside
+    them (plot_sustained draws TFLOP/s, SM clock and power); None without any."""
+    rs = [r for r in run.results if r.dtype == dtype and r.series and (r.series_telemetry or {}).get("temp_c")]
+    if not rs:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9.0, 2.6), dpi=110)
+    for i, r in enumerate(rs):
+        t = r.series_telemetry
+        pts = [(x, v) for x, v in zip(t.get("t") or [], t.get("temp_c") or []) if v is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", color=f"C{i % 10}", linewidth=1,
+                    label=f"GPU {r.gpu}")
+    ax.set_xlabel("time since the sustained run started (s)")
+    ax.set_ylabel("temperature (C)")
+    ax.set_title(_mpl(f"{dtype} sustained GEMM: GPU temperature"), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    return _png(plt, fig)
 
-    from .measure import Candidate, GemmConfig
 
-    c = doc.get("config") or {}
-    shapes = (
-        gemm.parse_shapes(",".join(c["shapes"]))
-        if c.get("shapes")
-        else GemmConfig.shapes
-    )
-    cfg = GemmConfig(
-        dtypes=tuple(c.get("dtypes") or ()),
-        shapes=shapes,
-        layout=c.get("layout", "auto"),
-        gpus=tuple(d.get("index", i) for i, d in enumerate(doc.get("devices") or [])),
-        candidates=c.get("candidates", 8),
-        samples=c.get("samples", 5),
-        sample_s=c.get("sample_s", 0.02),
-        one_at_a_time=bool(c.get("one_at_a_time")),
-        search=tuple(c["search"]) if c.get("search") else None,
-        duration_s=c.get("duration_s") or 0.0,
-        workspace=c.get("workspace", gemm.DEFAULT_WORKSPACE),
-        fp8_fast_accum=bool(c.get("fp8_fast_accum")),
-        init=c.get("init", "uniform"),
-    )
-    own = ("index", "seconds", "iters_per_sample", "max_error", "error")
-    status = doc.get("status") or {}
-    run = GemmRun(
-        cfg,
-        list(doc.get("devices") or []),
-        notes=list(doc.get("notes") or []),
-        telemetry_error=doc.get("telemetry_error"),
-        stopped=status.get("stopped"),
-        stop_message=status.get("message"),
-        wall_seconds=doc.get("wall_seconds") or 0.0,
-    )
-    for r in doc.get("results") or []:
-        cands = [
-            Candidate(
-                cd["index"],
-                {k: v for k, v in cd.items() if k not in own},
-                list(cd.get("seconds") or []),
-                cd.get("iters_per_sample", 1),
-                cd.get("max_error"),
-                cd.get("error"),
-            )
-            for cd in r.get("candidates") or []
-        ]
-        series = r.get("series")
-        run.results.append(
-            GemmResult(
-                gpu=r["gpu"],
-                gpu_name=r.get("gpu_name") or "",
-                dtype=r["dtype"],
-                shape=Shape(r["m"], r["n"], r["k"]),
-                layout=r.get("layout") or "",
-                candidates=cands,
-                buffer_sets=r.get("buffer_sets", 0),
-                checked_elements=r.get("checked_elements", 0),
-                seconds_wall=r.get("seconds_wall") or 0.0,
-                peak=figure_from_dict(r.get("peak")),
-                telemetry=r.get("telemetry"),
-                series=None
-                if series is None
-                else [(p["t"], p["seconds"]) for p in series],
-                series_telemetry=r.get("series_telemetry"),
-                phase=r.get("phase", "shape"),
-                fast_accum=r.get("tolerance") == gemm.FP8_FAST_ACCUM_TOLERANCE,
-            )
-        )
-    return run
+def suite_images(run: GemmRun) -> dict[str, bytes]:
+    """The report's PNGs and, for the sustained runs, the GPU temperature over time."""
+    out = images(run)
+    for dtype in dict.fromkeys(r.dtype for r in run.results if r.series):
+        png = plot_temperature(run, dtype)
+        if png:
+            out[f"temperature_{dtype}"] = png
+    return out
+
+
+def section(run: GemmRun, pngs: dict[str, bytes]) -> str:
+    """The run's part of the suite page: plots, the table per GPU and dtype, the sustained runs
+    with their clocks, power and temperature, the summary lines."""
+    keys = [f"{kind}_{d}" for d in dict.fromkeys(r.dtype for r in run.results)
+            for kind in ("gemm", "sustained", "temperature", "search")]
+    parts = [html_page.images(pngs, keys)]
+    table_rows = rows(run)
+    if table_rows:
+        parts.append(html_page.table([t for t, _, _ in COLUMNS], [[cell(r) for _, _, cell in COLUMNS]
+                                                                  for r in table_rows],
+                                     left=[i for i, (_, right, _) in enumerate(COLUMNS) if not right]))
+    sustained = [r for r in run.results if r.series]
+    if sustained:
+        srows = []
+        for r in sustained:
+            t = (r.series_telemetry or {}).get("summary") or {}
+            tps = [r.shape.flops / s / 1e12 for _, s in r.series if s]
+
+            def f(key, scale=1.0, fmt=".0f", t=t):
+                v = t.get(key)
+                return "-" if v is None else format(v * scale, fmt)
+
+            srows.append([r.gpu, r.dtype, str(r.shape), f"{r.series[-1][0]:.0f}", f"{statistics.median(tps):.1f}",
+                          f"{min(tps):.1f}", f("sm_hz_median", 1e-6), f("sm_hz_min", 1e-6), f("power_w_mean"),
+                          f("power_w_max"), f("power_limit_w"), f("temp_c_max"),
+                          ", ".join(t.get("limiting") or []) or "-"])
+        parts.append("<p><b>sustained runs</b>: clocks, power, temperature and throttle reasons sampled beside "
+                     "them</p>")
+        parts.append(html_page.table(["GPU", "dtype", "M x N x K", "s", "TFLOP/s median", "TFLOP/s min",
+                                      "SM MHz median", "SM MHz min", "W mean", "W max", "W limit", "C max",
+                                      "throttle reasons"], srows, left=(1, 2, 12)))
+    parts.append(html_page.ul(summary_lines(run), "mono"))
+    return "".join(parts)

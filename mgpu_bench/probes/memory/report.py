@@ -9,9 +9,9 @@ from pathlib import Path
 from mgpu_bench.output import html_page
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
-from mgpu_bench.probes.memory import measure as memory
 
-from .measure import MemoryRun
+from .analyse import findings
+from .measure import HBM_LABELS, MemoryRun
 
 
 def plot_churn(run: MemoryRun, gpu: int) -> bytes | None:
@@ -99,7 +99,7 @@ def churn_rows(run: MemoryRun) -> tuple[list[str], list[list[object]]]:
 
 def hbm_rows(run: MemoryRun) -> tuple[list[str], list[list[object]]]:
     headers = ["GPU", "kernel", "TB/s", "% of datasheet"]
-    rows = [[h.gpu, memory.HBM_LABELS[h.kind], f"{h.bandwidth / 1e12:.2f}",
+    rows = [[h.gpu, HBM_LABELS[h.kind], f"{h.bandwidth / 1e12:.2f}",
              "-" if h.pct_peak is None else f"{h.pct_peak:.1f}"] for h in run.hbm]
     return headers, rows
 
@@ -110,7 +110,7 @@ def markdown(run: MemoryRun, environment: dict) -> str:
     driver = (f"- driver: {md(environment.get('nvidia_driver'))}, CUDA {md(environment.get('cuda_driver'))}, "
               f"torch {md(environment.get('torch'))}")
     lines = ["# mgpu-bench memory", "", f"- host: {md(environment.get('host'))}", driver, f"- GPUs: {gpus}", ""]
-    lines += [f"- finding: {md(f)}" for f in memory.findings(run)]
+    lines += [f"- finding: {md(f.text)}" for f in findings(run)]
     for headers, rows in (churn_rows(run), hbm_rows(run)):
         if rows:
             lines += ["", *html_page.md_table(headers, rows)]
@@ -133,7 +133,7 @@ def page(run: MemoryRun, environment: dict, imgs: dict[str, bytes]) -> str:
     headers, rows = hbm_rows(run)
     if rows:
         sections.append(("HBM bandwidth", html_page.table(headers, rows, left=(1,))))
-    return html_page.page("mgpu-bench memory", environment, memory.findings(run), sections, run.notes,
+    return html_page.page("mgpu-bench memory", environment, [f.text for f in findings(run)], sections, run.notes,
                           run.stop_message if run.stopped else None)
 
 
@@ -142,46 +142,19 @@ def write_report(run: MemoryRun, out_dir: str | Path, environment: dict) -> list
     return html_page.write_bundle(out_dir, imgs, page(run, environment, imgs), markdown(run, environment))
 
 
-def run_from_document(doc: dict) -> MemoryRun:
-    """A memory.MemoryRun rebuilt from the document memory.document() wrote."""
-    import dataclasses
-
-    from .measure import ChurnResult, HbmResult, MemoryConfig
-
-    c = dict(doc.get("config") or {})
-    known = {f.name for f in dataclasses.fields(MemoryConfig)}
-    for key in ("patterns", "allocators", "torch_settings"):
-        if key in c:
-            c[key] = tuple(c[key] or ())
-    cfg = MemoryConfig(
-        **{k: v for k, v in c.items() if k in known},
-        gpus=tuple(d.get("index", i) for i, d in enumerate(doc.get("devices") or [])),
-        churn=bool(doc.get("churn")),
-    )
-    status = doc.get("status") or {}
-    run = MemoryRun(
-        cfg,
-        list(doc.get("devices") or []),
-        torch=dict(doc.get("torch") or {}),
-        max_batch=list(doc.get("max_batch") or []),
-        notes=list(doc.get("notes") or []),
-        stopped=status.get("stopped"),
-        stop_message=status.get("message"),
-        wall_seconds=doc.get("wall_seconds") or 0.0,
-    )
-    run.churn = [
-        ChurnResult(r["gpu"], r["allocator"], r["pattern"], dict(r))
-        for r in doc.get("churn") or []
-    ]
-    run.hbm = [
-        HbmResult(
-            h["gpu"],
-            h["kind"],
-            h["bytes_read"],
-            h["bytes_written"],
-            list(h["seconds"]),
-            h.get("peak"),
-        )
-        for h in doc.get("hbm") or []
-    ]
-    return run
+def section(run: MemoryRun, pngs: dict[str, bytes]) -> str:
+    """The run's part of the suite page: plots, churn and HBM tables, the max-batch searches."""
+    parts = [html_page.images(pngs, grid=True)]
+    for (headers, rows), left in ((churn_rows(run), (1, 2)), (hbm_rows(run), (1,))):
+        if rows:
+            parts.append(html_page.table(headers, rows, left=left))
+    if run.max_batch:
+        parts.append(html_page.table(
+            ["model", "seq len", "activation checkpointing", "largest batch per GPU", "first OOM batch", "trials",
+             "s", "error"],
+            [[m.get("model"), m.get("seq_len"), "on" if m.get("checkpointing") else "off",
+              "-" if m.get("max_batch") is None else m.get("max_batch"),
+              "-" if m.get("first_oom_batch") is None else m.get("first_oom_batch"), len(m.get("trials") or []),
+              f"{m.get('seconds') or 0:.1f}", m.get("error") or "-"] for m in run.max_batch],
+            left=(0, 2, 7)))
+    return "".join(parts)

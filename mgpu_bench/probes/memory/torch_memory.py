@@ -4,8 +4,8 @@ loop under each allocator setting, and the largest batch that fits.
 PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF are read once, when CUDA's allocator first starts,
 so every setting runs in a fresh child process:
 
-    python -m mgpu_bench.torch_memory workload --model 350m --batch 8 --seq-lens 256-2048 ...
-    python -m mgpu_bench.torch_memory maxbatch --model 350m --seq-len 2048 ...
+    python -m mgpu_bench.probes.memory.torch_memory workload --model 350m --batch 8 --seq-lens 256-2048 ...
+    python -m mgpu_bench.probes.memory.torch_memory maxbatch --model 350m --seq-len 2048 ...
 
 The parent-side functions (run_setting, max_batch) start that child with the setting in its
 environment and read back the JSON it writes; a child that crashes or runs out of time becomes a
@@ -449,7 +449,7 @@ def _trial_steps(state: dict, spec, batch: int, seq_len: int, dev) -> tuple[bool
         return False, str(exc).splitlines()[0][:300]
 
 
-_PROG = "python -m mgpu_bench.torch_memory"
+_PROG = "python -m mgpu_bench.probes.memory.torch_memory"
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -1,1 +1,286 @@
-"""placeholder"""
+"""`mgpu-bench model`: full training steps of the built-in GPT (DDP or FSDP2) on 1..N GPUs:
+tokens/s gross and effective, MFU, the step's phases, exposed communication, scaling, verdict.
+
+    measure.py     the ranks (torch's elastic launcher, or a launcher's job), the training loop
+    analyse.py     the stable window, throughput, MFU, scaling and the verdict
+    render.py      terminal table
+    report.py      plots, HTML page, Markdown, the suite section
+    document.py    the result document, written and read back
+    headline.py    the metrics history compares
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import ClassVar
+
+from mgpu_bench.errors import InputError
+from mgpu_bench.probe import GPUS_HELP, Finding, PlanContext, Probe, Step, Verdict, option
+
+SUITE_MODEL = "350m"  # rounds 1 and 3 on GPUs (ANCHORS: 40% MFU on one H200)
+
+HELP = """Full training steps of the built-in GPT: throughput, MFU, where the step time goes.
+
+\b
+One process per GPU (gloo processes on a machine without GPUs, --nproc of them), started
+through torch's elastic launcher, or joined when torchrun/srun started this command. Each
+configuration runs --warmup-steps untimed steps, then --steps timed ones with CUDA events at
+the phase boundaries (data, forward, backward, optimizer), read back at the end. The figures
+come from the stable window: after warm-up, from the first step after which every rolling
+median of 5 steps stays within 5% of the median of the last half (its length is printed).
+tokens/s = batch x grad-accum x GPUs x seq-len / median step time. MFU = tokens/s per GPU x
+(6N + 12 L d T) FLOP per token / the bf16 dense peak of the GPU (hardware database, or
+--peak-tflops). Exposed communication (DDP, 2+ GPUs) = 1 - step time under no_sync() /
+step time; healthy is under 10%. --data both runs synthetic (effective) and a real
+DataLoader (gross) and names the gap as input-pipeline loss. --scaling 1,2 repeats the run
+at each GPU count with the same per-GPU batch: efficiency = T_N / (N x T_1).
+"""
+
+
+class ModelProbe(Probe):
+    name = "model"
+    summary = "training steps: tokens/s, MFU, exposed communication, verdict"
+    help = HELP
+    payload = "runs"
+    outputs = ("json", "report")
+    output_help: ClassVar[Mapping[str, str]] = {
+        "json": "Write the result document.",
+        "report": "Write PNGs (step time, phases, scaling), report.html and summary.md.",
+        "progress": "Per-step progress on stderr [default: when a terminal].",
+    }
+    progress = "lines"
+
+    def options(self) -> list:
+        import click
+
+        return [
+            option("--model", "model_name", default=None,
+                   help="tiny, 125m, 350m, 760m, 1.3b [default: 350m on GPUs, tiny on CPU]."),
+            option("--seq-len", default=None, type=int, help="Tokens per sample [default: 2048 on GPUs, 128 on CPU]."),
+            option("--batch-size", default=None, type=int,
+                   help="Samples per GPU per micro-batch [default: 8 on GPUs, 4 on CPU]."),
+            option("--grad-accum", default=1, show_default=True, type=int, help="Micro-batches per optimizer step."),
+            option("--steps", default=30, show_default=True, type=int, help="Timed steps per configuration."),
+            option("--warmup-steps", default=5, show_default=True, type=int, help="Untimed steps first."),
+            option("--parallel", default="ddp", show_default=True, type=click.Choice(["ddp", "fsdp"])),
+            option("--data", "data_mode", default="synthetic", show_default=True,
+                   type=click.Choice(["synthetic", "loader", "both"]),
+                   help="synthetic: tokens made on the device (effective); loader: a DataLoader over a token file "
+                        "(gross)."),
+            option("--num-workers", default=2, show_default=True, type=int, help="DataLoader workers per GPU."),
+            option("--preprocess-ms", default=0.0, show_default=True, type=float,
+                   help="Simulated preprocessing cost per sample in the DataLoader."),
+            option("--data-dir", default=None, type=click.Path(file_okay=False),
+                   help="Where the token file is written [default: /tmp]."),
+            option("--checkpointing", is_flag=True, help="Activation checkpointing per block."),
+            option("--scaling", "scaling_text", default=None, help="GPU counts to run, e.g. 1,2 (same per-GPU batch)."),
+            option("--gpus", default=None, help=GPUS_HELP),
+            option("--nproc", default=2, show_default=True, type=int, help="Processes on a machine without GPUs."),
+            option("--peak-tflops", default=None, type=float,
+                   help="Dense bf16 peak per GPU for MFU (GPUs not in the database)."),
+            option("--exposed-comm/--no-exposed-comm", default=True, show_default=True,
+                   help="Also run the steps under no_sync() to measure exposed communication (DDP)."),
+            option("--profile/--no-profile", default=True, show_default=True,
+                   help="Profile 3 steps for the NCCL-kernel share of the step (GPUs, 2+)."),
+        ]
+
+    def configure(self, o: dict):
+        from mgpu_bench import hardware, launch, models, selection
+
+        from .measure import ModelConfig, ModelPlan
+
+        ngpu = selection.visible_gpu_count()
+        on_gpu = ngpu > 0
+        spec = models.get_model_spec(o["model_name"] or ("350m" if on_gpu else "tiny"))
+        seq_len = (2048 if on_gpu else 128) if o["seq_len"] is None else o["seq_len"]
+        batch_size = (8 if on_gpu else 4) if o["batch_size"] is None else o["batch_size"]
+        if not (1 <= seq_len <= spec.max_seq):
+            raise InputError(f"--seq-len {seq_len} does not fit {spec.name}: it takes 1..{spec.max_seq} tokens")
+        if not (1 <= batch_size <= 1_000_000 and 1 <= o["grad_accum"] <= 10_000):
+            raise InputError("--batch-size and --grad-accum must be at least 1")
+        if not (1 <= o["steps"] <= 1_000_000 and 0 <= o["warmup_steps"] <= 1_000_000):
+            raise InputError("--steps must be at least 1 and --warmup-steps at least 0")
+        if not (0 <= o["num_workers"] <= 256 and 0 <= o["preprocess_ms"] <= 60_000):
+            raise InputError("--num-workers must be 0..256 and --preprocess-ms 0..60000")
+        peak_tflops = o["peak_tflops"]
+        if peak_tflops is not None and not (0 < peak_tflops < 1e6):
+            raise InputError("--peak-tflops must be a positive number of TFLOP/s")
+        if o["data_mode"] in ("loader", "both"):
+            d = Path(o["data_dir"] or "/tmp")
+            if not d.is_dir() or not os.access(d, os.W_OK):
+                raise InputError(f"--data-dir {d} is not a writable folder: give one the token file can be written to")
+        chosen: tuple[int, ...] = ()
+        if on_gpu:
+            chosen = tuple(selection.parse_gpus(o["gpus"], ngpu))
+            available = len(chosen)
+        else:
+            if o["gpus"] is not None:
+                raise InputError("--gpus needs NVIDIA GPUs; none are visible (use --nproc on CPU)")
+            if not (1 <= o["nproc"] <= 64):
+                raise InputError("--nproc must be between 1 and 64")
+            available = o["nproc"]
+        le = launch.detect()
+        if le is not None:  # the launcher decided the process count
+            if o["scaling_text"]:
+                raise InputError(f"--scaling starts its own processes: drop it under {le.launcher} "
+                                 f"(this job has {le.world_size})")
+            available = le.world_size
+        counts = [available]
+        if o["scaling_text"]:
+            try:
+                counts = sorted({int(x) for x in o["scaling_text"].split(",") if x.strip()})
+            except ValueError:
+                raise InputError(f"--scaling '{o['scaling_text']}': write GPU counts like 1,2") from None
+            if not counts or counts[0] < 1 or counts[-1] > available:
+                raise InputError(f"--scaling '{o['scaling_text']}': counts must be 1..{available} "
+                                 f"({'GPUs selected' if on_gpu else '--nproc'})")
+        peak = None
+        if peak_tflops is not None:
+            peak = hardware.Figure(peak_tflops * 1e12, "FLOP/s", hardware.USER_OVERRIDE)
+        elif on_gpu:
+            from mgpu_bench import _native
+
+            peak = hardware.peak_flops(_native.device_info(chosen[0])["name"], "bf16")
+        cfg = ModelConfig(model=spec.name, seq_len=seq_len, batch_size=batch_size, grad_accum=o["grad_accum"],
+                          steps=o["steps"], warmup_steps=o["warmup_steps"], parallel=o["parallel"], data="synthetic",
+                          num_workers=o["num_workers"], preprocess_ms=o["preprocess_ms"], data_dir=o["data_dir"],
+                          checkpointing=o["checkpointing"], exposed_comm=o["exposed_comm"], profile=o["profile"],
+                          device="cuda" if on_gpu else "cpu", progress=False)
+        modes = ("synthetic", "loader") if o["data_mode"] == "both" else (o["data_mode"],)
+        return ModelPlan(cfg, tuple(counts), modes, peak, chosen)
+
+    def run(self, plan, ctx):
+        from dataclasses import replace
+
+        from mgpu_bench import selection
+        from mgpu_bench.document import Document
+
+        from .document import document
+        from .measure import run_model
+
+        if plan.gpus:
+            selection.pin_gpus(list(plan.gpus))  # child processes see only the chosen GPUs
+        cfg = replace(plan.config, progress=ctx.progress.show and ctx.rank == 0)
+        run = run_model(cfg, plan.counts, plan.modes, plan.peak, ctx.progress.say_fn)
+        if plan.peak is None:
+            run.notes.append("no MFU: " + ("this GPU has no bf16 peak in the hardware database; give --peak-tflops"
+                                            if cfg.device == "cuda" else
+                                            "CPU processes have no peak figure; give --peak-tflops"))
+        return Document.of(document(run, ctx.environment, ctx.command), run)
+
+    def from_document(self, doc: Mapping):
+        from .document import run_from_document
+
+        return run_from_document(dict(doc))
+
+    def findings(self, doc: Mapping) -> list[Finding]:
+        from .analyse import findings
+
+        return findings(self.load(doc))
+
+    def verdict(self, doc: Mapping) -> Verdict | None:
+        from .analyse import verdicts
+
+        found = verdicts(self.load(doc))
+        return found[-1] if found else None
+
+    def failure(self, doc: Mapping) -> str | None:
+        run = self.load(doc)
+        failed = [s for s in run.stats if s.error]
+        if not failed:
+            return None
+        fit = [s for s in run.stats if not s.error]
+        hint = (f"; run 'mgpu-bench memory --no-churn --max-batch {run.config.model} --seq-len {run.config.seq_len}' "
+                "for the largest batch that fits" if any("out of memory" in (s.error or "") for s in failed) else "")
+        return (f"{len(failed)} configuration(s) failed: {failed[0].error}{hint}"
+                + (f" ({len(fit)} measured and kept)" if fit else ""))
+
+    def headline(self, doc: Mapping) -> list:
+        from .headline import headline
+
+        return headline(doc)
+
+    def key_figure(self, doc: Mapping) -> tuple[str, str]:
+        from .analyse import key_figure
+
+        return key_figure(self.load(doc))
+
+    def render(self, doc: Mapping, console) -> None:
+        from .render import render_terminal
+
+        run = self.load(doc)
+        if run.stats:
+            render_terminal(run, console)
+        console.print(f"model: {run.wall_seconds:.1f} s wall, process start-up included", highlight=False)
+
+    def images(self, doc: Mapping) -> dict[str, bytes]:
+        from .report import images
+
+        return images(self.load(doc))
+
+    def section(self, doc: Mapping, images: Mapping[str, bytes]) -> str:
+        from .report import section
+
+        return section(self.load(doc), dict(images))
+
+    def report(self, doc: Mapping, out_dir, history=None):
+        from .report import write_report
+
+        return write_report(self.load(doc), out_dir, doc.get("environment") or {})
+
+    def suite_steps(self, plan: PlanContext) -> list[Step]:
+        if plan.ngpu:
+            model = ("--model", SUITE_MODEL, "--seq-len", "2048", "--batch-size", "8")
+            steps = ("--steps", "12", "--warmup-steps", "3") if plan.quick else ("--steps", "30", "--warmup-steps", "5")
+            counts, k = [], 1  # 1, 2, 4, ... up to the GPU count, and the count itself
+            while k < plan.ngpu:
+                counts.append(k)
+                k *= 2
+            counts.append(plan.ngpu)
+            return [
+                Step(1, 30, "model-1gpu", "training step on one GPU",
+                     ("model", *model, *steps, *plan.gpus_args(first=True),
+                      *(("--data", "both") if not plan.quick else ()))),
+                Step(2, 30, "model-scaling", "training steps over GPU counts",
+                     ("model", *model, *steps, "--scaling", ",".join(map(str, counts)),
+                      "--no-profile" if plan.quick else "--profile", *plan.gpus_args()), min_gpus=2),
+                Step(3, 30, "model-sustained", "sustained training",
+                     ("model", *model, "--steps", "50", "--warmup-steps", "3", "--no-exposed-comm", "--no-profile",
+                      *plan.gpus_args()), telemetry=True, timeout_s=plan.duration_s * 3 + 600,
+                     prepare=_sustained(plan.duration_s)),
+            ]
+        tiny = ("--model", "tiny", "--steps", "8" if plan.quick else "20", "--warmup-steps", "2")
+        return [
+            Step(1, 30, "model-1gpu", "training step on one process", ("model", *tiny, "--nproc", "1"), min_gpus=0),
+            Step(2, 30, "model-scaling", "training steps over process counts", ("model", *tiny, "--scaling", "1,2"),
+                 min_gpus=0),
+            Step(3, 30, "model-sustained", "sustained training",
+                 ("model", "--model", "tiny", "--steps", "40", "--warmup-steps", "2", "--nproc", "1",
+                  "--no-exposed-comm", "--no-profile"), min_gpus=0, timeout_s=plan.duration_s * 3 + 600,
+                 prepare=_sustained(plan.duration_s)),
+        ]
+
+
+def _sustained(duration_s: float):
+    """Step.prepare for the sustained run: as many steps as fill `duration_s` at the step time
+    of the latest earlier model run, or of a short calibration run when there is none."""
+    from mgpu_bench.probe import replace_option
+
+    from .analyse import steps_to_fill
+
+    def prepare(step: Step, earlier: list[dict], run_step) -> Step:
+        n = next((k for e in reversed(earlier) if e["name"].startswith("model")
+                  and (k := steps_to_fill(e["document"], duration_s))), 0)
+        if not n:  # no earlier model run (round 1 not asked for, or it failed): time a few steps
+            args = replace_option(replace_option(step.args, "--steps", "5"), "--warmup-steps", "2")
+            calib = run_step(step.with_args(args, name="model-calibration", title="step time for the sustained run",
+                                            telemetry=False, prepare=None))
+            n = steps_to_fill(calib["document"], duration_s)
+        return step.with_args(replace_option(step.args, "--steps", str(n)), prepare=None) if n else step
+
+    return prepare
+
+
+PROBE = ModelProbe()

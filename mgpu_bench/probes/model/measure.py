@@ -18,22 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 import sys
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from mgpu_bench.errors import InputError, MgpuError, interruption
 
-PHASES = ("data", "forward", "backward", "optimizer")
-EXPOSED_COMM_LIMIT = 0.10  # healthy is under 10% of the step
-INPUT_LIMIT = 0.10
-STABLE_TOLERANCE = 0.05
-STABLE_K = 5
+from .analyse import PHASES, ModelRun, analyse
 
 
 @dataclass(frozen=True)
@@ -58,33 +53,6 @@ class ModelConfig:
 
 
 # ------------------------------------------------------------------------------------ analysis
-
-def stable_window(times: Sequence[float], warmup: int, tol: float = STABLE_TOLERANCE,
-                  k: int = STABLE_K) -> tuple[int, int, bool]:
-    """(start, end, stable) of the window the figures are taken over: after `warmup`, from the
-    first step after which every rolling median of k steps stays within `tol` of the median of
-    the last half. stable is False when fewer than k steps qualify (the figures then use every
-    step after warm-up, and say so)."""
-    n = len(times)
-    xs = list(times[warmup:])
-    if len(xs) < k:
-        return warmup, n, False
-    ref = statistics.median(xs[len(xs) // 2:])
-    start = 0
-    for i in range(len(xs) - k + 1):
-        if abs(statistics.median(xs[i:i + k]) / ref - 1.0) > tol:
-            start = i + 1
-    if len(xs) - start < k:
-        return warmup, n, False
-    return warmup + start, n, True
-
-
-def scaling_efficiency(tokens_per_s: dict[int, float]) -> dict[int, float]:
-    """T_N / (N * T_1) for each GPU count N (T = total tokens/s); needs the 1-GPU figure."""
-    base = tokens_per_s.get(1)
-    if not base:
-        return {}
-    return {n: t / (n * base) for n, t in sorted(tokens_per_s.items())}
 
 
 # ------------------------------------------------------------------------------------ worker
@@ -356,140 +324,8 @@ def _joined(cfg: ModelConfig, le) -> list[dict]:
 _STORE: list = []  # the launcher's store of this process's job, once its group is formed
 
 
-# ------------------------------------------------------------------------------------ results
-
-@dataclass
-class StepStats:
-    """One configuration (GPU count, data source) as measured."""
-
-    world: int
-    data: str
-    ranks: list[dict]
-    window: tuple[int, int, bool] = (0, 0, False)
-    samples_per_step: int = 0
-    tokens_per_step: int = 0
-    flops_per_token: float = 0.0
-    error: str | None = None
-    derived: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return {"world": self.world, "data": self.data, "window": list(self.window),
-                "samples_per_step": self.samples_per_step, "tokens_per_step": self.tokens_per_step,
-                "flops_per_token": self.flops_per_token, "error": self.error, "derived": self.derived,
-                "ranks": self.ranks}
 
 
-def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float | None) -> StepStats:
-    """Per-step seconds (slowest rank per step) -> window, throughput, MFU, shares."""
-    from mgpu_bench import models
-
-    spec = models.get_model_spec(cfg.model)
-    st = StepStats(world=world, data=cfg.data, ranks=ranks)
-    st.samples_per_step = cfg.batch_size * cfg.grad_accum * world
-    st.tokens_per_step = st.samples_per_step * cfg.seq_len
-    st.flops_per_token = models.flops_per_token(spec, cfg.seq_len)
-    errors = [r["error"] for r in ranks if r.get("error")]
-    if errors:
-        st.error = errors[0]
-    good = [r for r in ranks if r.get("phases")]
-    if not good:
-        return st
-    steps = [max(r["phases"]["step"][i] for r in good) for i in range(len(good[0]["phases"]["step"]))]
-    start, end, stable = stable_window(steps, 0)
-    st.window = (start, end, stable)
-    win = steps[start:end]
-    step_s = statistics.median(win)
-    d: dict[str, Any] = {"step_s": step_s, "step_mean_s": statistics.fmean(win), "window_steps": len(win)}
-    d["samples_per_s"] = st.samples_per_step / step_s
-    d["tokens_per_s"] = st.tokens_per_step / step_s
-    d["tokens_per_s_per_gpu"] = d["tokens_per_s"] / world
-    d["flops_per_s_per_gpu"] = d["tokens_per_s_per_gpu"] * st.flops_per_token
-    d["mfu"] = d["flops_per_s_per_gpu"] / peak_flops if peak_flops else None
-    r0 = good[0]["phases"]
-    for p in PHASES:
-        d[f"{p}_s"] = statistics.median(r0[p][start:end])
-    d["data_share"] = d["data_s"] / step_s
-    nosync = [r.get("no_sync_phases") for r in good if r.get("no_sync_phases")]
-    if nosync:
-        ns = [max(x["step"][i] for x in nosync) for i in range(len(nosync[0]["step"]))]
-        s2, e2, _ = stable_window(ns, 0)
-        d["no_sync_step_s"] = statistics.median(ns[s2:e2])
-        d["exposed_comm_share"] = max(0.0, (step_s - d["no_sync_step_s"]) / step_s)
-    prof = good[0].get("profile")
-    if prof and prof["steps"]:
-        d["comm_kernel_share"] = prof["comm_kernel_s"] / prof["steps"] / step_s
-    mems = [r.get("peak_allocated") for r in good if r.get("peak_allocated") is not None]
-    if mems:
-        d["peak_allocated"] = max(mems)
-        d["peak_reserved"] = max(r.get("peak_reserved") or 0 for r in good)
-        d["total_memory"] = good[0].get("total_memory")
-    st.derived = d
-    return st
-
-
-def verdict(stats: StepStats, gross: StepStats | None = None) -> str:
-    """compute-bound / communication-bound / input-bound / memory-bound, with the figure."""
-    d = stats.derived
-    if stats.error and "out of memory" in stats.error:
-        return "memory-bound: the batch does not fit (out of memory); lower --batch-size or use checkpointing"
-    if not d:
-        return f"no verdict: {stats.error or 'no steps measured'}"
-    exposed = d.get("exposed_comm_share")
-    if exposed is not None and exposed > EXPOSED_COMM_LIMIT:
-        return (f"communication-bound: exposed communication is {100 * exposed:.1f}% of the step "
-                f"(healthy is under {100 * EXPOSED_COMM_LIMIT:.0f}%)")
-    loss = input_loss(stats, gross)
-    if loss is not None and loss > INPUT_LIMIT:
-        return (f"input-bound: the input pipeline costs {100 * loss:.1f}% of the step "
-                "(raise --num-workers, or make per-sample preprocessing cheaper)")
-    if d.get("data_share", 0) > INPUT_LIMIT:
-        return f"input-bound: waiting for data is {100 * d['data_share']:.1f}% of the step (raise --num-workers)"
-    mem = d.get("peak_reserved")
-    if mem and d.get("total_memory") and mem > 0.95 * d["total_memory"]:
-        return f"memory-bound: {100 * mem / d['total_memory']:.0f}% of device memory reserved at peak"
-    mfu = d.get("mfu")
-    return ("compute-bound" + (f": MFU {100 * mfu:.1f}%" if mfu is not None else "")
-            + (f", exposed communication {100 * exposed:.1f}%" if exposed is not None else ""))
-
-
-def input_loss(effective: StepStats, gross: StepStats | None) -> float | None:
-    """1 - gross tokens/s (real DataLoader) / effective tokens/s (synthetic data on the device)."""
-    if gross is None or not gross.derived or not effective.derived:
-        return None
-    return max(0.0, 1.0 - gross.derived["tokens_per_s"] / effective.derived["tokens_per_s"])
-
-
-
-# ------------------------------------------------------------------------------------ a whole run
-
-@dataclass
-class ModelRun:
-    config: ModelConfig
-    gpu_counts: list[int]
-    data_modes: list[str]
-    gpu_name: str | None
-    peak: Any  # hardware.Figure or None
-    stats: list[StepStats] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    stopped: str | None = None
-    stop_message: str | None = None
-    wall_seconds: float = 0.0
-
-    def get(self, world: int, data: str) -> StepStats | None:
-        return next((s for s in self.stats if s.world == world and s.data == data), None)
-
-    def effective(self, world: int) -> StepStats | None:
-        """Synthetic data (compute only) where it ran, else the loader's."""
-        for mode in ("synthetic", "loader"):
-            s = self.get(world, mode)
-            if s is not None and s.derived:
-                return s
-        return self.get(world, "synthetic") or self.get(world, "loader")
-
-    def scaling(self) -> dict[int, float]:
-        tps = {n: s.derived["tokens_per_s"] for n in self.gpu_counts
-               if (s := self.effective(n)) is not None and s.derived}
-        return scaling_efficiency(tps)
 
 
 def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[str], peak: Any = None,
@@ -543,85 +379,14 @@ def _leave_group(clean: bool) -> None:
     _STORE.clear()  # the store's connection too, before the interpreter's teardown
 
 
-def findings(run: ModelRun) -> list[str]:
-    lines = []
-    for n in run.gpu_counts:
-        eff, gross = run.get(n, "synthetic"), run.get(n, "loader")
-        main = eff or gross
-        if main is None:
-            continue
-        where = f"{n} GPU(s)" if run.config.device == "cuda" else f"{n} process(es)"
-        for st in (eff, gross):
-            if st is not None and st.error:
-                lines.append(f"{where}, {st.data} data: {st.error}")
-        lines.append(f"{where}: {verdict(main, gross if eff is not None else None)}")
-        loss = input_loss(eff, gross) if eff is not None else None
-        if loss is not None:
-            lines.append(f"{where}: input-pipeline loss {100 * loss:.1f}% (loader {gross.derived['tokens_per_s']:.0f} "
-                         f"against synthetic {eff.derived['tokens_per_s']:.0f} tokens/s)")
-        if main.derived and not main.window[2]:
-            lines.append(f"{where}: no stable window (step times kept moving by more than "
-                         f"{100 * STABLE_TOLERANCE:.0f}%): figures over every step after warm-up; add --steps")
-    for n, e in run.scaling().items():
-        if n > 1:
-            s = run.effective(n)
-            exposed = s.derived.get("exposed_comm_share") if s else None
-            why = f"; exposed communication {100 * exposed:.1f}% of the step" if exposed is not None else ""
-            lines.append(f"scaling 1 -> {n}: efficiency {100 * e:.1f}% (T_{n} / ({n} x T_1)){why}")
-    return lines
+@dataclass(frozen=True)
+class ModelPlan:
+    """What `mgpu-bench model` runs: the training config, the GPU counts (ascending), the data
+    sources, the peak MFU is measured against (None: no MFU) and the CUDA devices chosen
+    (() on CPU processes)."""
 
-
-def document(run: ModelRun, environment: dict, command: list[str] | None = None) -> dict:
-    import datetime as _dt
-
-    from mgpu_bench import __version__
-    from mgpu_bench.probes.comm.render import RESULT_SCHEMA, RESULT_SCHEMA_VERSION
-
-    peak = run.peak
-    return {
-        "schema": RESULT_SCHEMA, "schema_version": RESULT_SCHEMA_VERSION, "kind": "model",
-        "tool_version": __version__, "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "command": command, "environment": environment, "config": asdict(run.config),
-        "gpu_counts": run.gpu_counts, "data_modes": run.data_modes, "gpu_name": run.gpu_name,
-        "peak": None if peak is None else {"value": peak.value, "unit": peak.unit, "source": peak.source},
-        "status": {"completed": run.stopped is None, "stopped": run.stopped, "message": run.stop_message},
-        "notes": run.notes, "wall_seconds": run.wall_seconds, "findings": findings(run),
-        "scaling": {str(n): e for n, e in run.scaling().items()},
-        "runs": [s.to_dict() for s in run.stats],
-    }
-
-
-def render_terminal(run: ModelRun, console) -> None:
-    from rich.table import Table
-
-    unit = "GPU" if run.config.device == "cuda" else "proc"
-    t = Table(title=f"{run.config.model} training steps ({run.config.parallel}, seq {run.config.seq_len}, batch "
-                    f"{run.config.batch_size} x {run.config.grad_accum} per {unit}); median over the stable window",
-              title_justify="left", pad_edge=False, box=None, header_style="bold")
-    for name in (f"{unit}s", "data", "step\nms", "tok/s\ntotal", f"tok/s\nper {unit}", "TFLOP/s\nper GPU",
-                 "MFU\n%", "data\n%", "fwd\nms", "bwd\nms", "opt\nms", "exposed\ncomm %", "peak mem\nGiB"):
-        t.add_column(name, justify="left" if name == "data" else "right")
-    for s in run.stats:
-        d = s.derived
-        if not d:
-            t.add_row(str(s.world), s.data, f"failed: {s.error}", *[""] * 10)
-            continue
-
-        def f(key, scale=1.0, fmt=".1f", d=d):
-            v = d.get(key)
-            return "-" if v is None else format(v * scale, fmt)
-
-        t.add_row(str(s.world), "synth" if s.data == "synthetic" else s.data, f("step_s", 1e3), f("tokens_per_s", 1, ".0f"),
-                  f("tokens_per_s_per_gpu", 1, ".0f"), f("flops_per_s_per_gpu", 1e-12), f("mfu", 100),
-                  f("data_share", 100), f("forward_s", 1e3), f("backward_s", 1e3), f("optimizer_s", 1e3),
-                  f("exposed_comm_share", 100), f("peak_reserved", 2**-30, ".2f"))
-    console.print(t)
-    for s in run.stats:
-        if s.derived:
-            console.print(f"  {s.world} {unit}(s), {s.data}: window steps {s.window[0]}-{s.window[1] - 1} of "
-                          f"{len(s.ranks[0].get('phases', {}).get('step', []))} after {run.config.warmup_steps} warm-up"
-                          f"{'' if s.window[2] else ' (not stable)'}; {s.tokens_per_step} tokens per step; "
-                          f"{s.flops_per_token / 1e9:.3f} GFLOP per token (6N + 12 L d T)"
-                          + (f"; profiler: NCCL kernels {100 * s.derived['comm_kernel_share']:.1f}% of the step"
-                             if s.derived.get("comm_kernel_share") is not None else ""),
-                          highlight=False, soft_wrap=True)
+    config: ModelConfig
+    counts: tuple[int, ...]
+    modes: tuple[str, ...]
+    peak: Any
+    gpus: tuple[int, ...]

@@ -17,9 +17,8 @@ from mgpu_bench.output import html_page
 from mgpu_bench.output.plotting import plain as _plain
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
-from mgpu_bench.probes.model import measure as model_bench
 
-from .measure import PHASES, ModelRun, StepStats
+from .analyse import PHASES, ModelRun, StepStats, findings
 
 _PHASE_COLOURS = {"data": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:purple"}
 _IMAGES = ("steps", "phases", "scaling")  # file stems, in page order
@@ -36,7 +35,7 @@ def _label(run: ModelRun, s: StepStats) -> str:
 
 def step_series(s: StepStats) -> list[float]:
     """Seconds per timed step (warm-up already excluded by the worker), the slowest rank's per
-    step, as model_bench.analyse takes them; [] when no rank recorded steps."""
+    step, as analyse.analyse takes them; [] when no rank recorded steps."""
     good = [r["phases"]["step"] for r in s.ranks if (r.get("phases") or {}).get("step")]
     if not good:
         return []
@@ -219,7 +218,7 @@ def markdown(run: ModelRun, environment: dict) -> str:
              f"- GPUs: {gpus or md(run.gpu_name or '-')}"]
     lines += [f"- {md(k)}: {md(v)}" for k, v in _config_rows(run)]
     lines.append("")
-    lines += [f"- finding: {md(f)}" for f in model_bench.findings(run)]
+    lines += [f"- finding: {md(f.text)}" for f in findings(run)]
     for headers, rows in (_rows(run), _scaling_rows(run)):
         if rows:
             lines += ["", *html_page.md_table(headers, rows)]
@@ -242,7 +241,7 @@ def page(run: ModelRun, environment: dict, imgs: dict[str, bytes]) -> str:
     titles = {"steps": "step time", "phases": "phase split", "scaling": "scaling"}
     for name, png in imgs.items():
         sections.append((titles.get(name, name), html_page.image(name, png)))
-    return html_page.page("mgpu-bench model", environment, model_bench.findings(run), sections, run.notes,
+    return html_page.page("mgpu-bench model", environment, [f.text for f in findings(run)], sections, run.notes,
                           run.stop_message if run.stopped else None)
 
 
@@ -253,43 +252,14 @@ def write_report(run: ModelRun, out_dir: str | Path, environment: dict) -> list[
     return html_page.write_bundle(out_dir, imgs, page(run, environment, imgs), markdown(run, environment))
 
 
-def run_from_document(doc: dict) -> ModelRun:
-    """A model_bench.ModelRun rebuilt from the document model_bench.document() wrote."""
-    import dataclasses
-
-    from mgpu_bench.hardware import figure_from_dict
-
-    from .measure import ModelConfig
-
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    cfg = ModelConfig(
-        **{k: v for k, v in (doc.get("config") or {}).items() if k in known}
-    )
-    status = doc.get("status") or {}
-    run = ModelRun(
-        cfg,
-        list(doc.get("gpu_counts") or []),
-        list(doc.get("data_modes") or []),
-        doc.get("gpu_name"),
-        figure_from_dict(doc.get("peak")),
-        notes=list(doc.get("notes") or []),
-        stopped=status.get("stopped"),
-        stop_message=status.get("message"),
-        wall_seconds=doc.get("wall_seconds") or 0.0,
-    )
-    for s in doc.get("runs") or []:
-        w = s.get("window") or (0, 0, False)
-        run.stats.append(
-            StepStats(
-                world=s["world"],
-                data=s["data"],
-                ranks=list(s.get("ranks") or []),
-                window=(int(w[0]), int(w[1]), bool(w[2])),
-                samples_per_step=s.get("samples_per_step", 0),
-                tokens_per_step=s.get("tokens_per_step", 0),
-                flops_per_token=s.get("flops_per_token", 0.0),
-                error=s.get("error"),
-                derived=dict(s.get("derived") or {}),
-            )
-        )
-    return run
+def section(run: ModelRun, pngs: dict[str, bytes]) -> str:
+    """The run's part of the suite page: its settings, the table per configuration, scaling, plots."""
+    parts = [html_page.table(["setting", "value"], _config_rows(run), left=(0, 1))]
+    headers, rows = _rows(run)
+    if rows:
+        parts.append(html_page.table(headers, rows, left=(1, 13)))
+    headers, rows = _scaling_rows(run)
+    if rows:
+        parts.append(html_page.table(headers, rows, left=(1,)))
+    parts.append(html_page.images(pngs, ["phases", "steps", "scaling"], grid=True))
+    return "".join(parts)

@@ -1,0 +1,344 @@
+"""Comparing runs: per metric the change against a noise-aware threshold, and what differs
+between the two machines' fingerprints (driver, NCCL, GPUs, topology, NCCL_* / CUDA_* variables).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from mgpu_bench.errors import InputError
+from mgpu_bench.metrics import Metric
+
+from .store import History, _now
+
+# -- comparison -------------------------------------------------------------------------------
+
+# A metric regresses when it is worse by more than max(tolerance, NOISE_K x noise), noise being
+# the larger robust spread (1.4826 x MAD / median) of the two runs' samples. 3, as the GEMM
+# outlier rule (max(2%, 3x noise)) and links' robust z of 3: under a normal model a sample lies
+# beyond 3 sigma with 0.3% chance. The spread is that of single samples, not of their median, on
+# purpose: run-to-run drift (clocks, temperature, placement) exceeds what one run's samples show,
+# so the threshold is not shrunk by sqrt(n).
+NOISE_K = 3.0
+MIN_SAMPLES_FOR_NOISE = (
+    5  # as measurement.MIN_SAMPLES_FOR_NOISE: fewer give no estimate
+)
+STATUSES = (
+    "regression",
+    "improvement",
+    "within noise",
+    "unchanged",
+    "added",
+    "missing",
+)
+
+
+def noise(samples: Sequence[float], absolute: bool = False) -> float | None:
+    """Robust spread of the samples: 1.4826 x MAD / |median| (relative), or 1.4826 x MAD in the
+    samples' own unit when `absolute` (fractions, compared in points). None with fewer than
+    MIN_SAMPLES_FOR_NOISE samples, or a zero median for a relative spread."""
+    xs = [float(x) for x in samples if math.isfinite(float(x))]
+    if len(xs) < MIN_SAMPLES_FOR_NOISE:
+        return None
+    med = statistics.median(xs)
+    mad = 1.4826 * statistics.median(abs(x - med) for x in xs)
+    if absolute:
+        return mad
+    return mad / abs(med) if med else None
+
+
+@dataclass(frozen=True)
+class Change:
+    """One metric of two runs.
+
+    change: new - base relative to |base| (fractions: in absolute terms, a share of 1, since a
+    relative change of a share near 0 says little); None when the metric is in one run only.
+    gain: change signed so that positive is better and negative worse, whatever `better` is.
+    noise_base / noise_new: each run's spread in the same terms as `change` (None: fewer than
+    5 samples). threshold: max(tolerance, NOISE_K x the larger noise). status: one of STATUSES.
+    """
+
+    name: str
+    unit: str
+    better: str
+    base: float | None
+    new: float | None
+    change: float | None
+    gain: float | None
+    noise_base: float | None
+    noise_new: float | None
+    threshold: float | None
+    status: str
+
+    @property
+    def absolute(self) -> bool:
+        """The change is in absolute terms (percentage points of a fraction)."""
+        return self.unit == "fraction"
+
+
+def compare(
+    base_metrics: Iterable[Metric],
+    new_metrics: Iterable[Metric],
+    tolerance: float = 0.05,
+) -> list[Change]:
+    """Per metric of the two runs, the change and its status (see Change), in the new run's
+    order, then the base's metrics missing from the new run. tolerance: a fraction in (0, 1).
+    InputError when the runs share no metric (a baseline on a different metric set)."""
+    if not (0 < tolerance < 1):
+        raise InputError(
+            f"tolerance {tolerance:g} is out of range: give more than 0 and less than 100%"
+        )
+    base = {m.name: m for m in base_metrics}
+    new = {m.name: m for m in new_metrics}
+    if not set(base) & set(new):
+        raise InputError(
+            f"the two runs share no metric ({len(base)} and {len(new)} metrics): compare runs of the "
+            "same kind and configuration, or set a matching baseline"
+        )
+    out = []
+    for name, n in new.items():
+        b = base.get(name)
+        if b is None:
+            out.append(
+                Change(
+                    name,
+                    n.unit,
+                    n.better,
+                    None,
+                    n.value,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    "added",
+                )
+            )
+            continue
+        out.append(_change(b, n, tolerance))
+    for name, b in base.items():
+        if name not in new:
+            out.append(
+                Change(
+                    name,
+                    b.unit,
+                    b.better,
+                    b.value,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    "missing",
+                )
+            )
+    return out
+
+
+def _change(b: Metric, n: Metric, tolerance: float) -> Change:
+    absolute = n.unit == "fraction"
+    diff = n.value - b.value
+    if absolute:
+        change = diff
+    elif b.value:
+        change = diff / abs(b.value)
+    else:
+        change = 0.0 if diff == 0 else math.copysign(math.inf, diff)
+    gain = change if n.better == "higher" else -change
+    nb, nn = noise(b.samples, absolute), noise(n.samples, absolute)
+    known = [x for x in (nb, nn) if x is not None]
+    threshold = max(tolerance, NOISE_K * max(known)) if known else tolerance
+    if abs(change) <= tolerance:
+        status = "unchanged"
+    elif abs(change) <= threshold:
+        status = "within noise"
+    else:
+        status = "regression" if gain < 0 else "improvement"
+    return Change(
+        n.name,
+        n.unit,
+        n.better,
+        b.value,
+        n.value,
+        change,
+        gain,
+        nb,
+        nn,
+        threshold,
+        status,
+    )
+
+
+# -- fingerprints -----------------------------------------------------------------------------
+
+
+def topology_hash(fp: Mapping) -> str | None:
+    """A short hash of the topology facts a fingerprint holds: each GPU's index and PCI bus id,
+    and where a topo snapshot is present ("topology"), each GPU's current PCIe link and active
+    NVLinks and each pair's path. None when the fingerprint has none of them."""
+    facts: list = []
+    for g in fp.get("gpus") or []:
+        if isinstance(g, Mapping):
+            facts.append(["gpu", g.get("index"), g.get("pci_bus_id")])
+    topo = fp.get("topology")
+    if isinstance(topo, Mapping):
+        for g in topo.get("gpus") or []:
+            pcie = g.get("pcie") or {}
+            links = sum(1 for lk in g.get("nvlinks") or [] if lk.get("active"))
+            facts.append(
+                [
+                    "link",
+                    g.get("index"),
+                    g.get("pci_bus_id"),
+                    pcie.get("gen"),
+                    pcie.get("width"),
+                    links,
+                ]
+            )
+        for pr in topo.get("pairs") or []:
+            facts.append(["pair", pr.get("src"), pr.get("dst"), pr.get("path")])
+    if not facts:
+        return None
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _gpu_names(fp: Mapping) -> str | None:
+    names = [
+        str(g.get("name"))
+        for g in fp.get("gpus") or []
+        if isinstance(g, Mapping) and g.get("name")
+    ]
+    if not names:
+        return None
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{c}x {n}" for n, c in counts.items())
+
+
+def _uuids(fp: Mapping) -> tuple | None:
+    u = tuple(
+        str(g.get("uuid"))
+        for g in fp.get("gpus") or []
+        if isinstance(g, Mapping) and g.get("uuid")
+    )
+    return u or None
+
+
+def fingerprint_diff(fp_a: Mapping, fp_b: Mapping) -> list[str]:
+    """What differs between two environment fingerprints among host, GPU models, GPU UUIDs,
+    NVIDIA driver, CUDA runtime and driver API, NCCL (and torch's own NCCL), torch, the
+    recorded environment variables (NCCL_*, CUDA_*, ...) and the topology hash; one line each,
+    e.g. 'driver 550.54.15 vs 580.159.04'. Absent values show as 'unknown' ('unset' for
+    variables); a fact absent from both is not a difference."""
+    fp_a, fp_b = fp_a or {}, fp_b or {}
+    out = []
+
+    def show(v) -> str:
+        return "unknown" if v is None else str(v)
+
+    def show_env(v) -> str:
+        return "unset" if v is None else str(v)
+
+    for key, label in (
+        ("host", "host"),
+        ("nvidia_driver", "driver"),
+        ("cuda_runtime", "CUDA runtime"),
+        ("cuda_driver", "CUDA driver API"),
+        ("nccl", "NCCL"),
+        ("torch_nccl", "torch's NCCL"),
+        ("torch", "torch"),
+    ):
+        a, b = fp_a.get(key), fp_b.get(key)
+        if a != b:
+            out.append(f"{label} {show(a)} vs {show(b)}")
+    a, b = _gpu_names(fp_a), _gpu_names(fp_b)
+    if a != b:
+        out.append(f"GPUs {show(a)} vs {show(b)}")
+    ua, ub = _uuids(fp_a), _uuids(fp_b)
+    if ua != ub:
+        changed = sum(1 for x, y in zip(ua or (), ub or ()) if x != y) + abs(
+            len(ua or ()) - len(ub or ())
+        )
+        out.append(
+            f"GPU UUIDs differ ({changed} GPU(s)): other physical GPUs, or another order"
+        )
+    env_a, env_b = fp_a.get("env") or {}, fp_b.get("env") or {}
+    for key in sorted(
+        set(env_a) | set(env_b)
+    ):  # the recorded allowlist: NCCL_*, CUDA_*, threads
+        if env_a.get(key) != env_b.get(key):
+            out.append(
+                f"{key}={show_env(env_a.get(key))} vs {show_env(env_b.get(key))}"
+            )
+    ta, tb = topology_hash(fp_a), topology_hash(fp_b)
+    if ta != tb:
+        out.append(
+            f"topology {show(ta)} vs {show(tb)} (GPU PCI bus ids or links differ)"
+        )
+    return out
+
+
+# -- two stored runs --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two stored runs compared: base and new run ids, fingerprint differences, changes."""
+
+    base: str
+    new: str
+    tolerance: float
+    fingerprint_differences: list[str]
+    changes: list[Change]
+
+    @property
+    def regressions(self) -> list[Change]:
+        return [c for c in self.changes if c.status == "regression"]
+
+    def to_dict(self) -> dict:
+        """The JSON document `compare --json` writes (base units, fractions as fractions)."""
+        from dataclasses import asdict
+
+        def clean(v):
+            return None if isinstance(v, float) and not math.isfinite(v) else v
+
+        return {
+            "schema": "mgpu-bench/compare",
+            "schema_version": 1,
+            "created": _now(),
+            "base": self.base,
+            "new": self.new,
+            "tolerance": self.tolerance,
+            "noise_k": NOISE_K,
+            "rule": "regression: worse by more than max(tolerance, noise_k x the larger noise); noise = 1.4826 x "
+            "MAD / median of a run's samples (fractions: in points), none under 5 samples",
+            "fingerprint_differences": self.fingerprint_differences,
+            "regressions": len(self.regressions),
+            "changes": [
+                {k: clean(v) for k, v in asdict(c).items()} for c in self.changes
+            ],
+        }
+
+
+def compare_runs(
+    history: History, base_id: str, new_id: str, tolerance: float = 0.05
+) -> Comparison:
+    """Compares two stored runs' metrics and fingerprints (see `compare`, `fingerprint_diff`)."""
+    base, new = history.get(base_id), history.get(new_id)
+    changes = compare(
+        history.metrics(base.run_id), history.metrics(new.run_id), tolerance
+    )
+    return Comparison(
+        base.run_id,
+        new.run_id,
+        tolerance,
+        fingerprint_diff(base.fingerprint, new.fingerprint),
+        changes,
+    )

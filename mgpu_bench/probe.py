@@ -1,0 +1,298 @@
+"""The probe protocol and the registry: what every measuring command is, in one place.
+
+A probe is one folder under `mgpu_bench/probes/<name>/` whose `__init__.py` defines `PROBE`, an
+instance of a `Probe` subclass, and one line in `REGISTRY` below. The runner (runner.py) gives
+every probe the same flow: options -> a frozen config -> run -> findings -> terminal -> result
+document -> files -> history -> exit code, with the same fault rules. The suite, the history,
+`mgpu-bench report` and the fleet pass reach probes only through this protocol and the
+registry, never by importing a probe's modules.
+
+A probe's `__init__.py` imports nothing heavy at module level (no torch, no native module):
+the history reads headline metrics and the CLI builds its options from it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+# Probe name -> the module that defines its PROBE. Adding a probe: a folder and one line here.
+REGISTRY: dict[str, str] = {
+    "comm": "mgpu_bench.probes.comm",
+    "links": "mgpu_bench.probes.links",
+    "gemm": "mgpu_bench.probes.gemm",
+    "memory": "mgpu_bench.probes.memory",
+    "model": "mgpu_bench.probes.model",
+    "suite": "mgpu_bench.suite",
+}
+
+PROBLEM, WARNING, OK = "problem", "warning", "ok"
+MAX_ITERS = 1_000_000  # iteration counts above this are typos
+GPUS_HELP = "N for the first N GPUs, or indices 0,1 [default: all visible]."
+SEVERITIES = (PROBLEM, WARNING, OK)  # the order findings are listed in
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One verdict line: severity (problem, warning or ok) and the text with the figure, the
+    expected figure and the likely cause; round and probe name where it came from one probe."""
+
+    severity: str
+    text: str
+    round: int | None = None
+    probe: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What bounds a training step, as a probe that times one judges it.
+
+    bound: compute, communication, input, memory or none (no verdict); text: the probe's wording
+    ("communication-bound: ..."); where: what it covers ("2 GPU(s)"); scale: how many GPUs (the
+    suite prefers the widest compute-bound verdict); line: the probe's own finding that says the
+    same, left out where the verdict stands as the headline."""
+
+    bound: str
+    severity: str
+    text: str
+    where: str
+    scale: int
+    line: str
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What the suite plans for: --quick, the selected CUDA devices ([]: CPU ranks) and round
+    3's --duration in seconds."""
+
+    quick: bool
+    gpus: tuple[int, ...]
+    duration_s: float
+
+    @property
+    def ngpu(self) -> int:
+        return len(self.gpus)
+
+    def gpus_args(self, first: bool = False) -> tuple[str, ...]:
+        """--gpus for exactly the selected CUDA devices (or the first of them); () on CPU ranks.
+        "N" for the first N, else indices ("3," for one)."""
+        gpus = list(self.gpus[:1] if first else self.gpus)
+        if not gpus:
+            return ()
+        if gpus == list(range(len(gpus))):
+            return ("--gpus", str(len(gpus)))
+        return ("--gpus", ",".join(map(str, gpus)) + ("," if len(gpus) == 1 else ""))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One probe run of the suite: a child `mgpu-bench ARGS --json FILE` in `round`, placed by
+    `order` within it. `min_gpus` 0: runs on CPU ranks too. `telemetry`: the suite samples NVML
+    beside it. `prepare(earlier entries, run_step)` may re-plan the step from what ran before it
+    (run_step runs a helper step and returns its entry)."""
+
+    round: int
+    order: int
+    name: str
+    title: str
+    args: tuple[str, ...]
+    min_gpus: int = 1
+    telemetry: bool = False
+    timeout_s: float = 900.0
+    prepare: Callable[[Step, list[dict], Callable[[Step], dict]], Step] | None = field(
+        default=None, compare=False, repr=False)
+
+    def with_args(self, args: Sequence[str], **changes: Any) -> Step:
+        return replace(self, args=tuple(args), **changes)
+
+
+def replace_option(args: Sequence[str], flag: str, value: str) -> tuple[str, ...]:
+    """A command line with the value of `flag` replaced (the flag must be there)."""
+    out = list(args)
+    out[out.index(flag) + 1] = value
+    return tuple(out)
+
+
+class Probe:
+    """The protocol, with the defaults a probe that has nothing to say for a part takes.
+
+    Class attributes:
+      name          the command and the result document's kind
+      summary       one line for the group's help ("collective bus bandwidth (NCCL), checked")
+      help          the command's --help text
+      payload       the document field holding the measurements (a document without it is refused)
+      outputs       the file options the runner adds: json, csv, report
+      output_help   the help of those options, where the probe words them itself
+      stores        --db / --no-store / --prometheus and a history row
+      gates         compare with the kind's baseline after storing; a regression is exit 1
+      progress      how progress shows on a terminal: "bar", "status" (a spinner) or "lines"
+      progress_default  None: when stderr is a terminal; True/False: always/never unless told
+      own_telemetry the probe samples and judges clocks itself (the suite does not judge them again)
+    """
+
+    name: str = ""
+    summary: str = ""
+    help: str = ""
+    payload: str = "measurements"
+    outputs: tuple[str, ...] = ("json", "report")
+    output_help: ClassVar[Mapping[str, str]] = {}
+    stores: bool = True
+    gates: bool = False
+    progress: str = "status"
+    progress_default: bool | None = None
+    own_telemetry: bool = False
+
+    # -- the command ---------------------------------------------------------------------------
+
+    def options(self) -> list:
+        """The probe's own click parameters (the runner adds outputs, storage and progress)."""
+        return []
+
+    def configure(self, opts: dict[str, Any]) -> Any:
+        """Options -> a frozen config; InputError (exit code 2) for anything a user can get
+        wrong, before any measurement."""
+        raise NotImplementedError
+
+    def default_report_dir(self, config: Any) -> str | None:
+        """The report folder when --report is not given (None: no report)."""
+        return None
+
+    def tolerance(self, config: Any) -> float:
+        """The smallest change that counts against the baseline, for a probe that gates."""
+        return 0.05
+
+    def delegate(self, config: Any) -> int | None:
+        """When the probe hands the command to other processes (comm --launch processes): their
+        exit code; None to run here."""
+        return None
+
+    def run(self, config: Any, ctx: Context) -> Mapping:
+        """Measures; returns the result document (a document.Document, raw samples inside).
+        Faults (out of memory, NCCL errors, timeouts, Ctrl-C, SIGTERM) end the run with
+        status.stopped set and what was measured kept; they are not raised."""
+        raise NotImplementedError
+
+    # -- reading a document ----------------------------------------------------------------------
+
+    def load(self, doc: Mapping) -> Any:
+        """The probe's run object for `doc`: the one it measured, or rebuilt from the JSON."""
+        run = getattr(doc, "run", None)
+        return run if run is not None else self.from_document(doc)
+
+    def from_document(self, doc: Mapping) -> Any:
+        return doc
+
+    def measured(self, doc: Mapping) -> bool:
+        """Anything to store and draw."""
+        return bool(doc.get(self.payload))
+
+    def failure(self, doc: Mapping) -> str | None:
+        """A measurement that went wrong though the run completed (wrong elements, a failed
+        configuration): one line, and exit code 1."""
+        return None
+
+    def findings(self, doc: Mapping) -> list[Finding]:
+        """What the command prints on top, each with its severity."""
+        return []
+
+    def finding_label(self, finding: Finding) -> str:
+        """How the command labels a finding on the terminal."""
+        return "finding"
+
+    def judge(self, doc: Mapping) -> list[Finding]:
+        """What the suite adds to the findings: figures against theory and what they should
+        be, the healthy ones as ok."""
+        return []
+
+    def verdict(self, doc: Mapping) -> Verdict | None:
+        return None
+
+    def notes(self, doc: Mapping) -> list[str]:
+        return [str(n) for n in doc.get("notes") or []]
+
+    def headline(self, doc: Mapping) -> list:
+        """The metrics.Metric list history and compare use."""
+        return []
+
+    def key_figure(self, doc: Mapping) -> tuple[str, str]:
+        """(the figure, what it is judged against) for the suite's table."""
+        return "-", "-"
+
+    # -- drawing ---------------------------------------------------------------------------------
+
+    def render(self, doc: Mapping, console) -> None:
+        """Tables and the closing line on the terminal (rich console)."""
+
+    def csv(self, doc: Mapping) -> str:
+        raise NotImplementedError
+
+    def images(self, doc: Mapping) -> dict[str, bytes]:
+        """PNGs keyed by file stem."""
+        return {}
+
+    def section(self, doc: Mapping, images: Mapping[str, bytes]) -> str:
+        """The probe's part of the suite page (HTML), given its images."""
+        return ""
+
+    def report(self, doc: Mapping, out_dir: str | Path, history=None) -> list[Path]:
+        """The probe's own report folder: PNGs, report.html, summary.md. `history`: the open
+        history.History the run was stored in, or None."""
+        raise NotImplementedError
+
+    # -- the suite -------------------------------------------------------------------------------
+
+    def suite_steps(self, plan: PlanContext) -> list[Step]:
+        return []
+
+
+@dataclass
+class Context:
+    """What the runner hands a probe's run: the environment fingerprint taken before it, the
+    command line, this process's rank under a launcher (0 otherwise) and the progress display
+    (say(text), step(i, total, text))."""
+
+    environment: dict
+    command: list[str]
+    rank: int
+    progress: Any
+
+
+def option(*decls: str, **attrs: Any):
+    """A click option declared as @click.option would declare it."""
+    import click
+
+    return click.Option(list(decls), **attrs)
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get(name: str) -> Probe:
+    """The registered probe; KeyError for a name that is none."""
+    return importlib.import_module(REGISTRY[name]).PROBE
+
+
+def for_document(doc: Mapping) -> Probe | None:
+    """The probe whose document this is (by its kind), or None."""
+    from .document import document_kind
+
+    kind = document_kind(doc)
+    return get(kind) if kind in REGISTRY else None
+
+
+def headline(doc: Mapping) -> list:
+    """The headline metrics of any result document ([] for a kind no probe knows); non-finite
+    values left out."""
+    import math
+
+    probe = for_document(doc)
+    if probe is None:
+        return []
+    return [m for m in probe.headline(doc) if math.isfinite(m.value)]

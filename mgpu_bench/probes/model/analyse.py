@@ -1,0 +1,331 @@
+"""What a training run means: the stable window, throughput and MFU per configuration, scaling
+efficiency, and the verdict: compute-, communication-, input- or memory-bound, with the figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding, Verdict
+
+if TYPE_CHECKING:
+    from .measure import ModelConfig
+
+PHASES = ("data", "forward", "backward", "optimizer")
+EXPOSED_COMM_LIMIT = 0.10  # healthy is under 10% of the step
+
+
+INPUT_LIMIT = 0.10
+
+
+STABLE_TOLERANCE = 0.05
+
+
+STABLE_K = 5
+
+
+def stable_window(times: Sequence[float], warmup: int, tol: float = STABLE_TOLERANCE,
+                  k: int = STABLE_K) -> tuple[int, int, bool]:
+    """(start, end, stable) of the window the figures are taken over: after `warmup`, from the
+    first step after which every rolling median of k steps stays within `tol` of the median of
+    the last half. stable is False when fewer than k steps qualify (the figures then use every
+    step after warm-up, and say so)."""
+    n = len(times)
+    xs = list(times[warmup:])
+    if len(xs) < k:
+        return warmup, n, False
+    ref = statistics.median(xs[len(xs) // 2:])
+    start = 0
+    for i in range(len(xs) - k + 1):
+        if abs(statistics.median(xs[i:i + k]) / ref - 1.0) > tol:
+            start = i + 1
+    if len(xs) - start < k:
+        return warmup, n, False
+    return warmup + start, n, True
+
+
+def scaling_efficiency(tokens_per_s: dict[int, float]) -> dict[int, float]:
+    """T_N / (N * T_1) for each GPU count N (T = total tokens/s); needs the 1-GPU figure."""
+    base = tokens_per_s.get(1)
+    if not base:
+        return {}
+    return {n: t / (n * base) for n, t in sorted(tokens_per_s.items())}
+
+
+@dataclass
+class StepStats:
+    """One configuration (GPU count, data source) as measured."""
+
+    world: int
+    data: str
+    ranks: list[dict]
+    window: tuple[int, int, bool] = (0, 0, False)
+    samples_per_step: int = 0
+    tokens_per_step: int = 0
+    flops_per_token: float = 0.0
+    error: str | None = None
+    derived: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"world": self.world, "data": self.data, "window": list(self.window),
+                "samples_per_step": self.samples_per_step, "tokens_per_step": self.tokens_per_step,
+                "flops_per_token": self.flops_per_token, "error": self.error, "derived": self.derived,
+                "ranks": self.ranks}
+
+
+def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float | None) -> StepStats:
+    """Per-step seconds (slowest rank per step) -> window, throughput, MFU, shares."""
+    from mgpu_bench import models
+
+    spec = models.get_model_spec(cfg.model)
+    st = StepStats(world=world, data=cfg.data, ranks=ranks)
+    st.samples_per_step = cfg.batch_size * cfg.grad_accum * world
+    st.tokens_per_step = st.samples_per_step * cfg.seq_len
+    st.flops_per_token = models.flops_per_token(spec, cfg.seq_len)
+    errors = [r["error"] for r in ranks if r.get("error")]
+    if errors:
+        st.error = errors[0]
+    good = [r for r in ranks if r.get("phases")]
+    if not good:
+        return st
+    steps = [max(r["phases"]["step"][i] for r in good) for i in range(len(good[0]["phases"]["step"]))]
+    start, end, stable = stable_window(steps, 0)
+    st.window = (start, end, stable)
+    win = steps[start:end]
+    step_s = statistics.median(win)
+    d: dict[str, Any] = {"step_s": step_s, "step_mean_s": statistics.fmean(win), "window_steps": len(win)}
+    d["samples_per_s"] = st.samples_per_step / step_s
+    d["tokens_per_s"] = st.tokens_per_step / step_s
+    d["tokens_per_s_per_gpu"] = d["tokens_per_s"] / world
+    d["flops_per_s_per_gpu"] = d["tokens_per_s_per_gpu"] * st.flops_per_token
+    d["mfu"] = d["flops_per_s_per_gpu"] / peak_flops if peak_flops else None
+    r0 = good[0]["phases"]
+    for p in PHASES:
+        d[f"{p}_s"] = statistics.median(r0[p][start:end])
+    d["data_share"] = d["data_s"] / step_s
+    nosync = [r.get("no_sync_phases") for r in good if r.get("no_sync_phases")]
+    if nosync:
+        ns = [max(x["step"][i] for x in nosync) for i in range(len(nosync[0]["step"]))]
+        s2, e2, _ = stable_window(ns, 0)
+        d["no_sync_step_s"] = statistics.median(ns[s2:e2])
+        d["exposed_comm_share"] = max(0.0, (step_s - d["no_sync_step_s"]) / step_s)
+    prof = good[0].get("profile")
+    if prof and prof["steps"]:
+        d["comm_kernel_share"] = prof["comm_kernel_s"] / prof["steps"] / step_s
+    mems = [r.get("peak_allocated") for r in good if r.get("peak_allocated") is not None]
+    if mems:
+        d["peak_allocated"] = max(mems)
+        d["peak_reserved"] = max(r.get("peak_reserved") or 0 for r in good)
+        d["total_memory"] = good[0].get("total_memory")
+    st.derived = d
+    return st
+
+
+def verdict(stats: StepStats, gross: StepStats | None = None) -> str:
+    """compute-bound / communication-bound / input-bound / memory-bound, with the figure."""
+    d = stats.derived
+    if stats.error and "out of memory" in stats.error:
+        return "memory-bound: the batch does not fit (out of memory); lower --batch-size or use checkpointing"
+    if not d:
+        return f"no verdict: {stats.error or 'no steps measured'}"
+    exposed = d.get("exposed_comm_share")
+    if exposed is not None and exposed > EXPOSED_COMM_LIMIT:
+        return (f"communication-bound: exposed communication is {100 * exposed:.1f}% of the step "
+                f"(healthy is under {100 * EXPOSED_COMM_LIMIT:.0f}%)")
+    loss = input_loss(stats, gross)
+    if loss is not None and loss > INPUT_LIMIT:
+        return (f"input-bound: the input pipeline costs {100 * loss:.1f}% of the step "
+                "(raise --num-workers, or make per-sample preprocessing cheaper)")
+    if d.get("data_share", 0) > INPUT_LIMIT:
+        return f"input-bound: waiting for data is {100 * d['data_share']:.1f}% of the step (raise --num-workers)"
+    mem = d.get("peak_reserved")
+    if mem and d.get("total_memory") and mem > 0.95 * d["total_memory"]:
+        return f"memory-bound: {100 * mem / d['total_memory']:.0f}% of device memory reserved at peak"
+    mfu = d.get("mfu")
+    return ("compute-bound" + (f": MFU {100 * mfu:.1f}%" if mfu is not None else "")
+            + (f", exposed communication {100 * exposed:.1f}%" if exposed is not None else ""))
+
+
+def input_loss(effective: StepStats, gross: StepStats | None) -> float | None:
+    """1 - gross tokens/s (real DataLoader) / effective tokens/s (synthetic data on the device)."""
+    if gross is None or not gross.derived or not effective.derived:
+        return None
+    return max(0.0, 1.0 - gross.derived["tokens_per_s"] / effective.derived["tokens_per_s"])
+
+
+@dataclass
+class ModelRun:
+    config: ModelConfig
+    gpu_counts: list[int]
+    data_modes: list[str]
+    gpu_name: str | None
+    peak: Any  # hardware.Figure or None
+    stats: list[StepStats] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    stopped: str | None = None
+    stop_message: str | None = None
+    wall_seconds: float = 0.0
+
+    def get(self, world: int, data: str) -> StepStats | None:
+        return next((s for s in self.stats if s.world == world and s.data == data), None)
+
+    def effective(self, world: int) -> StepStats | None:
+        """Synthetic data (compute only) where it ran, else the loader's."""
+        for mode in ("synthetic", "loader"):
+            s = self.get(world, mode)
+            if s is not None and s.derived:
+                return s
+        return self.get(world, "synthetic") or self.get(world, "loader")
+
+    def scaling(self) -> dict[int, float]:
+        tps = {n: s.derived["tokens_per_s"] for n in self.gpu_counts
+               if (s := self.effective(n)) is not None and s.derived}
+        return scaling_efficiency(tps)
+
+
+# Scaling efficiency T_N / (N x T_1): at least SCALING_GOOD is healthy (DDP 1 -> 2 H200: 93.9%,
+# RESULTS.md), under SCALING_POOR a problem; above SCALING_ABOVE the baseline itself is suspect.
+SCALING_GOOD = 0.90
+SCALING_POOR = 0.75
+SCALING_ABOVE = 1.05
+# A bound share of the step (exposed communication, input pipeline) over twice its healthy
+# limit (10%) makes the verdict a problem rather than a warning.
+BOUND_PROBLEM = 2.0
+BOUNDS = {"compute-bound": "compute", "communication-bound": "communication", "input-bound": "input",
+          "memory-bound": "memory", "no verdict": "none"}
+
+
+def where(run: ModelRun, n: int) -> str:
+    return f"{n} GPU(s)" if run.config.device == "cuda" else f"{n} process(es)"
+
+
+def verdicts(run: ModelRun) -> list[Verdict]:
+    """The verdict (verdict()) of each GPU count, ascending, with its severity."""
+    out = []
+    for n in run.gpu_counts:
+        eff, gross = run.get(n, "synthetic"), run.get(n, "loader")
+        main = eff or gross
+        if main is None:
+            continue
+        text = verdict(main, gross if eff is not None else None)
+        bound = next((b for prefix, b in BOUNDS.items() if text.startswith(prefix)), "none")
+        out.append(Verdict(bound, _severity(run, n, text), text, where(run, n), n, f"{where(run, n)}: {text}"))
+    return out
+
+
+def _severity(run: ModelRun, n: int, text: str) -> str:
+    """compute-bound is ok; no verdict or a batch that does not fit is a problem; a bound share
+    over BOUND_PROBLEM times its healthy limit is a problem, under it a warning."""
+    if text.startswith("compute-bound"):
+        return OK
+    if text.startswith(("no verdict", "memory-bound: the batch does not fit")):
+        return PROBLEM
+    eff, gross = run.get(n, "synthetic"), run.get(n, "loader")
+    main = eff or gross
+    d = main.derived if main is not None else {}
+    share, limit = None, None
+    if text.startswith("communication-bound"):
+        share, limit = d.get("exposed_comm_share"), EXPOSED_COMM_LIMIT
+    elif text.startswith("input-bound"):
+        loss = input_loss(eff, gross) if eff is not None else None
+        share, limit = max(loss or 0.0, d.get("data_share") or 0.0), INPUT_LIMIT
+    return PROBLEM if share is not None and limit and share > BOUND_PROBLEM * limit else WARNING
+
+
+def findings(run: ModelRun) -> list[Finding]:
+    """Per GPU count: failed configurations (problems), the verdict, the input-pipeline loss
+    where the verdict does not already state it, a run with no stable window; then scaling
+    efficiency against the healthy figure, with its likely cause when short."""
+    lines: list[Finding] = []
+    said = {v.scale: v for v in verdicts(run)}
+    for n in run.gpu_counts:
+        eff, gross = run.get(n, "synthetic"), run.get(n, "loader")
+        main = eff or gross
+        if main is None:
+            continue
+        at = where(run, n)
+        for st in (eff, gross):
+            if st is not None and st.error:
+                lines.append(Finding(PROBLEM, f"{at}, {st.data} data: {st.error}"))
+        v = said[n]
+        lines.append(Finding(v.severity, v.line))
+        loss = input_loss(eff, gross) if eff is not None else None
+        if loss is not None and not (loss > INPUT_LIMIT and v.text.startswith("input-bound: the input pipeline")):
+            lines.append(Finding(WARNING if loss > INPUT_LIMIT else OK,
+                                 f"{at}: input-pipeline loss {100 * loss:.1f}% (loader "
+                                 f"{gross.derived['tokens_per_s']:.0f} against synthetic "
+                                 f"{eff.derived['tokens_per_s']:.0f} tokens/s)"))
+        if main.derived and not main.window[2]:
+            lines.append(Finding(WARNING, f"{at}: no stable window (step times kept moving by more than "
+                                          f"{100 * STABLE_TOLERANCE:.0f}%): figures over every step after warm-up; "
+                                          "add --steps"))
+    for n, e in run.scaling().items():
+        if n > 1:
+            lines.append(_scaling(run, n, e))
+    return lines
+
+
+def _scaling(run: ModelRun, n: int, eff: float) -> Finding:
+    """Scaling efficiency 1 -> n against SCALING_GOOD, and why it fell short: exposed
+    communication, or a step that grew while communication stayed hidden."""
+    s = run.effective(n)
+    exposed = s.derived.get("exposed_comm_share") if s else None
+    why = f"; exposed communication {100 * exposed:.1f}% of the step" if exposed is not None else ""
+    line = f"scaling 1 -> {n}: efficiency {100 * eff:.1f}% (T_{n} / ({n} x T_1)){why}"
+    unit, units = ("GPU", "GPUs") if run.config.device == "cuda" else ("process", "processes")
+    if eff > SCALING_ABOVE:
+        return Finding(WARNING, f"{line}: above 100%, so the 1-{unit} baseline ran slower than its share (noise, or "
+                                "a throttled or shared first GPU): run again")
+    if eff >= SCALING_GOOD:
+        return Finding(OK, line)
+    if exposed is not None and exposed > EXPOSED_COMM_LIMIT:
+        cause = "communication-bound: the gradient all-reduce is not hidden behind the backward pass"
+    elif exposed is not None:
+        cause = (f"the step itself is {1 / eff:.1f}x longer on {n} {units} while communication is hidden: the ranks "
+                 "compete for shared resources (CPU cores, memory bandwidth, PCIe) or one rank is slow")
+    else:
+        cause = "exposed communication was not measured (--exposed-comm)"
+    return Finding(WARNING if eff >= SCALING_POOR else PROBLEM,
+                   f"{line} (healthy >= {100 * SCALING_GOOD:.0f}%): {cause}")
+
+
+def key_figure(run: ModelRun) -> tuple[str, str]:
+    """Scaling at the largest count against the ideal, else tokens/s and MFU of the one count."""
+    tps = {n: s.derived["tokens_per_s"] for n in run.gpu_counts
+           if (s := run.effective(n)) is not None and s.derived.get("tokens_per_s")}
+    if not tps:
+        return "-", "-"
+    eff = run.scaling()
+    if len(tps) >= 2 and 1 in tps:
+        n = max(tps)
+        fig = f"scaling 1 -> {n}: {100 * eff[n]:.1f}% ({tps[n]:.0f} tokens/s against the ideal {n * tps[1]:.0f})"
+        s = run.effective(n)
+        exposed = s.derived.get("exposed_comm_share") if s else None
+        exp = f">= {100 * SCALING_GOOD:.0f}%" + (
+            f"; exposed communication {100 * exposed:.1f}% (healthy < {100 * EXPOSED_COMM_LIMIT:.0f}%)"
+            if exposed is not None else "")
+        return fig, exp
+    n = max(tps)
+    s = run.effective(n)
+    fig = f"{where(run, n)}: {tps[n]:.0f} tokens/s, step {1e3 * s.derived['step_s']:.1f} ms"
+    gross = run.get(n, "loader")
+    if s.data != "loader" and gross is not None and gross.derived.get("tokens_per_s"):
+        fig += f" ({gross.derived['tokens_per_s']:.0f} tokens/s with the DataLoader)"
+    mfu = s.derived.get("mfu")
+    peak = run.peak
+    if mfu is not None and peak is not None and peak.value:
+        return fig, f"MFU {100 * mfu:.1f}% of {peak.value / 1e12:g} TFLOP/s"
+    return fig, "no peak figure: no MFU"
+
+
+def steps_to_fill(model_doc: Mapping | None, duration_s: float) -> int:
+    """Steps that fill `duration_s` at the median step time of a model document's run with the
+    most GPUs (at least 20); 0 when there is none."""
+    try:
+        run = max((r for r in model_doc["runs"] if r.get("derived")), key=lambda r: r.get("world", 1))
+        return max(20, int(duration_s / run["derived"]["step_s"]))
+    except (TypeError, KeyError, ValueError, ZeroDivisionError):
+        return 0

@@ -1,0 +1,41 @@
+"""model on the terminal: one row per configuration over its stable window."""
+
+from __future__ import annotations
+
+from .analyse import ModelRun
+
+
+def render_terminal(run: ModelRun, console) -> None:
+    from rich.table import Table
+
+    unit = "GPU" if run.config.device == "cuda" else "proc"
+    t = Table(title=f"{run.config.model} training steps ({run.config.parallel}, seq {run.config.seq_len}, batch "
+                    f"{run.config.batch_size} x {run.config.grad_accum} per {unit}); median over the stable window",
+              title_justify="left", pad_edge=False, box=None, header_style="bold")
+    for name in (f"{unit}s", "data", "step\nms", "tok/s\ntotal", f"tok/s\nper {unit}", "TFLOP/s\nper GPU",
+                 "MFU\n%", "data\n%", "fwd\nms", "bwd\nms", "opt\nms", "exposed\ncomm %", "peak mem\nGiB"):
+        t.add_column(name, justify="left" if name == "data" else "right")
+    for s in run.stats:
+        d = s.derived
+        if not d:
+            t.add_row(str(s.world), s.data, f"failed: {s.error}", *[""] * 10)
+            continue
+
+        def f(key, scale=1.0, fmt=".1f", d=d):
+            v = d.get(key)
+            return "-" if v is None else format(v * scale, fmt)
+
+        t.add_row(str(s.world), "synth" if s.data == "synthetic" else s.data, f("step_s", 1e3), f("tokens_per_s", 1, ".0f"),
+                  f("tokens_per_s_per_gpu", 1, ".0f"), f("flops_per_s_per_gpu", 1e-12), f("mfu", 100),
+                  f("data_share", 100), f("forward_s", 1e3), f("backward_s", 1e3), f("optimizer_s", 1e3),
+                  f("exposed_comm_share", 100), f("peak_reserved", 2**-30, ".2f"))
+    console.print(t)
+    for s in run.stats:
+        if s.derived:
+            console.print(f"  {s.world} {unit}(s), {s.data}: window steps {s.window[0]}-{s.window[1] - 1} of "
+                          f"{len(s.ranks[0].get('phases', {}).get('step', []))} after {run.config.warmup_steps} warm-up"
+                          f"{'' if s.window[2] else ' (not stable)'}; {s.tokens_per_step} tokens per step; "
+                          f"{s.flops_per_token / 1e9:.3f} GFLOP per token (6N + 12 L d T)"
+                          + (f"; profiler: NCCL kernels {100 * s.derived['comm_kernel_share']:.1f}% of the step"
+                             if s.derived.get("comm_kernel_share") is not None else ""),
+                          highlight=False, soft_wrap=True)

@@ -1,0 +1,272 @@
+"""The flow every measuring command shares, for any probe of the registry.
+
+    options -> probe.configure (a frozen config; bad input is exit code 2 before any work)
+            -> output paths and the history database checked (rank 0)
+            -> probe.run with progress (faults end it with what was measured kept)
+            -> findings, notes and tables on the terminal
+            -> history row (and the baseline comparison for a probe that gates on it)
+            -> the result document, CSV and report folder
+            -> exit code
+
+Exit codes: 0 success; 1 a measurement failed (wrong elements, an NCCL error or timeout, out of
+memory, a failed configuration, a regression against the baseline) or an output could not be
+written, after writing what was gathered; 2 bad input (one line naming the fix); 130 Ctrl-C and
+143 SIGTERM (scancel, a launcher stopping its job), after writing what was gathered.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from .errors import InputError, defer_sigterm, interruption
+from .paths import check_report_dir, check_writable
+from .probe import Context, Probe
+
+EXIT_FAILED = 1
+EXIT_INPUT = 2
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
+
+
+class Store:
+    """Where a finished run goes besides its output files: the history database (unless
+    --no-store) and a Prometheus textfile (--prometheus)."""
+
+    def __init__(self, db: str | None, no_store: bool, prometheus: str | None) -> None:
+        self.db, self.no_store, self.prometheus = db, no_store, prometheus
+
+    def check(self) -> None:
+        """Before any measurement: a database that cannot be used, or a textfile that cannot be
+        written, is bad input now, not a lost run later."""
+        check_writable(self.prometheus)
+        if not self.no_store:
+            from .history import History
+
+            History.open(self.db).close()
+
+    def open(self):
+        from .history import History
+
+        return History.open(self.db)
+
+
+def launcher_rank() -> int:
+    """This process's rank under torchrun / srun / mpirun, 0 otherwise (rank 0 alone writes)."""
+    from .launch import detect
+
+    le = detect()
+    return 0 if le is None else le.rank
+
+
+def stopped_line(doc: Mapping, err, rank: int = 0) -> int:
+    """A run that ended early: its one line, and exit code 130 (interrupted) or 1."""
+    st = doc.get("status") or {}
+    where = f"rank {rank}: " if rank else ""
+    err.print(f"mgpu-bench: {where}{st.get('message') or st.get('stopped')}", highlight=False, style="bold red")
+    return EXIT_INTERRUPTED if st.get("stopped") == "interrupted" else EXIT_FAILED
+
+
+def write_outputs(outputs, err) -> bool:
+    """Writes each (path, writer) whose path is set; a path that cannot be written is one line on
+    stderr, not a lost run. True when any failed."""
+    failed = False
+    for path, write in outputs:
+        if path:
+            try:
+                write(path)
+            except OSError as exc:
+                err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
+                failed = True
+    return failed
+
+
+def run(probe: Probe, opts: dict) -> int:
+    """The command `mgpu-bench <probe.name>` with its parsed options; its exit code."""
+    from .output.console import Progress, err_console, out_console
+
+    paths = {key: opts.pop(key, None) for key in ("json_path", "csv_path", "report_dir")}
+    progress = opts.pop("progress", None)
+    store = Store(opts.pop("db_path", None), opts.pop("no_store", True), opts.pop("prometheus_path", None))
+    rank = launcher_rank()
+    if rank == 0:  # rank 0 alone writes and stores; other nodes may lack its folders
+        check_writable(paths["json_path"])
+        check_writable(paths["csv_path"])
+        check_report_dir(paths["report_dir"])
+    config = probe.configure(opts)
+    if rank == 0:
+        if not paths["report_dir"]:
+            paths["report_dir"] = probe.default_report_dir(config)
+            check_report_dir(paths["report_dir"])
+        if probe.stores:
+            store.check()
+    code = probe.delegate(config)
+    if code is not None:
+        return code
+
+    from .env import fingerprint
+
+    out, err = out_console(), err_console()
+    show = progress if progress is not None else probe.progress_default
+    if show is None:
+        show = err.is_terminal
+    environment = fingerprint()  # before the run: a device fault must not cost the results
+    try:
+        with Progress(err, probe.name, probe.progress, bool(show) and rank == 0) as bar:
+            doc = probe.run(config, Context(environment, sys.argv, rank, bar))
+    except KeyboardInterrupt as exc:  # a probe that keeps nothing partial
+        err.print(f"mgpu-bench: {interruption(exc)}", highlight=False)
+        return EXIT_INTERRUPTED
+    defer_sigterm()  # measured: a SIGTERM from here on waits for the results to be written
+    status = doc.get("status") or {}
+    if rank != 0:  # under a launcher, rank 0 alone prints and writes
+        if status.get("stopped"):
+            return stopped_line(doc, err, rank)
+        return EXIT_FAILED if probe.failure(doc) else 0
+
+    for f in probe.findings(doc):
+        out.print(f"{probe.finding_label(f)}: {f.text}", highlight=False, soft_wrap=True, style="bold yellow")
+    for note in dict.fromkeys(probe.notes(doc)):
+        err.print(f"note: {note}", highlight=False)
+    probe.render(doc, out)
+
+    measured = probe.measured(doc)
+    failed, regressed, history, run_id = False, False, None, None
+    try:
+        if measured and probe.stores and not store.no_store:
+            history, run_id, regressed = _store(probe, config, doc, store, out, err)
+            failed = history is None
+        if measured and store.prometheus:
+            failed |= _textfile(store.prometheus, doc, run_id, err)
+        failed |= write_outputs(_writers(probe, doc, paths, history, measured), err)
+    finally:
+        if history is not None:
+            history.close()
+    if measured and paths["report_dir"] and not failed and Path(paths["report_dir"], "report.html").exists():
+        out.print(f"report: {Path(paths['report_dir']) / 'report.html'}", highlight=False)
+
+    if status.get("stopped"):
+        return stopped_line(doc, err)
+    line = probe.failure(doc)
+    if line:
+        err.print(f"mgpu-bench: {line}", highlight=False, style="bold red")
+        return EXIT_FAILED
+    return EXIT_FAILED if (failed or regressed) else 0
+
+
+def _writers(probe: Probe, doc: Mapping, paths: dict, history, measured: bool) -> list[tuple[str | None, Callable]]:
+    from .document import write_json
+
+    out: list[tuple[str | None, Callable]] = [(paths["json_path"], lambda p: write_json(p, doc))]
+    if "csv" in probe.outputs:
+        out.append((paths["csv_path"], lambda p: Path(p).write_text(probe.csv(doc))))
+    if measured:
+        out.append((paths["report_dir"], lambda p: probe.report(doc, p, history)))
+    return out
+
+
+def _store(probe: Probe, config, doc, store: Store, out, err):
+    """Saves the run; for a gating probe, compares it with its kind's baseline. -> (the open
+    History, or None when storing failed; the run id; whether it regressed). A gating run that
+    cannot be compared counts as regressed: a regression watch must not pass by not looking."""
+    h = run_id = None
+    try:
+        h = store.open()
+        run_id = h.save(doc)
+        err.print(f"stored as {run_id} in {h.path} (mgpu-bench history show {run_id})", highlight=False)
+        regressed = probe.gates and compare_with_baseline(h, probe.name, run_id, probe.tolerance(config), out, err)
+        return h, run_id, regressed
+    except (InputError, OSError) as exc:
+        what = "was not stored" if run_id is None else f"was stored as {run_id}, then"
+        err.print(f"mgpu-bench: the run {what}: {exc}", highlight=False)
+        if h is not None:
+            h.close()
+        return None, run_id, False
+
+
+def _textfile(path: str, doc: Mapping, run_id: str | None, err) -> bool:
+    """The Prometheus textfile; True when it failed."""
+    from .output.prometheus import write_textfile
+    from .probe import headline
+
+    try:
+        write_textfile(path, headline(doc), run_id, doc.get("environment") or {})
+    except OSError as exc:
+        err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
+        return True
+    return False
+
+
+def compare_with_baseline(h, kind: str, stored: str, tolerance: float, out, err) -> bool:
+    """The stored run against its kind's baseline, if one is set; True on a regression. A
+    baseline with no metric in common is said, and counts as a failure to compare."""
+    from .history import compare_runs
+    from .history.cli import format_change, format_noise, format_value
+
+    base = h.baseline(kind)
+    if not base or base == stored:
+        return False
+    try:
+        comparison = compare_runs(h, base, stored, tolerance)
+    except InputError as exc:
+        err.print(f"mgpu-bench: not compared with baseline {base}: {exc}", highlight=False)
+        return True
+    for line in comparison.fingerprint_differences:
+        out.print(f"warning: not the same machine set-up as the baseline: {line}", highlight=False, soft_wrap=True)
+    for c in comparison.regressions:
+        out.print(f"regression: {c.name}: {format_value(c.base, c.unit)} -> {format_value(c.new, c.unit)} "
+                  f"({format_change(c.change, c.absolute)}; threshold {format_noise(c.threshold, c.absolute)})",
+                  highlight=False, soft_wrap=True)
+    out.print(f"compared with baseline {base}: {len(comparison.regressions)} regression(s)", highlight=False)
+    return bool(comparison.regressions)
+
+
+
+def render_again(result: str, out_dir: str) -> int:
+    """`mgpu-bench report RESULT --out DIR`: the report of a stored result document, drawn by
+    the probe of its kind."""
+    import json
+
+    from . import probe as registry
+    from .document import RESULT_SCHEMA, document_kind
+
+    check_report_dir(out_dir)
+    try:
+        doc = json.loads(Path(result).read_text())
+    except OSError as exc:
+        raise InputError(f"cannot read {result}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise InputError(f"{result} is not JSON: give a file written by a command's --json") from None
+    if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
+        raise InputError(f"{result} is not an mgpu-bench result: give a file written by --json")
+    probe = registry.for_document(doc)
+    if probe is None:
+        kinds = ", ".join(registry.names())
+        raise InputError(f"{result} is a {document_kind(doc) or 'result'} document of no known kind: give a file "
+                         f"written by {kinds}")
+    if not isinstance(doc.get(probe.payload), list):
+        raise InputError(f"{result} is a {probe.name} document without its {probe.payload}: give a file written by "
+                         f"mgpu-bench {probe.name} --json")
+    try:
+        paths = probe.report(doc, out_dir)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InputError(f"{result} is a {probe.name} document that cannot be read back ({type(exc).__name__}: "
+                         f"{exc}): give a file written by mgpu-bench {probe.name} --json") from None
+    for p in paths:
+        print(p)
+    return 0
+
+
+def topo(json_path: str | None) -> int:
+    """`mgpu-bench topo`: the node as data, rendered, and written as JSON when asked."""
+    import json
+
+    from . import topo as topology
+    from .output.console import err_console, out_console
+
+    check_writable(json_path)
+    snapshot = topology.collect()
+    topology.render(snapshot, out_console())
+    return EXIT_FAILED if write_outputs([(json_path, lambda p: Path(p).write_text(json.dumps(snapshot, indent=1)))],
+                                        err_console()) else 0
