@@ -219,3 +219,17 @@ def synthetic_batch(spec: ModelSpec, batch: int, seq_len: int, device: torch.dev
         raise InputError(f"batch and sequence length must be positive (got {batch}, {seq_len})")
     ids = torch.randint(0, spec.vocab, (batch, seq_len + 1), device=device, generator=generator)
     return ids[:, :-1], ids[:, 1:]
+
+
+def matmul_shapes(spec: ModelSpec, tokens: int) -> list[tuple[int, int, int, int]]:
+    """The matmuls of one training micro-batch of `tokens` tokens as (M, N, K, count): every
+    linear layer's forward (tokens x out <- tokens x in), its input gradient and its weight
+    gradient, per layer, and the tied LM head's three. Attention's QK^T and PV (batched, shaped
+    by the heads) are not among them: they run in the fused attention kernel."""
+    d, hidden, v = spec.d_model, spec.mlp_ratio * spec.d_model, spec.vocab
+    layers = [(3 * d, d), (d, d), (hidden, d), (d, hidden)]  # (out, in): qkv, proj, fc, fc_proj
+    out: dict[tuple[int, int, int], int] = {}
+    for (n, k), count in [*((shape, spec.layers) for shape in layers), ((v, d), 1)]:
+        for shape in ((tokens, n, k), (tokens, k, n), (n, k, tokens)):  # forward, input grad, weight grad
+            out[shape] = out.get(shape, 0) + count
+    return [(m, n, k, c) for (m, n, k), c in out.items()]

@@ -167,6 +167,11 @@ class Probe:
         """The smallest change that counts against the baseline, for a probe that gates."""
         return 0.05
 
+    def gpus(self, config: Any) -> tuple[int, ...]:
+        """The CUDA devices the run uses (whose other users the runner looks for)."""
+        gpus = getattr(config, "gpus", None)
+        return tuple(gpus) if isinstance(gpus, (tuple, list)) else ()
+
     def delegate(self, config: Any) -> int | None:
         """When the probe hands the command to other processes (comm --launch processes): their
         exit code; None to run here."""
@@ -254,13 +259,15 @@ class Probe:
 @dataclass
 class Context:
     """What the runner hands a probe's run: the environment fingerprint taken before it, the
-    command line, this process's rank under a launcher (0 otherwise) and the progress display
-    (say(text), step(i, total, text))."""
+    command line, this process's rank under a launcher (0 otherwise), the progress display
+    (say(text), step(i, total, text)) and the watch on the GPUs' other users
+    (occupancy.Watch: check() -> the foreign processes)."""
 
     environment: dict
     command: list[str]
     rank: int
     progress: Any
+    occupancy: Any = None
 
 
 def option(*decls: str, **attrs: Any):

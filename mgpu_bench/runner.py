@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from . import occupancy
 from .errors import InputError, defer_sigterm, interruption
 from .paths import check_report_dir, check_writable
 from .probe import Context, Probe
@@ -60,11 +61,12 @@ def launcher_rank() -> int:
     return 0 if le is None else le.rank
 
 
-def stopped_line(doc: Mapping, err, rank: int = 0) -> int:
+def stopped_line(doc: Mapping, err, rank: int = 0, because: list | None = None) -> int:
     """A run that ended early: its one line, and exit code 130 (interrupted) or 1."""
     st = doc.get("status") or {}
     where = f"rank {rank}: " if rank else ""
-    err.print(f"mgpu-bench: {where}{st.get('message') or st.get('stopped')}", highlight=False, style="bold red")
+    text = _because(str(st.get("message") or st.get("stopped")), because or [])
+    err.print(f"mgpu-bench: {where}{text}", highlight=False, style="bold red")
     return EXIT_INTERRUPTED if st.get("stopped") == "interrupted" else EXIT_FAILED
 
 
@@ -112,9 +114,10 @@ def run(probe: Probe, opts: dict) -> int:
     if show is None:
         show = err.is_terminal
     environment = fingerprint()  # before the run: a device fault must not cost the results
+    watch = occupancy.Watch(_bus_ids(probe.gpus(config))) if rank == 0 else None
     try:
         with Progress(err, probe.name, probe.progress, bool(show) and rank == 0) as bar:
-            doc = probe.run(config, Context(environment, sys.argv, rank, bar))
+            doc = probe.run(config, Context(environment, sys.argv, rank, bar, watch))
     except KeyboardInterrupt as exc:  # a probe that keeps nothing partial
         err.print(f"mgpu-bench: {interruption(exc)}", highlight=False)
         return EXIT_INTERRUPTED
@@ -125,6 +128,11 @@ def run(probe: Probe, opts: dict) -> int:
             return stopped_line(doc, err, rank)
         return EXIT_FAILED if probe.failure(doc) else 0
 
+    if watch is not None and "occupancy" not in doc:
+        doc["occupancy"] = watch.to_dict()
+    shared = occupancy.from_document(doc)
+    for line in occupancy.findings_text(shared, (doc.get("occupancy") or {}).get("before")):
+        out.print(f"finding: {line}", highlight=False, soft_wrap=True, style="bold red")  # first: it colours the rest
     for f in probe.findings(doc):
         out.print(f"{probe.finding_label(f)}: {f.text}", highlight=False, soft_wrap=True, style="bold yellow")
     for note in dict.fromkeys(probe.notes(doc)):
@@ -147,12 +155,32 @@ def run(probe: Probe, opts: dict) -> int:
         out.print(f"report: {Path(paths['report_dir']) / 'report.html'}", highlight=False)
 
     if status.get("stopped"):
-        return stopped_line(doc, err)
+        return stopped_line(doc, err, because=shared)
     line = probe.failure(doc)
     if line:
-        err.print(f"mgpu-bench: {line}", highlight=False, style="bold red")
+        err.print(f"mgpu-bench: {_because(line, shared)}", highlight=False, style="bold red")
         return EXIT_FAILED
     return EXIT_FAILED if (failed or regressed) else 0
+
+
+def _bus_ids(gpus: tuple[int, ...]) -> dict[int, str]:
+    """CUDA index -> PCI bus id of the probe's GPUs ({} on CPU ranks or without a driver)."""
+    if not gpus:
+        return {}
+    from . import _native
+    from .errors import MgpuError
+
+    try:
+        return {g: str(_native.device_info(g)["pci_bus_id"]) for g in gpus}
+    except MgpuError:
+        return {}
+
+
+def _because(line: str, shared: list) -> str:
+    """An out-of-memory line with the other processes that hold memory on the GPUs named."""
+    if not shared or "out of memory" not in line:
+        return line
+    return f"{line}; other processes hold memory on the GPU: {', '.join(p.describe() for p in shared)}"
 
 
 def _writers(probe: Probe, doc: Mapping, paths: dict, history, measured: bool) -> list[tuple[str | None, Callable]]:
@@ -212,6 +240,8 @@ def compare_with_baseline(h, kind: str, stored: str, tolerance: float, out, err)
     except InputError as exc:
         err.print(f"mgpu-bench: not compared with baseline {base}: {exc}", highlight=False)
         return True
+    for line in comparison.not_comparable:
+        out.print(f"not comparable with baseline {base}: {line}", highlight=False, soft_wrap=True)
     for line in comparison.fingerprint_differences:
         out.print(f"warning: not the same machine set-up as the baseline: {line}", highlight=False, soft_wrap=True)
     for c in comparison.regressions:
@@ -219,7 +249,7 @@ def compare_with_baseline(h, kind: str, stored: str, tolerance: float, out, err)
                   f"({format_change(c.change, c.absolute)}; threshold {format_noise(c.threshold, c.absolute)})",
                   highlight=False, soft_wrap=True)
     out.print(f"compared with baseline {base}: {len(comparison.regressions)} regression(s)", highlight=False)
-    return bool(comparison.regressions)
+    return comparison.failed
 
 
 

@@ -39,33 +39,58 @@ def require_gpus(command: str, spec: str | None) -> tuple[list[int], list[dict]]
 
     n = visible_gpu_count()
     if n == 0:
-        raise InputError(f"{command} needs NVIDIA GPUs: {no_gpu_reason()}")
+        raise InputError(f"{command} needs NVIDIA GPUs: {no_gpu_reason()}; without a GPU, comm, model and suite "
+                         "run on CPU processes (gloo)")
     gpus = parse_gpus(spec, n)
     return gpus, [_native.device_info(g) for g in gpus]
 
 
+def _visible_text(available: int) -> str:
+    """How many GPUs this process sees and why: "2 visible", or with CUDA_VISIBLE_DEVICES set,
+    which physical GPUs its indices are."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return f"{available} visible (indices 0..{available - 1})" if available else "none visible"
+    shown = [v.strip() for v in cvd.split(",") if v.strip()]
+    if not available:
+        return f"none visible (CUDA_VISIBLE_DEVICES={cvd!r})"
+    mapping = ", ".join(f"{i} = {v}" for i, v in enumerate(shown[:available]))
+    return f"{available} visible: CUDA_VISIBLE_DEVICES={cvd} numbers them {mapping}"
+
+
 def parse_gpus(spec: str | None, available: int) -> list[int]:
-    """None -> all; "N" -> the first N; "a,b" -> those indices."""
+    """None or "all" -> all; "N" -> the first N (a count); "a,b" -> those indices; "a," -> GPU a
+    alone (an index list of one: a lone number is a count)."""
     if spec is None or spec.strip().lower() == "all":
         return list(range(available))
     text = spec.strip()
-    try:
-        if "," not in text:
-            n = int(text)
-            if n < 1:
-                raise InputError(f"--gpus {text}: give a GPU count of at least 1, or indices like 0,1")
-            if n > available:
-                raise InputError(f"--gpus {text}: only {available} GPU(s) visible (indices 0..{available - 1})")
-            return list(range(n))
+    forms = "a count (--gpus 2: the first two), indices (--gpus 0,1), or one GPU by its index (--gpus 1,)"
+    try:  # InputError is a ValueError: only int() is inside
         idx = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
-        raise InputError(f"--gpus '{spec}': write a count (2) or comma-separated indices (0,1)") from None
+        raise InputError(f"--gpus '{spec}': write {forms}") from None
+    if "," not in text:
+        n = idx[0]
+        if n < 1:
+            raise InputError(f"--gpus {text} is a count of GPUs; for GPU {n} alone write --gpus {n}, "
+                             f"({_visible_text(available)})")
+        if n > available:
+            raise InputError(f"--gpus {text} asks for {n} GPUs, {_visible_text(available)}")
+        return list(range(n))
+    if not idx:
+        raise InputError(f"--gpus '{spec}': write {forms}")
     bad = [i for i in idx if i < 0 or i >= available]
     if bad:
-        raise InputError(f"--gpus: GPU {bad[0]} does not exist; visible GPUs are 0..{available - 1}")
+        raise InputError(f"--gpus: GPU {bad[0]} does not exist here, {_visible_text(available)}")
     if len(set(idx)) != len(idx):
         raise InputError(f"--gpus '{spec}' names a GPU twice")
     return idx
+
+
+def gpus_without_gpus() -> InputError:
+    """The error for --gpus on a machine where no GPU is visible, the same for every command."""
+    return InputError(f"--gpus needs NVIDIA GPUs and none is usable here ({no_gpu_reason()}): drop --gpus; on CPU "
+                      "processes give their number with --nproc")
 
 
 def pin_gpus(chosen: list[int]) -> None:

@@ -97,6 +97,28 @@ def _bus_id_forms(bus_id: str) -> list[str]:
     return list(dict.fromkeys(f for f in forms if f))
 
 
+def handle_by_bus_id(nv: _Nvml, bus_id: str | None) -> tuple[object | None, str]:
+    """(the NVML handle of the GPU at `bus_id`, or None and why): nvmlDeviceGetHandleByPciBusId
+    over the bus id's spellings, each as str (nvidia-ml-py 11.450+ encodes it) and bytes (older
+    releases pass it to ctypes as is)."""
+    if not bus_id:
+        return None, "no bus id"
+    fn = getattr(nv.mod, "nvmlDeviceGetHandleByPciBusId", None)
+    if fn is None:
+        return None, "nvmlDeviceGetHandleByPciBusId is not in this nvidia-ml-py"
+    why = "not found"
+    for form in _bus_id_forms(bus_id):
+        for arg in (form, form.encode()):
+            try:
+                handle = fn(arg)
+            except Exception as exc:  # noqa: BLE001 - NVMLError_NotFound, or ctypes refusing str/bytes
+                why = str(exc) or repr(exc)
+                continue
+            if handle is not None:
+                return handle, ""
+    return None, why
+
+
 class Sampler:
     """Samples every GPU in `bus_ids` every `interval_s` seconds from a daemon thread, between
     __enter__ and __exit__ (or start() and stop()).
@@ -206,24 +228,7 @@ class Sampler:
             self._close()
 
     def _handle(self, bus_id: str | None) -> tuple[object | None, str]:
-        """nvmlDeviceGetHandleByPciBusId over the bus id's spellings, each as str (nvidia-ml-py
-        11.450+ encodes it) and bytes (older releases pass it to ctypes as is)."""
-        if not bus_id:
-            return None, "no bus id"
-        fn = getattr(self._nv.mod, "nvmlDeviceGetHandleByPciBusId", None)
-        if fn is None:
-            return None, "nvmlDeviceGetHandleByPciBusId is not in this nvidia-ml-py"
-        why = "not found"
-        for form in _bus_id_forms(bus_id):
-            for arg in (form, form.encode()):
-                try:
-                    handle = fn(arg)
-                except Exception as exc:  # noqa: BLE001 - NVMLError_NotFound, or ctypes refusing str/bytes
-                    why = str(exc) or repr(exc)
-                    continue
-                if handle is not None:
-                    return handle, ""
-        return None, why
+        return handle_by_bus_id(self._nv, bus_id)
 
     def _query(self, index: int, field: str, name: str, *args):
         """One NVML call; a failure -> None and, the first time for this GPU and field, a
@@ -242,6 +247,10 @@ class Sampler:
         st["sm_max_hz"] = mhz * 1e6 if mhz is not None else None
         mw = self._query(index, "power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", h)  # milliwatts
         st["power_limit_w"] = mw / 1000 if mw is not None else None
+        mw = self._query(index, "power_default_w", "nvmlDeviceGetPowerManagementDefaultLimit", h)
+        st["power_default_w"] = mw / 1000 if mw is not None else None
+        lo_hi = self._query(index, "power_max_w", "nvmlDeviceGetPowerManagementLimitConstraints", h)
+        st["power_max_w"] = lo_hi[1] / 1000 if isinstance(lo_hi, (tuple, list)) and len(lo_hi) == 2 else None
 
     def _sample(self, index: int, h) -> Sample:
         t = time.monotonic()
@@ -327,11 +336,29 @@ def summarize(samples: Sequence[Sample], static: Mapping | None = None) -> dict:
         "power_w_mean": _mean(power),
         "power_w_max": max(power, default=None),
         "power_limit_w": static.get("power_limit_w"),
+        "power_default_w": static.get("power_default_w"),
+        "power_max_w": static.get("power_max_w"),
         "temp_c_max": max(temp, default=None),
         "temp_c_mean": _mean(temp),
         "reasons": reasons,
         "limiting": [r for r in reasons if r in LIMITING],
     }
+
+
+def concerns(summary: Mapping) -> list[str]:
+    """What in one GPU's summary() deserves a warning on its own: an enforced power limit below
+    the GPU's default (or, the default unknown, its maximum), and the reasons that slow a GPU
+    that is not set up wrong: thermal slowdown, hardware slowdown, the power brake. Running into
+    the power cap at the default limit is not among them: dense GEMM on an H100/H200 always does
+    (information, not a fault)."""
+    out = []
+    limit = summary.get("power_limit_w")
+    ref = summary.get("power_default_w") or summary.get("power_max_w")
+    if limit and ref and limit < ref * (1 - _POWER_LIMIT_TOLERANCE):
+        which = "default" if summary.get("power_default_w") else "maximum"
+        out.append(f"power limit {limit:.0f} W, below the GPU's {which} {ref:.0f} W")
+    out += [r for r in summary.get("limiting") or [] if r != POWER_CAP]
+    return out
 
 
 def _mhz(hz: float) -> str:

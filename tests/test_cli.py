@@ -70,7 +70,7 @@ def test_gpu_requests_without_gpus_say_so(monkeypatch):
 
     monkeypatch.setattr(selection, "visible_gpu_count", lambda: 0)
     r = invoke("comm", "--gpus", "0,1", "--sizes", "1K")
-    assert r.exit_code == 2 and "no NVIDIA GPU is visible" in r.output
+    assert r.exit_code == 2 and "--gpus needs NVIDIA GPUs and none is usable here" in r.output and "--nproc" in r.output
     r = invoke("comm", "--graph", "--sizes", "1K")
     assert r.exit_code == 2 and "--graph needs the native backend" in r.output
 

@@ -163,8 +163,23 @@ def test_findings_name_the_slow_gpu_and_its_cause():
     lines = [f.text for f in gemm_analyse.findings(run)]
     slow = [x for x in lines if x.startswith("GPU 2 bf16")]
     assert len(slow) == 1 and "below the node's median" in slow[0] and "1410 MHz" in slow[0]
-    assert any("clocks lowered by power cap" in x for x in lines)
+    assert not any("power cap" in x and not x.startswith("GPU 2 bf16") for x in lines)  # normal under GEMM
     assert not any(x.startswith(("GPU 0 bf16", "GPU 1 bf16")) for x in lines)
+
+
+def test_power_cap_at_the_default_limit_is_not_a_warning_but_a_lowered_limit_and_heat_are():
+    healthy = {"sm_hz_median": 1.6e9, "sm_max_hz": 1.98e9, "power_limit_w": 700.0, "power_default_w": 700.0,
+               "power_max_w": 700.0, "limiting": ["power cap (software)"], "reasons": ["power cap (software)"]}
+    run = GemmRun(GemmConfig(), devices=[])
+    run.results = [result(0, 780, telemetry=healthy), result(1, 781, telemetry=healthy)]
+    assert gemm_analyse.findings(run) == []
+    lowered = dict(healthy, power_limit_w=600.0)
+    hot = dict(healthy, limiting=["power cap (software)", "thermal (software)"])
+    run.results = [result(0, 780, telemetry=lowered), result(1, 781, telemetry=hot)]
+    found = gemm_analyse.findings(run)
+    assert [f.severity for f in found] == ["warning", "warning"]
+    assert found[0].text == "GPU 0: power limit 600 W, below the GPU's default 700 W while measuring (bf16 8192x8192x8192)"
+    assert found[1].text.startswith("GPU 1: thermal (software) while measuring")
 
 
 def test_a_gemm_no_algorithm_ran_for_is_a_finding():

@@ -31,6 +31,22 @@ def test_one_gpu_with_both_data_sources(tmp_path):
     assert "MFU" in stdout
 
 
+def test_one_gpu_verdict_reads_the_profile_and_the_matmul_ceiling(tmp_path):
+    """The profile's shares lie in [0, 1] and add up with the idle time; the model's own matmul
+    shapes reach a ceiling between the model's rate and the datasheet peak; the verdict says
+    where the step goes."""
+    doc, stdout = _run(tmp_path, "--model", "350m", "--steps", "12", "--warmup-steps", "3", "--gpus", "1")
+    (r,) = doc["runs"]
+    d = r["derived"]
+    parts = [d["gpu_idle_share"], d["matmul_share"], d["attention_share"], d["other_kernel_share"]]
+    assert all(0 <= x <= 1 for x in parts) and sum(parts) + d["comm_exposed_kernel_share"] == pytest.approx(1.0)
+    assert d["flops_per_s_per_gpu"] < d["matmul_ceiling"] < doc["peak"]["value"]
+    assert 0 < d["of_ceiling"] < 1
+    verdict = next(f for f in doc["findings"] if f.startswith("1 GPU(s): "))
+    assert verdict.split(": ", 1)[1].startswith(("compute-bound: the GPU is busy", "launch-bound"))
+    assert "matmul ceiling" in stdout
+
+
 @pytest.mark.multi_gpu(2)
 def test_ddp_scaling_and_exposed_communication(tmp_path):
     doc, _ = _run(tmp_path, "--model", "125m", "--seq-len", "1024", "--batch-size", "8", "--steps", "12",
@@ -48,6 +64,9 @@ def test_fsdp_two_gpus(tmp_path):
                   "--warmup-steps", "2", "--parallel", "fsdp")
     (r,) = doc["runs"]
     assert r["world"] == 2 and r["derived"]["tokens_per_s"] > 0 and r["error"] is None
+    d = r["derived"]
+    assert d["exposed_comm_share"] is not None and 0 <= d["comm_kernel_share"] <= 1
+    assert 0 <= d["comm_exposed_kernel_share"] <= d["comm_kernel_share"]
 
 
 def test_oom_is_reported_exit_1(tmp_path):

@@ -190,10 +190,13 @@ def test_the_suites_own_telemetry_names_the_slow_gpu_and_the_capped_ones(doc):
         for t in texts(fs)
         if t.startswith("round 3 gemm-sustained: GPU") and "while it ran" in t
     ]
+    for g in probe(doc, "model-sustained")["telemetry"]["gpus"].values():  # all at one clock, all capped
+        g["summary"].update(sm_hz_median=1.5e9, limiting=["power cap (software)"], power_limit_w=700.0)
+    assert not [t for t in texts(suite_judge.findings(doc)) if "model-sustained: GPU" in t]  # normal under load
     for g in probe(doc, "model-sustained")["telemetry"]["gpus"].values():
-        g["summary"].update(sm_hz_median=1.5e9, limiting=["power cap (software)"])
+        g["summary"].update(limiting=["power cap (software)", "thermal (software)"])
     assert (
-        "round 3 model-sustained: GPU 0, 1, 2, 3 while it ran: clocks lowered by power cap (software)"
+        "round 3 model-sustained: GPU 0, 1, 2, 3 while it ran: thermal (software)"
         in texts(suite_judge.findings(doc), WARNING)
     )
     page = suite_report.page(doc)
@@ -312,7 +315,8 @@ def test_headline_is_compute_bound_when_every_model_probe_says_so(doc):
     assert head.severity == OK
     assert (
         head.text
-        == "verdict: compute-bound, exposed communication 0.0% (2 process(es), round 2 model-scaling)"
+        == "verdict: compute-bound (CPU processes: no profile or matmul ceiling to hold it against), exposed "
+        "communication 0.0% (2 process(es), round 2 model-scaling)"
     )
     doc["probes"] = [p for p in doc["probes"] if not p["name"].startswith("model")]
     assert suite_judge.verdict(doc) is None
@@ -327,7 +331,7 @@ def test_markdown_has_the_machine_the_verdicts_and_the_key_figures(doc):
         "- machine: host gpu-node-07\\<script>alert(1)\\</script>; 4x NVIDIA H200; driver 580.159.04; "
         "CUDA 13.0 (runtime 13.0); NCCL 2.28.9; torch 2.11.0" in md
     )
-    assert "## Verdicts (5 problem(s), 4 warning(s), 7 ok)" in md
+    assert "## Verdicts (5 problem(s), 3 warning(s), 7 ok)" in md
     assert "- **PROBLEM** verdict: input-bound" in md
     comm = comm_document.run_from_document(probe(doc, "comm")["document"])
     s = next(

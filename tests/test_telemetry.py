@@ -94,6 +94,14 @@ class FakeNvml:
     def nvmlDeviceGetEnforcedPowerLimit(self, h):
         return self._gpu("nvmlDeviceGetEnforcedPowerLimit", h)["limit_mw"]
 
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h):
+        self._gpu("nvmlDeviceGetPowerManagementDefaultLimit", h)
+        return 700_000
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, h):
+        self._gpu("nvmlDeviceGetPowerManagementLimitConstraints", h)
+        return (200_000, 700_000)
+
     def nvmlDeviceGetClockInfo(self, h, clock):
         if clock == 1:
             return self._next(h, "nvmlDeviceGetClockInfo", "sm")
@@ -154,8 +162,10 @@ def test_sampler_collects_and_stops():
     assert (second.sm_hz, second.power_w, second.reasons) == (1755e6, 690.0, 0x4)
     assert s.samples[1][0].temp_c == 91.0
     assert s.static == {
-        0: {"name": "NVIDIA H200", "pci_bus_id": "0000:18:00.0", "sm_max_hz": 1980e6, "power_limit_w": 700.0},
-        1: {"name": "NVIDIA H200", "pci_bus_id": "0000:2a:00.0", "sm_max_hz": 1980e6, "power_limit_w": 650.0},
+        0: {"name": "NVIDIA H200", "pci_bus_id": "0000:18:00.0", "sm_max_hz": 1980e6, "power_limit_w": 700.0,
+            "power_default_w": 700.0, "power_max_w": 700.0},
+        1: {"name": "NVIDIA H200", "pci_bus_id": "0000:2a:00.0", "sm_max_hz": 1980e6, "power_limit_w": 650.0,
+            "power_default_w": 700.0, "power_max_w": 700.0},
     }
     n = len(s.samples[0])
     time.sleep(0.03)
@@ -330,6 +340,8 @@ def test_summarize_numbers():
         "power_w_mean": pytest.approx((120 + 700 + 690 + 650) / 4),  # 540 W
         "power_w_max": 700.0,
         "power_limit_w": 700.0,
+        "power_default_w": None,
+        "power_max_w": None,
         "temp_c_max": 82.0,
         "temp_c_mean": pytest.approx((40 + 70 + 82 + 80) / 4),  # 68 C
         "reasons": ["power cap (software)", "sync boost", "thermal (software)"],  # no 'idle'

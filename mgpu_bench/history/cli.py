@@ -470,6 +470,8 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
                 )
         result = compare_runs(h, base, new.run_id, tolerance)
     out = _out()
+    for line in result.not_comparable:
+        out.print(f"not comparable: {line}", style="bold red", soft_wrap=True)
     for line in result.fingerprint_differences:
         out.print(
             f"warning: {result.base} and {result.new} ran on different setups: {line}",
@@ -518,7 +520,7 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
                 err=True,
             )
             return 1
-    return EXIT_REGRESSION if result.regressions else 0
+    return EXIT_REGRESSION if result.failed else 0
 
 
 def register(main: click.Group) -> None:

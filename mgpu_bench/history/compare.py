@@ -297,10 +297,18 @@ class Comparison:
     tolerance: float
     fingerprint_differences: list[str]
     changes: list[Change]
+    # Why the runs cannot be compared (a run on GPUs another process also used): a regression
+    # gate fails on these, since nothing can be said either way.
+    not_comparable: tuple[str, ...] = ()
 
     @property
     def regressions(self) -> list[Change]:
         return [c for c in self.changes if c.status == "regression"]
+
+    @property
+    def failed(self) -> bool:
+        """A gate on this comparison fails: a regression, or runs that cannot be compared."""
+        return bool(self.regressions or self.not_comparable)
 
     def to_dict(self) -> dict:
         """The JSON document `compare --json` writes (base units, fractions as fractions)."""
@@ -320,6 +328,7 @@ class Comparison:
             "rule": "regression: worse by more than max(tolerance, noise_k x the larger noise); noise = 1.4826 x "
             "MAD / median of a run's samples (fractions: in points), none under 5 samples",
             "fingerprint_differences": self.fingerprint_differences,
+            "not_comparable": list(self.not_comparable),
             "regressions": len(self.regressions),
             "changes": [
                 {k: clean(v) for k, v in asdict(c).items()} for c in self.changes
@@ -341,4 +350,13 @@ def compare_runs(
         tolerance,
         fingerprint_diff(base.fingerprint, new.fingerprint),
         changes,
+        tuple(shared_gpus(base) + shared_gpus(new)),
     )
+
+
+def shared_gpus(run) -> list[str]:
+    """Lines for a stored run that ran beside another process on its GPUs (occupancy)."""
+    from mgpu_bench.occupancy import findings_text, from_document
+
+    doc = run.document if isinstance(run.document, Mapping) else {}
+    return [f"{run.run_id}: {line}" for line in findings_text(from_document(doc))]

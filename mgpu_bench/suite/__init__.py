@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from mgpu_bench.errors import InputError
 from mgpu_bench.probe import GPUS_HELP, Finding, Probe, option
 
 HELP = """The three rounds of a throughput stress test, one report, stored and compared.
@@ -81,7 +80,7 @@ class SuiteProbe(Probe):
         if ngpu:
             chosen = tuple(selection.parse_gpus(o["gpus"], ngpu))
         elif o["gpus"] is not None:
-            raise InputError("--gpus given but no NVIDIA GPU is visible here")
+            raise selection.gpus_without_gpus()
         else:
             chosen = ()
         return SuiteConfig(quick=o["quick"], rounds=rounds, duration_s=duration_s, gpus=chosen, tolerance=tolerance)

@@ -186,8 +186,9 @@ def telemetry_gpus(tel: Mapping | None) -> dict[str, Mapping]:
 
 def telemetry_findings(tel: Mapping | None) -> list[tuple[str, str]]:
     """A GPU whose SM clock stayed below its peers' while the probe ran, with the cause
-    telemetry.explain names; the GPUs whose clocks were lowered (power cap, thermal, ...) at
-    their peers' clock, in one line."""
+    telemetry.explain names; the GPUs at their peers' clock with a concern all the same
+    (telemetry.concerns: a power limit below the default, thermal or hardware slowdown), in one
+    line per concern. The power cap at the default limit is normal under load: not a finding."""
     from mgpu_bench import telemetry
 
     sums = {k: g["summary"] for k, g in telemetry_gpus(tel).items() if isinstance(g.get("summary"), Mapping)}
@@ -198,10 +199,11 @@ def telemetry_findings(tel: Mapping | None) -> list[tuple[str, str]]:
         clock = summary.get("sm_hz_median")
         if clock and clocks and clock < 0.98 * statistics.median(clocks):  # explain()'s 2%
             out.append((WARNING, f"GPU {k} while it ran: {telemetry.explain(summary, peers)}"))
-        elif summary.get("limiting"):
-            capped.setdefault(", ".join(summary["limiting"]), []).append(k)
-    for reasons, gpus in capped.items():
-        out.append((WARNING, f"GPU {', '.join(gpus)} while it ran: clocks lowered by {reasons}"))
+        else:
+            for concern in telemetry.concerns(summary):
+                capped.setdefault(concern, []).append(k)
+    for concern, gpus in capped.items():
+        out.append((WARNING, f"GPU {', '.join(gpus)} while it ran: {concern}"))
     return out
 
 

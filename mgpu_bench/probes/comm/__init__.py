@@ -127,6 +127,20 @@ class CommProbe(Probe):
                           backend=o["backend"], gpus=o["gpus"], nproc=o["nproc"], timing=timing,
                           timeout_s=o["timeout"], launch=o["launch_mode"])
 
+    def gpus(self, cfg) -> tuple[int, ...]:
+        from mgpu_bench import launch, selection
+
+        n = selection.visible_gpu_count()
+        if not n:
+            return ()
+        le = launch.detect()
+        if le is not None:  # one GPU per rank: the local rank's, or the only one it sees
+            return (le.local_rank,) if le.local_rank < n else (0,) if n == 1 else ()
+        try:
+            return tuple(selection.parse_gpus(cfg.gpus, n))
+        except InputError:
+            return ()  # run() says what is wrong with --gpus
+
     def delegate(self, cfg) -> int | None:
         """--launch processes outside a launcher: the same command in one process per GPU."""
         import sys
@@ -146,7 +160,7 @@ class CommProbe(Probe):
             n = len(chosen)
         else:
             if cfg.gpus is not None:
-                raise InputError("--gpus given but no NVIDIA GPU is visible here")
+                raise selection.gpus_without_gpus()
             n = cfg.nproc
         if n < 2:
             raise InputError(f"--launch processes needs at least 2 processes ({n} selected)")

@@ -226,3 +226,20 @@ def key_figure(run: CommRun) -> tuple[str, str]:
     if t.get("bandwidth"):
         return fig, f"{100 * s['busbw_at_largest'] / t['bandwidth']:.0f}% of {t['bandwidth'] / 1e9:.0f} GB/s theory"
     return fig, f"no link theory ({run.backend} ranks)"
+
+
+def nvls_note(topology: dict | None, environ: dict) -> str | None:
+    """When the user's environment switches NVLink SHARP off (NCCL_NVLS_ENABLE=0) on GPUs that
+    reach an NVSwitch, what the figures do not show: NCCL's NVLS algorithms, which a training
+    job on this node with NVLS allowed would use for allreduce and reducescatter, and whose busbw
+    is above the ring's (the ring busbw formula no longer describes their traffic). The tool never
+    sets the variable itself."""
+    if environ.get("NCCL_NVLS_ENABLE") != "0" or not topology:
+        return None
+    switched = any(ln.get("remote_type") == "switch" for g in topology.get("gpus") or []
+                   for ln in g.get("nvlinks") or [])
+    if not switched:
+        return None
+    return ("NCCL_NVLS_ENABLE=0 is set in this environment: NCCL's NVLink SHARP (NVLS) algorithms are off on "
+            "these NVSwitch-connected GPUs, so these figures are the ring/tree ones; a job with NVLS allowed gets "
+            "NVLS for allreduce and reducescatter from NCCL's tuning, with busbw above the ring's")

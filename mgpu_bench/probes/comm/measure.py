@@ -8,13 +8,14 @@ error or timeout, Ctrl-C); the fault becomes run.stopped and its one-line messag
 
 from __future__ import annotations
 
+import os
 import time
 
 from mgpu_bench import _native
 from mgpu_bench.errors import InputError
 from mgpu_bench.measurement import CommMeasurement
 
-from .analyse import explain_above_theory
+from .analyse import explain_above_theory, nvls_note
 from .joined import run_joined
 from .plan import (
     CommConfig,
@@ -50,6 +51,9 @@ def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
     le = launcher()
     if gpus and le is None:
         run.theory, run.topology = ring_theory_for(gpus)
+        note = nvls_note(run.topology, dict(os.environ))
+        if note:
+            run.notes.append(note)
     t0 = time.perf_counter()
     try:
         if le is not None:

@@ -95,7 +95,7 @@ def resolve_backend(cfg: CommConfig) -> tuple[str, list[str], list[int]]:
         native_error_as_input()
     if ngpu == 0:
         if cfg.gpus is not None:
-            raise InputError("--gpus given but no NVIDIA GPU is visible here")
+            raise selection.gpus_without_gpus()
         if cfg.nproc < 2:
             raise InputError(f"--nproc {cfg.nproc}: collectives need at least 2 ranks")
         return "torch-gloo", ["cpu"] * cfg.nproc, []

@@ -142,7 +142,8 @@ class GemmProbe(Probe):
                                      f"% of peak is not shown; give one with --peak {d}=TFLOPS")
         if run.telemetry_error:
             run.notes.append(f"no clock/power telemetry: {run.telemetry_error}")
-        return Document.of(document(run, ctx.environment, ctx.command), run)
+        occupancy = ctx.occupancy.to_dict() if ctx.occupancy is not None else None  # before the findings
+        return Document.of(document(run, ctx.environment, ctx.command, occupancy), run)
 
     def from_document(self, doc: Mapping):
         from .document import run_from_document
@@ -150,9 +151,11 @@ class GemmProbe(Probe):
         return run_from_document(dict(doc))
 
     def findings(self, doc: Mapping) -> list[Finding]:
+        from mgpu_bench.occupancy import from_document
+
         from .analyse import findings
 
-        return findings(self.load(doc))
+        return findings(self.load(doc), from_document(doc))
 
     def judge(self, doc: Mapping) -> list[Finding]:
         from .analyse import judge

@@ -47,10 +47,11 @@ def sustained_drop(series: Sequence[tuple[float, float]], flops: int) -> dict | 
     return {"first": first, "last": last, "drop": 1.0 - last / first, "bursts": tail}
 
 
-def findings(run: GemmRun) -> list[Finding]:
-    """What a person can act on: wrong results and a slow GPU with its likely cause (problems),
-    a sustained run that lost throughput and throttling seen while measuring (warnings)."""
-    from mgpu_bench import telemetry
+def findings(run: GemmRun, shared: Sequence = ()) -> list[Finding]:
+    """What a person can act on: wrong results and a slow GPU with its likely cause (problems):
+    another process on it (occupancy.GpuProcess in `shared`) before anything the clocks say; a
+    sustained run that lost throughput and throttling seen while measuring (warnings)."""
+    from mgpu_bench import occupancy, telemetry
 
     lines: list[Finding] = []
     for r in run.results:
@@ -66,8 +67,8 @@ def findings(run: GemmRun) -> list[Finding]:
         by_gpu = {r.gpu: r for r in rs}
         for o in outliers({r.gpu: r.tflops for r in rs}, {r.gpu: r.noise for r in rs}):  # type: ignore[misc]
             r = by_gpu[o["gpu"]]
-            cause = None
-            if r.telemetry:
+            cause = occupancy.cause(r.gpu, list(shared))
+            if cause is None and r.telemetry:
                 peers = [p.telemetry for p in rs if p.gpu != r.gpu and p.telemetry]
                 cause = telemetry.explain(r.telemetry, peers)
             lines.append(Finding(PROBLEM, f"GPU {r.gpu} {dtype} {shape}: {o['value']:.1f} TFLOP/s, {100 * o['deficit']:.1f}% below "
@@ -82,12 +83,12 @@ def findings(run: GemmRun) -> list[Finding]:
                 lines.append(Finding(WARNING, f"GPU {r.gpu} {r.dtype} sustained: {d['first'] / 1e12:.1f} -> {d['last'] / 1e12:.1f} "
                              f"TFLOP/s ({100 * d['drop']:.1f}% lower) over {r.series[-1][0]:.0f} s; {why}"))
     seen: set[tuple[int, str]] = set()
-    for r in run.results:
-        for reason in ((r.telemetry or {}).get("limiting") or []):
-            if (r.gpu, reason) not in seen:
-                seen.add((r.gpu, reason))
-                lines.append(Finding(WARNING, f"GPU {r.gpu}: clocks lowered by {reason} while measuring "
-                                              f"({r.dtype} {r.shape})"))
+    for r in run.results:  # the power cap at the default limit is normal under GEMM: not a finding
+        for tel in (r.telemetry, (r.series_telemetry or {}).get("summary")):
+            for concern in telemetry.concerns(tel or {}):
+                if (r.gpu, concern) not in seen:
+                    seen.add((r.gpu, concern))
+                    lines.append(Finding(WARNING, f"GPU {r.gpu}: {concern} while measuring ({r.dtype} {r.shape})"))
     return lines
 
 

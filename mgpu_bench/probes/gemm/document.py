@@ -17,7 +17,10 @@ from .measure import (
 )
 
 
-def document(run: GemmRun, environment: dict, command: list[str] | None = None) -> dict:
+def document(run: GemmRun, environment: dict, command: list[str] | None = None, occupancy: dict | None = None) -> dict:
+    from mgpu_bench.occupancy import from_document
+
+    shared = from_document({"occupancy": occupancy or {}})
     return {
         **envelope("gemm", environment, command), "devices": run.devices,
         "config": {"dtypes": list(run.config.dtypes), "shapes": [str(s) for s in run.config.shapes],
@@ -29,7 +32,8 @@ def document(run: GemmRun, environment: dict, command: list[str] | None = None) 
                    "fp8_fast_accum": run.config.fp8_fast_accum, "init": run.config.init},
         "status": status(run.stopped, run.stop_message),
         "notes": run.notes, "telemetry_error": run.telemetry_error, "wall_seconds": run.wall_seconds,
-        "findings": [f.text for f in findings(run)],
+        "findings": [f.text for f in findings(run, shared)],
+        **({"occupancy": occupancy} if occupancy is not None else {}),
         "results": [r.to_dict() for r in run.results],
     }
 

@@ -32,10 +32,19 @@ come from the stable window: after warm-up, from the first step after which ever
 median of 5 steps stays within 5% of the median of the last half (its length is printed).
 tokens/s = batch x grad-accum x GPUs x seq-len / median step time. MFU = tokens/s per GPU x
 (6N + 12 L d T) FLOP per token / the bf16 dense peak of the GPU (hardware database, or
---peak-tflops). Exposed communication (DDP, 2+ GPUs) = 1 - step time under no_sync() /
-step time; healthy is under 10%. --data both runs synthetic (effective) and a real
-DataLoader (gross) and names the gap as input-pipeline loss. --scaling 1,2 repeats the run
-at each GPU count with the same per-GPU batch: efficiency = T_N / (N x T_1).
+--peak-tflops). Exposed communication (2+ GPUs) = 1 - step time without gradient sync (DDP's
+no_sync(), FSDP2's set_requires_gradient_sync(False)) / step time; healthy is under 10%.
+--data both runs synthetic (effective) and a real DataLoader (gross) and names the gap as
+input-pipeline loss. --scaling 1,2 repeats the run at each GPU count with the same per-GPU
+batch: efficiency = T_N / (N x T_1). FSDP is FSDP2 per block with bf16 parameters and fp32
+gradient reduction, the next block's all-gather prefetched.
+
+\b
+On GPUs the verdict is read from a profile of 3 steps (kernel intervals: matmuls, attention,
+other kernels, NCCL with nothing beside it, GPU idle) and from the model's own matmul shapes
+timed alone (the ceiling its matmuls could reach on this GPU): communication-, input-,
+memory-, launch- (GPU idle over 10%) or compute-bound (GPU busy), or an unexplained gap
+below that ceiling.
 """
 
 
@@ -83,7 +92,8 @@ class ModelProbe(Probe):
             option("--exposed-comm/--no-exposed-comm", default=True, show_default=True,
                    help="Also run the steps under no_sync() to measure exposed communication (DDP)."),
             option("--profile/--no-profile", default=True, show_default=True,
-                   help="Profile 3 steps for the NCCL-kernel share of the step (GPUs, 2+)."),
+                   help="Profile 3 steps on GPUs: where the step's time goes by kernel intervals (matmuls, "
+                        "attention, other kernels, NCCL alone, GPU idle); the verdict is read from it."),
         ]
 
     def configure(self, o: dict):
@@ -117,7 +127,7 @@ class ModelProbe(Probe):
             available = len(chosen)
         else:
             if o["gpus"] is not None:
-                raise InputError("--gpus needs NVIDIA GPUs; none are visible (use --nproc on CPU)")
+                raise selection.gpus_without_gpus()
             if not (1 <= o["nproc"] <= 64):
                 raise InputError("--nproc must be between 1 and 64")
             available = o["nproc"]
@@ -244,10 +254,10 @@ class ModelProbe(Probe):
                      ("model", *model, *steps, *plan.gpus_args(first=True),
                       *(("--data", "both") if not plan.quick else ()))),
                 Step(2, 30, "model-scaling", "training steps over GPU counts",
-                     ("model", *model, *steps, "--scaling", ",".join(map(str, counts)),
-                      "--no-profile" if plan.quick else "--profile", *plan.gpus_args()), min_gpus=2),
+                     ("model", *model, *steps, "--scaling", ",".join(map(str, counts)), *plan.gpus_args()),
+                     min_gpus=2),
                 Step(3, 30, "model-sustained", "sustained training",
-                     ("model", *model, "--steps", "50", "--warmup-steps", "3", "--no-exposed-comm", "--no-profile",
+                     ("model", *model, "--steps", "50", "--warmup-steps", "3", "--no-exposed-comm",
                       *plan.gpus_args()), telemetry=True, timeout_s=plan.duration_s * 3 + 600,
                      prepare=_sustained(plan.duration_s)),
             ]

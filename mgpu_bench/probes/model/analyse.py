@@ -16,15 +16,21 @@ if TYPE_CHECKING:
 
 PHASES = ("data", "forward", "backward", "optimizer")
 EXPOSED_COMM_LIMIT = 0.10  # healthy is under 10% of the step
-
-
 INPUT_LIMIT = 0.10
-
-
 STABLE_TOLERANCE = 0.05
-
-
 STABLE_K = 5
+# The GPU idle (no kernel running) for more than this share of the step: the host cannot keep
+# it fed (Python and kernel-launch overhead, synchronisations). A healthy eager 350m step on one
+# H200 leaves it idle a few percent at most.
+IDLE_LIMIT = 0.10
+# Without a profile, a step whose model FLOP rate reaches this share of what the GPU's matmuls
+# reach alone on the model's shapes is called compute-bound; below it the gap is unexplained.
+NEAR_CEILING = 0.70
+# Kernel names, lower case, by what they do (cuBLAS/cuBLASLt on Hopper: sm90_xmma_gemm_*,
+# nvjet_*; CUTLASS; flash and memory-efficient attention behind SDPA).
+NCCL_WORDS = ("nccl",)
+MATMUL_WORDS = ("gemm", "xmma", "nvjet", "cutlass", "cublas", "matmul", "wgmma")
+ATTENTION_WORDS = ("flash", "fmha", "attention", "attn", "sdpa")
 
 
 def stable_window(times: Sequence[float], warmup: int, tol: float = STABLE_TOLERANCE,
@@ -113,8 +119,18 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
         d["no_sync_step_s"] = statistics.median(ns[s2:e2])
         d["exposed_comm_share"] = max(0.0, (step_s - d["no_sync_step_s"]) / step_s)
     prof = good[0].get("profile")
-    if prof and prof["steps"]:
-        d["comm_kernel_share"] = prof["comm_kernel_s"] / prof["steps"] / step_s
+    if prof and prof.get("window_s"):
+        w = prof["window_s"]
+        d["comm_kernel_share"] = prof["nccl_s"] / w
+        d["comm_exposed_kernel_share"] = prof["nccl_exposed_s"] / w
+        d["gpu_idle_share"] = prof["idle_s"] / w
+        d["matmul_share"] = prof["matmul_s"] / w
+        d["attention_share"] = prof["attention_s"] / w
+        d["other_kernel_share"] = prof["other_s"] / w
+    ceilings = [r["matmul_ceiling"]["flops_per_s"] for r in good if (r.get("matmul_ceiling") or {}).get("flops_per_s")]
+    if ceilings:
+        d["matmul_ceiling"] = statistics.median(ceilings)
+        d["of_ceiling"] = d["flops_per_s_per_gpu"] / d["matmul_ceiling"]
     mems = [r.get("peak_allocated") for r in good if r.get("peak_allocated") is not None]
     if mems:
         d["peak_allocated"] = max(mems)
@@ -125,16 +141,25 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
 
 
 def verdict(stats: StepStats, gross: StepStats | None = None) -> str:
-    """compute-bound / communication-bound / input-bound / memory-bound, with the figure."""
+    """What bounds the step, with the deciding figure: memory (it does not fit, or nearly),
+    communication (exposed: measured without gradient sync, or NCCL kernels running with nothing
+    else in the profile), input, launch (the GPU idles: the host cannot feed it), compute (the
+    GPU busy the whole step, with how the time splits and the matmul rate against what this GPU
+    reaches on the same shapes), or an unexplained gap below that ceiling. Never compute-bound
+    by default on a GPU: without a profile, only near the measured matmul ceiling."""
     d = stats.derived
     if stats.error and "out of memory" in stats.error:
         return "memory-bound: the batch does not fit (out of memory); lower --batch-size or use checkpointing"
     if not d:
         return f"no verdict: {stats.error or 'no steps measured'}"
     exposed = d.get("exposed_comm_share")
+    in_profile = d.get("comm_exposed_kernel_share")
     if exposed is not None and exposed > EXPOSED_COMM_LIMIT:
         return (f"communication-bound: exposed communication is {100 * exposed:.1f}% of the step "
                 f"(healthy is under {100 * EXPOSED_COMM_LIMIT:.0f}%)")
+    if in_profile is not None and in_profile > EXPOSED_COMM_LIMIT:
+        return (f"communication-bound: NCCL kernels run with nothing else beside them {100 * in_profile:.1f}% of "
+                f"the step (healthy is under {100 * EXPOSED_COMM_LIMIT:.0f}%)")
     loss = input_loss(stats, gross)
     if loss is not None and loss > INPUT_LIMIT:
         return (f"input-bound: the input pipeline costs {100 * loss:.1f}% of the step "
@@ -144,9 +169,80 @@ def verdict(stats: StepStats, gross: StepStats | None = None) -> str:
     mem = d.get("peak_reserved")
     if mem and d.get("total_memory") and mem > 0.95 * d["total_memory"]:
         return f"memory-bound: {100 * mem / d['total_memory']:.0f}% of device memory reserved at peak"
-    mfu = d.get("mfu")
-    return ("compute-bound" + (f": MFU {100 * mfu:.1f}%" if mfu is not None else "")
-            + (f", exposed communication {100 * exposed:.1f}%" if exposed is not None else ""))
+    rate = _rate_text(d)
+    idle = d.get("gpu_idle_share")
+    if idle is not None:
+        if idle > IDLE_LIMIT:
+            return (f"launch-bound: the GPU idles {100 * idle:.1f}% of the step (healthy is under "
+                    f"{100 * IDLE_LIMIT:.0f}%): the host does not keep it fed (Python, kernel launches, "
+                    f"synchronisations); {rate}")
+        return (f"compute-bound: the GPU is busy {100 * (1 - idle):.0f}% of the step: matmuls "
+                f"{100 * d['matmul_share']:.0f}%, attention {100 * d['attention_share']:.0f}%, other kernels "
+                f"{100 * d['other_kernel_share']:.0f}% (elementwise, norms, optimizer: memory-bound), NCCL alone "
+                f"{100 * (in_profile or 0.0):.0f}%; {rate}")
+    of = d.get("of_ceiling")
+    if of is not None and of < NEAR_CEILING:
+        return (f"unexplained gap of {100 * (1 - of):.0f}% below what this GPU's matmuls reach on the model's "
+                f"shapes; {rate}; profile it (--profile) to see where the step goes")
+    if of is None and d.get("mfu") is None:
+        return "compute-bound (CPU processes: no profile or matmul ceiling to hold it against)" + (
+            f", exposed communication {100 * exposed:.1f}%" if exposed is not None else "")
+    return "compute-bound: " + rate + (f", exposed communication {100 * exposed:.1f}%" if exposed is not None else "")
+
+
+def _rate_text(d: dict) -> str:
+    """MFU against the datasheet and the model's rate against the measured matmul ceiling."""
+    parts = []
+    if d.get("mfu") is not None:
+        parts.append(f"MFU {100 * d['mfu']:.1f}%")
+    if d.get("of_ceiling") is not None:
+        parts.append(f"{100 * d['of_ceiling']:.0f}% of the {d['matmul_ceiling'] / 1e12:.0f} TFLOP/s this GPU's "
+                     "matmuls reach on the model's shapes")
+    return ", ".join(parts) or "no peak figure for MFU"
+
+
+def kernel_split(kernels: Sequence[tuple[float, float, str]]) -> dict:
+    """Where profiled GPU time went, from kernel intervals (start and end in microseconds, name):
+    a sweep over the interval boundaries, so that kernels on several streams at once are counted
+    once. Seconds: window_s (first start to last end), busy_s (any kernel), idle_s, nccl_s (any
+    NCCL kernel), nccl_exposed_s (NCCL with no other kernel beside it), matmul_s, attention_s (no
+    matmul beside it), other_s (neither beside it)."""
+    edges = []
+    for start, end, name in kernels:
+        if end <= start:
+            continue
+        low = name.lower()
+        kind = ("nccl" if any(w in low for w in NCCL_WORDS) else "matmul" if any(w in low for w in MATMUL_WORDS)
+                else "attention" if any(w in low for w in ATTENTION_WORDS) else "other")
+        edges += [(start, 1, kind), (end, -1, kind)]
+    out = dict.fromkeys(("window_s", "busy_s", "idle_s", "nccl_s", "nccl_exposed_s", "matmul_s", "attention_s",
+                         "other_s"), 0.0)
+    if not edges:
+        return out
+    edges.sort()
+    active = dict.fromkeys(("nccl", "matmul", "attention", "other"), 0)
+    last = edges[0][0]
+    for t, step, kind in edges:
+        span = (t - last) / 1e6
+        if span > 0:
+            compute = active["matmul"] or active["attention"] or active["other"]
+            if compute or active["nccl"]:
+                out["busy_s"] += span
+            if active["nccl"]:
+                out["nccl_s"] += span
+                if not compute:
+                    out["nccl_exposed_s"] += span
+            if active["matmul"]:
+                out["matmul_s"] += span
+            elif active["attention"]:
+                out["attention_s"] += span
+            elif active["other"]:
+                out["other_s"] += span
+        active[kind] += step
+        last = t
+    out["window_s"] = (edges[-1][0] - edges[0][0]) / 1e6
+    out["idle_s"] = max(0.0, out["window_s"] - out["busy_s"])
+    return out
 
 
 def input_loss(effective: StepStats, gross: StepStats | None) -> float | None:
@@ -195,7 +291,7 @@ SCALING_ABOVE = 1.05
 # limit (10%) makes the verdict a problem rather than a warning.
 BOUND_PROBLEM = 2.0
 BOUNDS = {"compute-bound": "compute", "communication-bound": "communication", "input-bound": "input",
-          "memory-bound": "memory", "no verdict": "none"}
+          "memory-bound": "memory", "launch-bound": "launch", "unexplained gap": "unexplained", "no verdict": "none"}
 
 
 def where(run: ModelRun, n: int) -> str:
@@ -221,6 +317,8 @@ def _severity(run: ModelRun, n: int, text: str) -> str:
     over BOUND_PROBLEM times its healthy limit is a problem, under it a warning."""
     if text.startswith("compute-bound"):
         return OK
+    if text.startswith("unexplained gap"):
+        return WARNING
     if text.startswith(("no verdict", "memory-bound: the batch does not fit")):
         return PROBLEM
     eff, gross = run.get(n, "synthetic"), run.get(n, "loader")
@@ -228,10 +326,13 @@ def _severity(run: ModelRun, n: int, text: str) -> str:
     d = main.derived if main is not None else {}
     share, limit = None, None
     if text.startswith("communication-bound"):
-        share, limit = d.get("exposed_comm_share"), EXPOSED_COMM_LIMIT
+        share = max(d.get("exposed_comm_share") or 0.0, d.get("comm_exposed_kernel_share") or 0.0)
+        limit = EXPOSED_COMM_LIMIT
     elif text.startswith("input-bound"):
         loss = input_loss(eff, gross) if eff is not None else None
         share, limit = max(loss or 0.0, d.get("data_share") or 0.0), INPUT_LIMIT
+    elif text.startswith("launch-bound"):
+        share, limit = d.get("gpu_idle_share"), IDLE_LIMIT
     return PROBLEM if share is not None and limit and share > BOUND_PROBLEM * limit else WARNING
 
 

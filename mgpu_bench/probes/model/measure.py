@@ -17,6 +17,7 @@ gives --peak-tflops).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 import time
@@ -28,7 +29,7 @@ from typing import Any
 
 from mgpu_bench.errors import InputError, MgpuError, interruption
 
-from .analyse import PHASES, ModelRun, analyse
+from .analyse import PHASES, ModelRun, analyse, kernel_split
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,7 @@ def worker(cfg_dict: dict) -> dict:
     model = models.GPT(spec, checkpointing=cfg.checkpointing, device=device)
     if world > 1:
         if cfg.parallel == "fsdp":
-            from torch.distributed.fsdp import fully_shard
-
-            for block in model.blocks:
-                fully_shard(block)
-            fully_shard(model)
+            model = _fsdp(model, on_gpu)
         else:
             # Gradients as views into the buckets (no copy in or out) and 100 MB buckets: on 2x H200
             # (350m, seq 2048) exposed communication 4.2% of the step against 5.0% with DDP's
@@ -174,7 +171,10 @@ def worker(cfg_dict: dict) -> dict:
             m["data"] = clock()
             m["micro"] = []
             for a, (x, y) in enumerate(micro):
-                skip = world > 1 and cfg.parallel == "ddp" and (not sync_grads or a < cfg.grad_accum - 1)
+                sync = sync_grads and a == cfg.grad_accum - 1
+                if world > 1 and cfg.parallel == "fsdp":
+                    model.set_requires_gradient_sync(sync)  # FSDP2: no reduce-scatter of gradients
+                skip = world > 1 and cfg.parallel == "ddp" and not sync
                 with model.no_sync() if skip else contextlib.nullcontext():
                     f0 = clock()
                     with torch.autocast(device_type=device.type, dtype=amp) if amp else contextlib.nullcontext():
@@ -218,12 +218,14 @@ def worker(cfg_dict: dict) -> dict:
             out["peak_allocated"] = torch.cuda.max_memory_allocated(device)
             out["peak_reserved"] = torch.cuda.max_memory_reserved(device)
             out["total_memory"] = torch.cuda.get_device_properties(device).total_memory
-        if cfg.exposed_comm and world > 1 and cfg.parallel == "ddp":
-            t0 = time.perf_counter()
+        if cfg.exposed_comm and world > 1:
+            t0 = time.perf_counter()  # DDP: no_sync(); FSDP: gradient sync off (no reduce-scatter)
             out["no_sync_phases"] = phases(run_steps(cfg.steps, False))
             out["no_sync_wall_s"] = time.perf_counter() - t0
-        if cfg.profile and on_gpu and world > 1:
+        if cfg.profile and on_gpu:
             out["profile"] = _profile_split(lambda: run_steps(3, True))
+        if on_gpu:
+            out["matmul_ceiling"] = _matmul_ceiling(spec, cfg.batch_size * cfg.seq_len, device)
     except torch.OutOfMemoryError as exc:
         out["error"] = "out of memory: " + str(exc).split("\n")[0][:300]
         out["peak_allocated"] = torch.cuda.max_memory_allocated(device) if on_gpu else None
@@ -235,29 +237,89 @@ def worker(cfg_dict: dict) -> dict:
     return out
 
 
+def _fsdp(model, on_gpu: bool):
+    """FSDP2 as torchtitan sets it up: each block its own unit, then the root; bf16 parameters
+    with fp32 gradient reduction on GPUs; blocks resharded after forward except the last (its
+    backward follows at once); the next block's all-gather issued ahead in forward and the
+    previous one's in backward."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu else \
+        MixedPrecisionPolicy()
+    blocks = list(model.blocks)
+    for i, block in enumerate(blocks):
+        fully_shard(block, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=False)
+    for prev, block in itertools.pairwise(blocks):
+        prev.set_modules_to_forward_prefetch([block])
+        block.set_modules_to_backward_prefetch([prev])
+    return model
+
+
 def _profile_split(run) -> dict:
-    """Kernel time in NCCL kernels against all other kernels over a few steps (torch.profiler)."""
+    """Where a few steps' GPU time goes, from the CUDA kernels' own intervals (torch.profiler's
+    trace): analyse.kernel_split of them, so that overlapping streams are counted once."""
+    import json
+    import tempfile
     import warnings
 
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle": one cycle here
         warnings.simplefilter("ignore", UserWarning)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             marks = run()
-    comm = compute = 0.0
-    for evt in prof.events():
-        if evt.device_type.name != "CUDA":
-            continue
-        t = evt.device_time_total / 1e6 if hasattr(evt, "device_time_total") else evt.cuda_time_total / 1e6
-        if "nccl" in evt.name.lower():
-            comm += t
-        else:
-            compute += t
-    del torch
-    steps = len(marks)
-    return {"steps": steps, "comm_kernel_s": comm, "compute_kernel_s": compute}
+    with tempfile.TemporaryDirectory(prefix="mgpu-prof-") as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f).get("traceEvents") or []
+    kernels = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur") or 0.0), str(e.get("name")))
+               for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    return {"steps": len(marks), **kernel_split(kernels)}
+
+
+def _matmul_ceiling(spec, tokens: int, device) -> dict:
+    """What this GPU's matmuls reach on the model's own shapes (models.matmul_shapes): each shape
+    timed alone in bf16 (torch.matmul, CUDA events, the median of 5 bursts), and the rate of all
+    of a micro-batch's matmuls together (FLOP-weighted): the ceiling the step's matmuls could run
+    at."""
+    import statistics as st
+
+    import torch
+
+    from mgpu_bench import models
+
+    gen = torch.Generator(device=device).manual_seed(7)
+    rows, flops_total, seconds_total = [], 0.0, 0.0
+    for m, n, k, count in models.matmul_shapes(spec, tokens):
+        a = torch.rand((m, k), device=device, dtype=torch.bfloat16, generator=gen) - 0.5
+        b = torch.rand((k, n), device=device, dtype=torch.bfloat16, generator=gen) - 0.5
+        for _ in range(3):
+            torch.matmul(a, b)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.matmul(a, b)
+        end.record()
+        end.synchronize()
+        reps = max(1, min(200, int(0.01 / max(start.elapsed_time(end) / 1e3, 1e-6))))
+        samples = []
+        for _ in range(5):
+            start.record()
+            for _ in range(reps):
+                torch.matmul(a, b)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3 / reps)
+        secs = st.median(samples)
+        flops = 2.0 * m * n * k
+        rows.append({"m": m, "n": n, "k": k, "count": count, "seconds": secs, "flops_per_s": flops / secs})
+        flops_total += flops * count
+        seconds_total += secs * count
+        del a, b
+    torch.cuda.empty_cache()
+    return {"flops_per_s": flops_total / seconds_total, "shapes": rows}
 
 
 # ------------------------------------------------------------------------------------ launching

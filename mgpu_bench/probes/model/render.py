@@ -36,6 +36,21 @@ def render_terminal(run: ModelRun, console) -> None:
                           f"{len(s.ranks[0].get('phases', {}).get('step', []))} after {run.config.warmup_steps} warm-up"
                           f"{'' if s.window[2] else ' (not stable)'}; {s.tokens_per_step} tokens per step; "
                           f"{s.flops_per_token / 1e9:.3f} GFLOP per token (6N + 12 L d T)"
-                          + (f"; profiler: NCCL kernels {100 * s.derived['comm_kernel_share']:.1f}% of the step"
-                             if s.derived.get("comm_kernel_share") is not None else ""),
+                          + _profile_text(s.derived),
                           highlight=False, soft_wrap=True)
+
+
+def _profile_text(d: dict) -> str:
+    """The profiled split of the step and the matmul ceiling, where measured."""
+    text = ""
+    if d.get("gpu_idle_share") is not None:
+        text += (f"; profiler: GPU busy {100 * (1 - d['gpu_idle_share']):.0f}% (matmuls "
+                 f"{100 * d['matmul_share']:.0f}%, attention {100 * d['attention_share']:.0f}%, other "
+                 f"{100 * d['other_kernel_share']:.0f}%), NCCL kernels {100 * d['comm_kernel_share']:.1f}% of the step "
+                 f"({100 * d['comm_exposed_kernel_share']:.1f}% with nothing beside them)")
+    elif d.get("comm_kernel_share") is not None:  # documents before the interval split
+        text += f"; profiler: NCCL kernels {100 * d['comm_kernel_share']:.1f}% of the step"
+    if d.get("matmul_ceiling"):
+        text += (f"; matmul ceiling {d['matmul_ceiling'] / 1e12:.0f} TFLOP/s on the model's shapes, the step at "
+                 f"{100 * d['of_ceiling']:.0f}% of it")
+    return text

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: build, then the named steps, each with its own time limit and
+# log under $OUT/logs (tarred at the end: only 8 files come back). Usage:
+#   bash benchmarks/gpu_session.sh STEP [STEP ...]
+# Steps: build pytest1 diagnose suite1 (one GPU); fleet2 model2 (two GPUs).
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+L=$OUT/logs
+mkdir -p "$L"
+PY=python3
+mb() { $PY -m mgpu_bench.cli "$@"; }
+run() { # name seconds command...
+  local name=$1 secs=$2; shift 2
+  echo "== $name ($(date +%T))"
+  ( timeout "$secs" "$@" ) > "$L/$name.log" 2>&1
+  local rc=$?
+  echo "   rc=$rc"; tail -n 25 "$L/$name.log"
+  return 0
+}
+
+build() {
+  nvidia-smi > "$L/nvidia-smi.txt" 2>&1
+  nvidia-smi -q -d POWER,CLOCK >> "$L/nvidia-smi.txt" 2>&1
+  run build 600 $PY -m pip install --no-build-isolation --no-deps -e .
+  $PY -c "import mgpu_bench._native as n, torch; print('native NCCL', n.nccl_version(), 'torch', torch.__version__)"
+}
+
+pytest1() { run pytest-gpu 420 $PY -m pytest -m gpu -q -x -p no:cacheprovider tests/; }
+
+diagnose() {
+  # healthy: gemm and a 350m step on one GPU, nobody else on it
+  run gemm-healthy 120 mb gemm --dtype bf16 --json "$L/gemm-healthy.json" --no-store
+  run model-healthy 240 mb model --model 350m --steps 20 --warmup-steps 5 --gpus 1 --json "$L/model-healthy.json" --no-store
+  run profile-kernels 180 $PY benchmarks/profile_kernels.py "$L/kernels_350m_1xh200.json.gz"
+  # another job on GPU 0: a bf16 matmul loop holding 24 GiB
+  $PY benchmarks/gpu_hog.py 0 150 24 > "$L/hog.log" 2>&1 &
+  HOG=$!
+  sleep 12
+  $PY - > "$L/nvml-processes.json" 2>&1 <<'PYEOF'
+import json, pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+procs = [{"pid": p.pid, "usedGpuMemory": p.usedGpuMemory} for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+print(json.dumps({"processes": procs, "utilization": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+                  "default_limit_mw": pynvml.nvmlDeviceGetPowerManagementDefaultLimit(h),
+                  "constraints_mw": list(pynvml.nvmlDeviceGetPowerManagementLimitConstraints(h)),
+                  "enforced_mw": pynvml.nvmlDeviceGetEnforcedPowerLimit(h)}))
+PYEOF
+  run gemm-shared 120 mb gemm --dtype bf16 --json "$L/gemm-shared.json" --no-store
+  run model-shared 240 mb model --model 350m --steps 20 --warmup-steps 5 --gpus 1 --json "$L/model-shared.json" --no-store
+  run oom-shared 240 mb model --model 1.3b --batch-size 48 --steps 3 --warmup-steps 1 --gpus 1 --no-store
+  kill $HOG 2>/dev/null; wait $HOG 2>/dev/null
+}
+
+suite1() { run suite-quick 420 mb suite --quick --report "$L/suite" --no-store; }
+
+model2() {
+  run model-ddp 420 mb model --model 350m --scaling 1,2 --steps 20 --warmup-steps 5 --json "$L/model-ddp.json" --no-store
+  run model-fsdp 420 mb model --model 350m --scaling 1,2 --parallel fsdp --steps 20 --warmup-steps 5 --json "$L/model-fsdp.json" --no-store
+}
+
+for step in "$@"; do "$step"; done
+tar czf "$OUT/logs.tgz" -C "$OUT" logs
+rm -rf "$L"
