@@ -51,7 +51,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "t.json")
         prof.export_chrome_trace(path)
-        events = json.load(open(path)).get("traceEvents") or []
+        with open(path) as f:
+            events = json.load(f).get("traceEvents") or []
     kernels = [[float(e["ts"]), float(e["ts"]) + float(e.get("dur") or 0), e.get("name")]
                for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
     t0 = min(k[0] for k in kernels)
