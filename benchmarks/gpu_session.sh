@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/out}
 L=$OUT/logs
 mkdir -p "$L"
 PY=python3
-mb() { $PY -m mgpu_bench.cli "$@"; }
+MB="$PY -m mgpu_bench.cli"
 run() { # name seconds command...
   local name=$1 secs=$2; shift 2
   echo "== $name ($(date +%T))"
@@ -30,8 +30,8 @@ pytest1() { run pytest-gpu 420 $PY -m pytest -m gpu -q -x -p no:cacheprovider te
 
 diagnose() {
   # healthy: gemm and a 350m step on one GPU, nobody else on it
-  run gemm-healthy 120 mb gemm --dtype bf16 --json "$L/gemm-healthy.json" --no-store
-  run model-healthy 240 mb model --model 350m --steps 20 --warmup-steps 5 --gpus 1 --json "$L/model-healthy.json" --no-store
+  run gemm-healthy 120 $MB gemm --dtype bf16 --json "$L/gemm-healthy.json" --no-store
+  run model-healthy 240 $MB model --model 350m --steps 20 --warmup-steps 5 --gpus 1 --json "$L/model-healthy.json" --no-store
   run profile-kernels 180 $PY benchmarks/profile_kernels.py "$L/kernels_350m_1xh200.json.gz"
   # another job on GPU 0: a bf16 matmul loop holding 24 GiB
   $PY benchmarks/gpu_hog.py 0 150 24 > "$L/hog.log" 2>&1 &
@@ -47,17 +47,17 @@ print(json.dumps({"processes": procs, "utilization": pynvml.nvmlDeviceGetUtiliza
                   "constraints_mw": list(pynvml.nvmlDeviceGetPowerManagementLimitConstraints(h)),
                   "enforced_mw": pynvml.nvmlDeviceGetEnforcedPowerLimit(h)}))
 PYEOF
-  run gemm-shared 120 mb gemm --dtype bf16 --json "$L/gemm-shared.json" --no-store
-  run model-shared 240 mb model --model 350m --steps 20 --warmup-steps 5 --gpus 1 --json "$L/model-shared.json" --no-store
-  run oom-shared 240 mb model --model 1.3b --batch-size 48 --steps 3 --warmup-steps 1 --gpus 1 --no-store
+  run gemm-shared 120 $MB gemm --dtype bf16 --json "$L/gemm-shared.json" --no-store
+  run model-shared 240 $MB model --model 350m --steps 20 --warmup-steps 5 --gpus 1 --json "$L/model-shared.json" --no-store
+  run oom-shared 240 $MB model --model 1.3b --batch-size 48 --steps 3 --warmup-steps 1 --gpus 1 --no-store
   kill $HOG 2>/dev/null; wait $HOG 2>/dev/null
 }
 
-suite1() { run suite-quick 420 mb suite --quick --report "$L/suite" --no-store; }
+suite1() { run suite-quick 420 $MB suite --quick --report "$L/suite" --no-store; }
 
 model2() {
-  run model-ddp 420 mb model --model 350m --scaling 1,2 --steps 20 --warmup-steps 5 --json "$L/model-ddp.json" --no-store
-  run model-fsdp 420 mb model --model 350m --scaling 1,2 --parallel fsdp --steps 20 --warmup-steps 5 --json "$L/model-fsdp.json" --no-store
+  run model-ddp 420 $MB model --model 350m --scaling 1,2 --steps 20 --warmup-steps 5 --json "$L/model-ddp.json" --no-store
+  run model-fsdp 420 $MB model --model 350m --scaling 1,2 --parallel fsdp --steps 20 --warmup-steps 5 --json "$L/model-fsdp.json" --no-store
 }
 
 for step in "$@"; do "$step"; done

@@ -178,7 +178,8 @@ class ModelProbe(Probe):
             run.notes.append("no MFU: " + ("this GPU has no bf16 peak in the hardware database; give --peak-tflops"
                                             if cfg.device == "cuda" else
                                             "CPU processes have no peak figure; give --peak-tflops"))
-        return Document.of(document(run, ctx.environment, ctx.command), run)
+        occupancy = ctx.occupancy.to_dict() if ctx.occupancy is not None else None  # before the findings
+        return Document.of(document(run, ctx.environment, ctx.command, occupancy), run)
 
     def from_document(self, doc: Mapping):
         from .document import run_from_document
@@ -186,14 +187,18 @@ class ModelProbe(Probe):
         return run_from_document(dict(doc))
 
     def findings(self, doc: Mapping) -> list[Finding]:
+        from mgpu_bench.occupancy import from_document
+
         from .analyse import findings
 
-        return findings(self.load(doc))
+        return findings(self.load(doc), from_document(doc))
 
     def verdict(self, doc: Mapping) -> Verdict | None:
+        from mgpu_bench.occupancy import from_document
+
         from .analyse import verdicts
 
-        found = verdicts(self.load(doc))
+        found = verdicts(self.load(doc), from_document(doc))
         return found[-1] if found else None
 
     def failure(self, doc: Mapping) -> str | None:

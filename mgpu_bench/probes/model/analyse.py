@@ -30,7 +30,7 @@ NEAR_CEILING = 0.70
 # nvjet_*; CUTLASS; flash and memory-efficient attention behind SDPA).
 NCCL_WORDS = ("nccl",)
 MATMUL_WORDS = ("gemm", "xmma", "nvjet", "cutlass", "cublas", "matmul", "wgmma")
-ATTENTION_WORDS = ("flash", "fmha", "attention", "attn", "sdpa")
+ATTENTION_WORDS = ("flash", "fmha", "attention", "attn", "sdpa")  # cudnn_generated_fort_native_sdpa_sm90_flash_*
 
 
 def stable_window(times: Sequence[float], warmup: int, tol: float = STABLE_TOLERANCE,
@@ -212,8 +212,9 @@ def kernel_split(kernels: Sequence[tuple[float, float, str]]) -> dict:
         if end <= start:
             continue
         low = name.lower()
-        kind = ("nccl" if any(w in low for w in NCCL_WORDS) else "matmul" if any(w in low for w in MATMUL_WORDS)
-                else "attention" if any(w in low for w in ATTENTION_WORDS) else "other")
+        # attention first: cuDNN's fused SDPA kernels carry "wgmma" in their names too
+        kind = ("nccl" if any(w in low for w in NCCL_WORDS) else "attention" if any(w in low for w in ATTENTION_WORDS)
+                else "matmul" if any(w in low for w in MATMUL_WORDS) else "other")
         edges += [(start, 1, kind), (end, -1, kind)]
     out = dict.fromkeys(("window_s", "busy_s", "idle_s", "nccl_s", "nccl_exposed_s", "matmul_s", "attention_s",
                          "other_s"), 0.0)
@@ -290,7 +291,7 @@ SCALING_ABOVE = 1.05
 # A bound share of the step (exposed communication, input pipeline) over twice its healthy
 # limit (10%) makes the verdict a problem rather than a warning.
 BOUND_PROBLEM = 2.0
-BOUNDS = {"compute-bound": "compute", "communication-bound": "communication", "input-bound": "input",
+BOUNDS = {"shared GPU": "shared", "compute-bound": "compute", "communication-bound": "communication", "input-bound": "input",
           "memory-bound": "memory", "launch-bound": "launch", "unexplained gap": "unexplained", "no verdict": "none"}
 
 
@@ -298,8 +299,11 @@ def where(run: ModelRun, n: int) -> str:
     return f"{n} GPU(s)" if run.config.device == "cuda" else f"{n} process(es)"
 
 
-def verdicts(run: ModelRun) -> list[Verdict]:
-    """The verdict (verdict()) of each GPU count, ascending, with its severity."""
+def verdicts(run: ModelRun, shared: Sequence = ()) -> list[Verdict]:
+    """The verdict (verdict()) of each GPU count, ascending, with its severity; on GPUs another
+    process also used (occupancy.GpuProcess in `shared`), that is the verdict."""
+    from mgpu_bench.occupancy import cause
+
     out = []
     for n in run.gpu_counts:
         eff, gross = run.get(n, "synthetic"), run.get(n, "loader")
@@ -307,6 +311,12 @@ def verdicts(run: ModelRun) -> list[Verdict]:
         if main is None:
             continue
         text = verdict(main, gross if eff is not None else None)
+        causes = list(dict.fromkeys(c for p in shared if (c := cause(p.gpu, list(shared)))))
+        if causes and run.config.device == "cuda":
+            text = (f"shared GPU: {'; '.join(causes)}: the step's figures are not this GPU's alone "
+                    f"({_rate_text(main.derived) if main.derived else 'no steps measured'})")
+            out.append(Verdict("shared", PROBLEM, text, where(run, n), n, f"{where(run, n)}: {text}"))
+            continue
         bound = next((b for prefix, b in BOUNDS.items() if text.startswith(prefix)), "none")
         out.append(Verdict(bound, _severity(run, n, text), text, where(run, n), n, f"{where(run, n)}: {text}"))
     return out
@@ -336,12 +346,12 @@ def _severity(run: ModelRun, n: int, text: str) -> str:
     return PROBLEM if share is not None and limit and share > BOUND_PROBLEM * limit else WARNING
 
 
-def findings(run: ModelRun) -> list[Finding]:
+def findings(run: ModelRun, shared: Sequence = ()) -> list[Finding]:
     """Per GPU count: failed configurations (problems), the verdict, the input-pipeline loss
     where the verdict does not already state it, a run with no stable window; then scaling
     efficiency against the healthy figure, with its likely cause when short."""
     lines: list[Finding] = []
-    said = {v.scale: v for v in verdicts(run)}
+    said = {v.scale: v for v in verdicts(run, shared)}
     for n in run.gpu_counts:
         eff, gross = run.get(n, "synthetic"), run.get(n, "loader")
         main = eff or gross

@@ -11,14 +11,18 @@ from .analyse import ModelRun, StepStats, findings
 from .measure import ModelConfig
 
 
-def document(run: ModelRun, environment: dict, command: list[str] | None = None) -> dict:
+def document(run: ModelRun, environment: dict, command: list[str] | None = None, occupancy: dict | None = None) -> dict:
+    from mgpu_bench.occupancy import from_document
+
+    shared = from_document({"occupancy": occupancy or {}})
     peak = run.peak
     return {
         **envelope("model", environment, command), "config": asdict(run.config),
         "gpu_counts": run.gpu_counts, "data_modes": run.data_modes, "gpu_name": run.gpu_name,
         "peak": None if peak is None else {"value": peak.value, "unit": peak.unit, "source": peak.source},
         "status": status(run.stopped, run.stop_message),
-        "notes": run.notes, "wall_seconds": run.wall_seconds, "findings": [f.text for f in findings(run)],
+        "notes": run.notes, "wall_seconds": run.wall_seconds, "findings": [f.text for f in findings(run, shared)],
+        **({"occupancy": occupancy} if occupancy is not None else {}),
         "scaling": {str(n): e for n, e in run.scaling().items()},
         "runs": [s.to_dict() for s in run.stats],
     }

@@ -17,8 +17,8 @@ def render_terminal(run: ModelRun, console) -> None:
         t.add_column(name, justify="left" if name == "data" else "right")
     for s in run.stats:
         d = s.derived
-        if not d:
-            t.add_row(str(s.world), s.data, f"failed: {s.error}", *[""] * 10)
+        if not d:  # the error goes below the table: a long text in a column would wrap letter by letter
+            t.add_row(str(s.world), s.data, "failed", *[""] * 10)
             continue
 
         def f(key, scale=1.0, fmt=".1f", d=d):
@@ -31,6 +31,8 @@ def render_terminal(run: ModelRun, console) -> None:
                   f("exposed_comm_share", 100), f("peak_reserved", 2**-30, ".2f"))
     console.print(t)
     for s in run.stats:
+        if s.error:
+            console.print(f"  {s.world} {unit}(s), {s.data}: failed: {s.error}", highlight=False, soft_wrap=True)
         if s.derived:
             console.print(f"  {s.world} {unit}(s), {s.data}: window steps {s.window[0]}-{s.window[1] - 1} of "
                           f"{len(s.ranks[0].get('phases', {}).get('step', []))} after {run.config.warmup_steps} warm-up"
