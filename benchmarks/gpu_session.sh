@@ -2,7 +2,7 @@
 # One call on the lent GPU machine: build, then the named steps, each with its own time limit and
 # log under $OUT/logs (tarred at the end: only 8 files come back). Usage:
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]
-# Steps: build pytest1 diagnose suite1 (one GPU); fleet2 model2 (two GPUs).
+# Steps: build pytest1 diagnose fleetnode suite1 (one GPU); model2 (two GPUs).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -52,6 +52,8 @@ PYEOF
   run oom-shared 240 $MB model --model 1.3b --batch-size 48 --steps 3 --warmup-steps 1 --gpus 1 --no-store
   kill $HOG 2>/dev/null; wait $HOG 2>/dev/null
 }
+
+fleetnode() { run pytest-fleet 300 $PY -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu_fleet.py; }
 
 suite1() { run suite-quick 420 $MB suite --quick --report "$L/suite" --no-store; }
 

@@ -34,6 +34,7 @@ class LaunchEnv:
     master_addr: str | None
     master_port: int | None
     host: str
+    node_names: tuple[str, ...] = ()  # the job's nodes in node-rank order, where the launcher says (Slurm)
 
 
 def _int(env: Mapping[str, str], name: str, launcher: str) -> int:
@@ -113,7 +114,7 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv | None:
         job = _int(env, "SLURM_JOB_ID", "Slurm") if env.get("SLURM_JOB_ID") else 0
         port = _int(env, "MASTER_PORT", "Slurm") if env.get("MASTER_PORT") else DEFAULT_PORT + job % 1000
         le = LaunchEnv("slurm", rank, world, local, lws, node, len(nodes), env.get("MASTER_ADDR") or nodes[0], port,
-                       host)
+                       host, tuple(nodes))
     elif "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
         ompi = "OMPI_COMM_WORLD_RANK" in env
         launcher = "Open MPI" if ompi else "PMI"
@@ -357,6 +358,18 @@ def answer(store, rank: int) -> None:
 _STOPPED_NOTES = ("terminated (SIGTERM)", "interrupted (Ctrl-C)")
 
 
+def blocked_note(store, rank: int, where: str | None) -> None:
+    """A rank whose main thread is held in a collective (a peer died while it was connecting)
+    says so from another thread, so that the roll call does not call it gone; None clears it."""
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        if where is None:
+            store.delete_key(f"{_prefix()}/blocked/{rank}")
+        else:
+            store.set(f"{_prefix()}/blocked/{rank}", where)
+
+
 def leave_note(store, rank: int, why: str) -> None:
     """A rank that stops on its own (Ctrl-C, SIGTERM) says why in the store before it goes, for
     the other ranks' roll call. Best effort: the store may be gone already."""
@@ -398,6 +411,9 @@ def roll_call(store, le: LaunchEnv, members: list[Member] | None, wait_s: float,
                     continue
                 if store.check([f"{prefix}/left/{r}"]):
                     notes[r] = bytes(store.get(f"{prefix}/left/{r}")).decode(errors="replace")
+                elif store.check([f"{prefix}/blocked/{r}"]):  # alive, its main thread held in a collective
+                    notes[r] = "is alive but blocked: " + bytes(store.get(f"{prefix}/blocked/{r}")).decode(
+                        errors="replace")
                 else:
                     silent.append(r)
             if not silent or time.monotonic() - t0 > wait_s:
@@ -514,3 +530,49 @@ def relaunch(args: list[str], nprocs: int, timeout_s: float) -> int:
     finally:
         restore_sigterm()  # the agent's handler stays behind otherwise
     return 0
+
+
+def compress_hostlist(names: list[str]) -> str:
+    """Host names in Slurm's hostlist syntax, as `scontrol show hostlist` writes them:
+    gpu01,gpu02,gpu03,gpu07 -> gpu[01-03,07]; names without a trailing number stay as they are.
+    expand_hostlist() reads it back."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    plain: list[str] = []
+    for name in dict.fromkeys(names):
+        m = re.fullmatch(r"(.*?)(\d+)", name)
+        if m and "[" not in name and "," not in name:
+            groups.setdefault((m.group(1), len(m.group(2))), []).append(int(m.group(2)))
+        else:
+            plain.append(name)
+    parts = []
+    for (prefix, width), nums in groups.items():
+        nums = sorted(set(nums))
+        if len(nums) == 1:
+            parts.append(f"{prefix}{nums[0]:0{width}d}")
+            continue
+        spans, lo, hi = [], nums[0], nums[0]
+        for x in nums[1:]:
+            if x == hi + 1:
+                hi = x
+                continue
+            spans.append((lo, hi))
+            lo = hi = x
+        spans.append((lo, hi))
+        parts.append(prefix + "[" + ",".join(f"{a:0{width}d}" + (f"-{b:0{width}d}" if b != a else "")
+                                             for a, b in spans) + "]")
+    return ",".join(parts + plain)
+
+
+def parse_hostlist(text: str, what: str = "--expect") -> list[str]:
+    """expand_hostlist() for a hostlist a user typed: InputError (exit 2) naming what does not
+    parse (unbalanced brackets, a range that is not low-high of digits)."""
+    if text.count("[") != text.count("]") or re.search(r"\[[^\]]*\[|\][^,\[]*\]", text):
+        raise InputError(f"{what} '{text}' does not parse: brackets must pair, as in gpu[01-04,07]")
+    for body in re.findall(r"\[([^\]]*)\]", text):
+        for r in body.split(","):
+            if not re.fullmatch(r"\d+(-\d+)?", r) or ("-" in r and int(r.split("-")[0]) > int(r.split("-")[1])):
+                raise InputError(f"{what} '{text}' does not parse: '{r}' is not a number or a low-high range")
+    hosts = expand_hostlist(text)
+    if not hosts:
+        raise InputError(f"{what} '{text}' names no host")
+    return hosts

@@ -26,6 +26,7 @@ REGISTRY: dict[str, str] = {
     "gemm": "mgpu_bench.probes.gemm",
     "memory": "mgpu_bench.probes.memory",
     "model": "mgpu_bench.probes.model",
+    "fleet": "mgpu_bench.probes.fleet",
     "suite": "mgpu_bench.suite",
 }
 
@@ -134,6 +135,7 @@ class Probe:
       progress      how progress shows on a terminal: "bar", "status" (a spinner) or "lines"
       progress_default  None: when stderr is a terminal; True/False: always/never unless told
       own_telemetry the probe samples and judges clocks itself (the suite does not judge them again)
+      per_node_prometheus  each node writes --prometheus itself (ctx.prometheus); the runner does not
     """
 
     name: str = ""
@@ -147,6 +149,7 @@ class Probe:
     progress: str = "status"
     progress_default: bool | None = None
     own_telemetry: bool = False
+    per_node_prometheus: bool = False  # each node writes its own --prometheus textfile (fleet)
 
     # -- the command ---------------------------------------------------------------------------
 
@@ -192,6 +195,11 @@ class Probe:
 
     def from_document(self, doc: Mapping) -> Any:
         return doc
+
+    def records(self, doc: Mapping) -> list[Mapping]:
+        """The documents the history keeps for this run: the run itself, and for a probe that
+        measures many nodes one per node under its own host."""
+        return [doc]
 
     def measured(self, doc: Mapping) -> bool:
         """Anything to store and draw."""
@@ -268,6 +276,7 @@ class Context:
     rank: int
     progress: Any
     occupancy: Any = None
+    prometheus: str | None = None  # for a per_node_prometheus probe: where each node writes its text
 
 
 def option(*decls: str, **attrs: Any):

@@ -117,7 +117,8 @@ def run(probe: Probe, opts: dict) -> int:
     watch = occupancy.Watch(_bus_ids(probe.gpus(config))) if rank == 0 else None
     try:
         with Progress(err, probe.name, probe.progress, bool(show) and rank == 0) as bar:
-            doc = probe.run(config, Context(environment, sys.argv, rank, bar, watch))
+            doc = probe.run(config, Context(environment, sys.argv, rank, bar, watch,
+                                            store.prometheus if probe.per_node_prometheus else None))
     except KeyboardInterrupt as exc:  # a probe that keeps nothing partial
         err.print(f"mgpu-bench: {interruption(exc)}", highlight=False)
         return EXIT_INTERRUPTED
@@ -145,7 +146,7 @@ def run(probe: Probe, opts: dict) -> int:
         if measured and probe.stores and not store.no_store:
             history, run_id, regressed = _store(probe, config, doc, store, out, err)
             failed = history is None
-        if measured and store.prometheus:
+        if measured and store.prometheus and not probe.per_node_prometheus:
             failed |= _textfile(store.prometheus, doc, run_id, err)
         failed |= write_outputs(_writers(probe, doc, paths, history, measured), err)
     finally:
@@ -203,6 +204,10 @@ def _store(probe: Probe, config, doc, store: Store, out, err):
         h = store.open()
         run_id = h.save(doc)
         err.print(f"stored as {run_id} in {h.path} (mgpu-bench history show {run_id})", highlight=False)
+        more = [h.save(extra) for extra in probe.records(doc)[1:]]
+        if more:
+            err.print(f"stored {len(more)} more: {more[0]}-{more[-1]} (one per node, under its own host)",
+                      highlight=False)
         regressed = probe.gates and compare_with_baseline(h, probe.name, run_id, probe.tolerance(config), out, err)
         return h, run_id, regressed
     except (InputError, OSError) as exc:
@@ -232,7 +237,7 @@ def compare_with_baseline(h, kind: str, stored: str, tolerance: float, out, err)
     from .history import compare_runs
     from .history.cli import format_change, format_noise, format_value
 
-    base = h.baseline(kind)
+    base = h.baseline_of(h.get(stored))
     if not base or base == stored:
         return False
     try:

@@ -22,7 +22,8 @@ def _doc(name: str) -> dict:
 
 
 def test_the_recorded_350m_step_splits_into_matmuls_attention_and_the_rest():
-    trace = json.load(gzip.open(GPU / "kernels_350m_1xh200.json.gz", "rt"))
+    with gzip.open(GPU / "kernels_350m_1xh200.json.gz", "rt") as f:
+        trace = json.load(f)
     assert trace["gpu"] == "NVIDIA H200" and len(trace["kernels"]) > 4000
     s = kernel_split([tuple(k) for k in trace["kernels"]])
     w = s["window_s"]

@@ -247,7 +247,7 @@ def history_show(run, prom_path, db_path) -> int:
     with _open(db_path) as h:
         rec = h.get(run)
         metrics = h.metrics(rec.run_id)
-        is_baseline = h.baseline(rec.kind) == rec.run_id
+        is_baseline = h.baseline_of(rec) == rec.run_id
     out.print(
         f"run {rec.run_id}: {rec.kind}{' (baseline)' if is_baseline else ''}, created {rec.created}, host "
         f"{rec.host or '-'}"
@@ -307,15 +307,16 @@ def history_show(run, prom_path, db_path) -> int:
     type=click.IntRange(1, 100_000),
     help="Latest runs to show.",
 )
+@click.option("--host", default=None, help="Only the runs of this host (a fleet pass stores one per node).")
 @_db_option
-def history_trend(metric, limit, db_path) -> int:
+def history_trend(metric, limit, host, db_path) -> int:
     """One metric over the runs that have it, oldest first, with the change against the first
     (METRIC: a dotted name as `history show` prints it)."""
     from rich.table import Table
 
     out = _out()
     with _open(db_path) as h:
-        points = h.trend(metric, limit)
+        points = h.trend(metric, limit, host)
         if not points:
             parts = metric.split(".")
             hint: list[str] = []
@@ -462,7 +463,7 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
     with _open(db_path) as h:
         new = h.get(run)
         if base is None:
-            base = h.baseline(new.kind)
+            base = h.baseline_of(new)
             if base is None:
                 raise InputError(
                     f"no baseline for {new.kind} runs: set one with `mgpu-bench baseline set RUN`, "

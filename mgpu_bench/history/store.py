@@ -249,18 +249,21 @@ class History:
         return run_label(row)
 
     def set_baseline(self, run_id: str) -> str:
-        """Makes `run_id` the baseline of its kind (replacing the previous one); returns the kind."""
+        """Makes `run_id` the baseline of its scope (replacing the previous one); returns the
+        scope: the run's kind, or "kind@host" for a document that asks for one baseline per host
+        (a fleet pass's per-node documents: "baseline_scope": "host")."""
         with self._write():
             row = self._resolve(run_id)
-            kind = self._conn.execute(
-                "SELECT kind FROM runs WHERE id = ?", (row,)
-            ).fetchone()[0]
+            kind, host, document = self._conn.execute(
+                "SELECT kind, host, document FROM runs WHERE id = ?", (row,)
+            ).fetchone()
+            scope = f"{kind}@{host}" if json.loads(document).get("baseline_scope") == "host" and host else kind
             self._conn.execute(
                 "INSERT INTO baselines (scope, run, set_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (scope) DO UPDATE SET run = excluded.run, set_at = excluded.set_at",
-                (kind, row, _now()),
+                (scope, row, _now()),
             )
-        return kind
+        return scope
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -296,13 +299,14 @@ class History:
             for n, v, u, b, s, lab in rows
         ]
 
-    def trend(self, metric_name: str, limit: int = 20) -> builtins.list[TrendPoint]:
-        """The metric's value in the last `limit` runs that have it, oldest first."""
+    def trend(self, metric_name: str, limit: int = 20, host: str | None = None) -> builtins.list[TrendPoint]:
+        """The metric's value in the last `limit` runs that have it (of `host` only, when given),
+        oldest first."""
         with self._read():
             rows = self._conn.execute(
                 "SELECT r.id, r.created, r.host, m.value, m.unit, m.better FROM metrics m JOIN runs r ON r.id = m.run "
-                "WHERE m.name = ? ORDER BY r.id DESC LIMIT ?",
-                (metric_name, int(limit)),
+                "WHERE m.name = ? AND (? IS NULL OR r.host = ?) ORDER BY r.id DESC LIMIT ?",
+                (metric_name, host, host, int(limit)),
             ).fetchall()
         return [
             TrendPoint(run_label(i), c, h, v, u, b)
@@ -320,13 +324,19 @@ class History:
             ).fetchall()
         return [r[0] for r in rows]
 
-    def baseline(self, kind: str) -> str | None:
-        """The baseline run id of `kind`, or None when none is set."""
+    def baseline(self, kind: str, host: str | None = None) -> str | None:
+        """The baseline run id of `kind`, or of `kind` on `host` (scope "kind@host") when a host
+        is given; None when none is set."""
+        scope = f"{kind}@{host}" if host else kind
         with self._read():
-            r = self._conn.execute(
-                "SELECT run FROM baselines WHERE scope = ?", (kind,)
-            ).fetchone()
+            r = self._conn.execute("SELECT run FROM baselines WHERE scope = ?", (scope,)).fetchone()
         return run_label(r[0]) if r else None
+
+    def baseline_of(self, rec: RunRecord) -> str | None:
+        """The baseline a stored run is compared with: its kind's, or its host's for a document
+        with "baseline_scope": "host" (never the kind's: a node is compared with itself)."""
+        per_host = rec.document.get("baseline_scope") == "host" and rec.host
+        return self.baseline(rec.kind, rec.host if per_host else None)
 
     def baselines(self) -> dict[str, str]:
         """kind -> baseline run id, for every kind that has one."""
