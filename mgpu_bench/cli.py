@@ -83,7 +83,8 @@ def common_options(probe: Probe) -> list:
            for key, (flag, dest, kind, text) in _OUTPUTS.items() if key in probe.outputs]
     out.append(option("--progress/--no-progress", default=probe.progress_default,
                       show_default=probe.progress_default is not None,
-                      help=probe.output_help.get("progress", "Progress on stderr [default: when a terminal].")))
+                      help=probe.output_help.get("progress", "Progress on stderr: a live display on a terminal, "
+                                                 "a plain line every 10 s in a log or pipe [default: on].")))
     if probe.stores:
         out += [
             option("--db", "db_path", default=None, type=click.Path(dir_okay=False),

@@ -133,7 +133,7 @@ class Probe:
       stores        --db / --no-store / --prometheus and a history row
       gates         compare with the kind's baseline after storing; a regression is exit 1
       progress      how progress shows on a terminal: "bar", "status" (a spinner) or "lines"
-      progress_default  None: when stderr is a terminal; True/False: always/never unless told
+      progress_default  None: on (a terminal gets `progress`, a log or pipe plain lines); True/False: always/never unless told
       own_telemetry the probe samples and judges clocks itself (the suite does not judge them again)
       per_node_prometheus  each node writes --prometheus itself (ctx.prometheus); the runner does not
     """
@@ -224,6 +224,11 @@ class Probe:
         return []
 
     def verdict(self, doc: Mapping) -> Verdict | None:
+        return None
+
+    def estimate(self, config) -> str | None:
+        """The run's expected length from its plan, said when it starts ("about 2 min: ..."), or
+        None where the plan does not tell."""
         return None
 
     def notes(self, doc: Mapping) -> list[str]:

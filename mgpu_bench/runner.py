@@ -111,12 +111,14 @@ def run(probe: Probe, opts: dict) -> int:
 
     out, err = out_console(), err_console()
     show = progress if progress is not None else probe.progress_default
-    if show is None:
-        show = err.is_terminal
+    if show is None:  # a terminal gets the probe's display; a log file or pipe plain lines
+        show = True
+    style = probe.progress if err.is_terminal or probe.progress == "lines" else "plain"
     environment = fingerprint()  # before the run: a device fault must not cost the results
     watch = occupancy.Watch(_bus_ids(probe.gpus(config))) if rank == 0 else None
     try:
-        with Progress(err, probe.name, probe.progress, bool(show) and rank == 0) as bar:
+        with Progress(err, probe.name, style, bool(show) and rank == 0) as bar:
+            bar.estimate(probe.estimate(config))
             doc = probe.run(config, Context(environment, sys.argv, rank, bar, watch,
                                             store.prometheus if probe.per_node_prometheus else None))
     except KeyboardInterrupt as exc:  # a probe that keeps nothing partial
@@ -299,9 +301,10 @@ def topo(json_path: str | None) -> int:
 
     from . import topo as topology
     from .output.console import err_console, out_console
+    from .output.tables import print_table
 
     check_writable(json_path)
     snapshot = topology.collect()
-    topology.render(snapshot, out_console())
+    topology.render(snapshot, out_console(), print_table=print_table)
     return EXIT_FAILED if write_outputs([(json_path, lambda p: Path(p).write_text(json.dumps(snapshot, indent=1)))],
                                         err_console()) else 0

@@ -701,12 +701,14 @@ def _nvlink_cells(links: list[dict]) -> tuple[str, str]:
     return f"{len(act)}/{len(links)}", ", ".join(detail) if act else "-"
 
 
-def render(snapshot: dict, console) -> None:
+def render(snapshot: dict, console, print_table=None) -> None:
     """Findings, the GPU table, the pair matrix (like nvidia-smi topo -m) and the NIC table,
-    readable at 100 columns."""
+    readable at 100 columns. Tables go through `print_table(console, table)` when given
+    (output.tables.print_table: no figure cut; a shared module does not import output)."""
     from rich.table import Table
     from rich.text import Text
 
+    show = print_table or (lambda c, table: c.print(table))
     host, nvml, gpus, nics = snapshot["host"], snapshot["nvml"], snapshot["gpus"], snapshot["nics"]
     head = f"{host.get('hostname')}: {len(gpus)} GPU(s), {host.get('sockets') or '?'} socket(s), " \
            f"{host.get('numa_nodes') or '?'} NUMA node(s), kernel {host.get('kernel')}"
@@ -740,7 +742,7 @@ def render(snapshot: dict, console) -> None:
             )
             # Text cells: no markup or emoji codes read into names and bus ids (':ab:' is an emoji)
             t.add_row(*(Text(c) for c in cells), style="red" if g["errors"] and g["name"] is None else None)
-        console.print(t)
+        show(console, t)
         console.print()
 
         m = Table(title="Paths (as nvidia-smi topo -m)", title_justify="left", box=None, pad_edge=False,
@@ -761,7 +763,7 @@ def render(snapshot: dict, console) -> None:
             numa = next(n["numa_node"] for n in nics if n["device"] == name)
             m.add_row(f"NIC{k}", *[paths.get(g["index"], "?") for g in gpus],
                       "-" if numa is None else str(numa), "")
-        console.print(m)
+        show(console, m)
         legend = "NV# = # NVLinks; PIX = one PCIe switch; PXB = several switches; PHB = host bridge; " \
                  "NODE = across host bridges of a NUMA node; SYS = across NUMA nodes"
         console.print(Text(legend, style="dim"))
@@ -785,4 +787,4 @@ def render(snapshot: dict, console) -> None:
                      rate, n["pci_bus_id"] or "-", "-" if n["numa_node"] is None else str(n["numa_node"]),
                      f"{','.join(str(x) for x in near)} ({path})" if near else "-")
             t.add_row(*(Text(c) for c in cells), style=None if n["state"] == "ACTIVE" else "yellow")
-        console.print(t)
+        show(console, t)

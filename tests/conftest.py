@@ -27,26 +27,88 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=f"needs {need} NVIDIA GPU(s), {count} visible"))
 
 
-def interrupt_comm(args: list[str], after_s: float, env: dict | None = None):
-    """Runs `mgpu-bench comm ARGS` in a real process, sends SIGINT after `after_s` seconds and
-    returns (exit code, stderr)."""
-    return interrupt_cli(["comm", *args], after_s, env)
+# What `comm --progress` prints once it has measured a size (matched with escape codes removed):
+# the count, "1/22" after the first of 22, in the bar a terminal draws (AS_A_TERMINAL) or as
+# "[1/22]" in a plain progress line.
+FIRST_SIZE = r"(?:^|[\s\[])[1-9]\d*/\d+(?:[\s\]]|$)"
+# `comm` shows its progress as a rich bar, drawn only on a terminal; rich's documented
+# TTY_COMPATIBLE=1 has it drawn into a pipe too, so that a test can see the count.
+AS_A_TERMINAL = {"TTY_COMPATIBLE": "1"}
+DEADLINE_S = 120.0  # generous: a loaded 2-core machine takes ~10 s to the first gloo measurement
 
 
-def interrupt_cli(args: list[str], after_s: float, env: dict | None = None):
-    """Runs `mgpu-bench ARGS` in a real process, sends SIGINT after `after_s` seconds and
-    returns (exit code, stderr)."""
+def plain(text: str) -> str:
+    """Text without the terminal's escape codes (colours, cursor moves)."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+
+def wait_for_output(proc, pattern: str, stream: str = "stderr", deadline_s: float = DEADLINE_S) -> bytes:
+    """Reads `stream` of `proc` (a binary pipe) as it comes, not line by line (a progress bar
+    rewrites one line with \\r), until `pattern` matches what was read; returns the bytes read
+    (the caller's later communicate() returns the rest). Fails the test, the process killed,
+    when it ends first or nothing matches within `deadline_s`."""
+    import os
+    import re
+    import select
+    import time
+
+    fd = (proc.stdout if stream == "stdout" else proc.stderr).fileno()
+    seen = b""
+    deadline = time.monotonic() + deadline_s
+    while not re.search(pattern, plain(seen.decode(errors="replace"))):
+        left = deadline - time.monotonic()
+        chunk = None
+        if left > 0 and select.select([fd], [], [], min(left, 1.0))[0]:
+            chunk = os.read(fd, 1 << 16)
+            seen += chunk
+        if chunk == b"" or left <= 0:
+            proc.kill()
+            proc.wait()
+            why = (f"it ended (exit code {proc.returncode}) before {pattern!r} appeared" if chunk == b"" else
+                   f"{pattern!r} did not appear within {deadline_s:g} s")
+            pytest.fail(f"{why} on the {stream} of {proc.args}; it said:\n{plain(seen.decode(errors='replace'))[-3000:]}")
+    return seen
+
+
+def interrupt_comm(args: list[str], after_s: float | None = None, env: dict | None = None):
+    """Runs `mgpu-bench comm --progress ARGS` in a real process, sends SIGINT once the first size
+    is measured (or, given `after_s`, after that many seconds) and returns (exit code, stderr)."""
+    if after_s is not None:
+        return interrupt_cli(["comm", *args], after_s, env)
+    return interrupt_cli(["comm", "--progress", *args], env=env, until=FIRST_SIZE)
+
+
+def interrupt_cli(args: list[str], after_s: float | None = None, env: dict | None = None, *,
+                  until: str | None = None, sig=None, cwd=None, deadline_s: float = DEADLINE_S):
+    """Runs `mgpu-bench ARGS` in a real process, sends `sig` (SIGINT) once `until` (a pattern)
+    appears on its stderr, drawn as on a terminal, within `deadline_s` (or, without `until`,
+    after `after_s` seconds) and returns (exit code, stderr without escape codes)."""
+    import os
     import signal
     import subprocess
     import sys
     import time
 
+    if until is not None:
+        env = {**(os.environ if env is None else env), **AS_A_TERMINAL}
     proc = subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(after_s)
-    proc.send_signal(signal.SIGINT)
-    _out, err = proc.communicate(timeout=60)
-    return proc.returncode, err
+                            stderr=subprocess.PIPE, env=env, cwd=cwd)
+    try:
+        if until is not None:
+            seen = wait_for_output(proc, until, deadline_s=deadline_s)
+        else:
+            seen = b""
+            time.sleep(after_s)
+        assert proc.poll() is None, "it ended before the signal: " + plain((seen + proc.stderr.read()).decode())
+        proc.send_signal(signal.SIGINT if sig is None else sig)
+        _out, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, plain((seen + err).decode(errors="replace"))
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import AS_A_TERMINAL, DEADLINE_S, FIRST_SIZE, interrupt_cli, plain, wait_for_output
 
 from mgpu_bench import launch
 from mgpu_bench.errors import InputError
@@ -286,9 +287,10 @@ def test_two_torchrun_agents_as_two_nodes_split_intra_and_inter_node(tmp_path):
 COMM_SWEEP = ["comm", "--backend", "torch", "--ops", "allreduce", "--sizes", "1K-128M", "--timeout", "20"]
 
 
-def _two_ranks_then_signal(tmp_path, sig, command=COMM_SWEEP, victim=1):
+def _two_ranks_then_signal(tmp_path, sig, command=COMM_SWEEP, victim=1, until=FIRST_SIZE):
     """Ranks 0 and 1 of `mgpu-bench command` on gloo started by hand (rank 0 serves the store);
-    once both have arrived and run for a moment, `sig` goes to rank `victim`. Returns (the other
+    once both have arrived and rank 0's progress shows `until` (the first size measured; with
+    `until` None, 2 s later), `sig` goes to rank `victim`. Returns (the other
     rank's exit code, its stderr, rank 0's JSON document or None, the victim's exit code, seconds
     the other rank took after the signal)."""
     import time
@@ -299,27 +301,33 @@ def _two_ranks_then_signal(tmp_path, sig, command=COMM_SWEEP, victim=1):
     port = _free_port()
     procs = []
     for rank in (0, 1):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+        env = {**os.environ, **AS_A_TERMINAL, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", *command, "--no-progress",
+        procs.append(subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", *command,
+                                       "--progress" if until else "--no-progress",
                                        "--no-store", "--json", str(tmp_path / f"r{rank}.json")],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path))
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + DEADLINE_S
         store = None
         while store is None:  # a client of rank 0's store, to see both ranks arrive
             try:
                 store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=2))
             except Exception:  # noqa: BLE001 - not served yet
-                assert time.monotonic() < deadline, "rank 0 never served its store"
+                assert time.monotonic() < deadline and procs[0].poll() is None, "rank 0 never served its store"
                 time.sleep(0.1)
-        store.wait([f"{launch._prefix({})}/arrived/{r}" for r in (0, 1)], timedelta(seconds=60))
-        time.sleep(2.0)  # a few sizes measured
+        store.wait([f"{launch._prefix({})}/arrived/{r}" for r in (0, 1)], timedelta(seconds=DEADLINE_S))
+        if until:
+            seen = wait_for_output(procs[0], until)  # rank 0 alone shows progress
+        else:
+            seen = b""
+            time.sleep(2.0)
         assert procs[0].poll() is None and procs[1].poll() is None, "the sweep ended before the signal"
         procs[victim].send_signal(sig)
         t0 = time.monotonic()
         _out, err = procs[1 - victim].communicate(timeout=60)
         took = time.monotonic() - t0
+        err = plain(((seen if victim == 1 else b"") + err).decode(errors="replace"))
         procs[victim].communicate(timeout=60)
     finally:
         for p in procs:
@@ -369,7 +377,9 @@ def test_a_rank_killed_mid_training_is_named(tmp_path):
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
     model = ["model", "--steps", "400", "--warmup-steps", "1", "--batch-size", "2", "--seq-len", "64"]
-    rc0, err, _doc, rc1, took = _two_ranks_then_signal(tmp_path, signal.SIGKILL, model)
+    # not "--progress" and its "step 1/400" to wait for: under a launcher `model --progress` stops
+    # with "started with different arguments" (the progress flag, on rank 0 alone, is agreed on)
+    rc0, err, _doc, rc1, took = _two_ranks_then_signal(tmp_path, signal.SIGKILL, model, until=None)
     assert rc0 == 1 and rc1 == -9, err
     assert f"rank 1 (cpu on {socket.gethostname()}) is gone (no word from it" in err, err
     assert "Traceback" not in err and took < 30
@@ -428,21 +438,16 @@ def test_sigterm_keeps_what_was_measured_and_exits_143(tmp_path):
     """A single-process sweep (two gloo worker processes) sent SIGTERM mid-run, as scancel or a
     job's time limit does: the JSON holds the sizes measured, the line says so, exit code 143."""
     import signal
-    import time
 
     from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
     out = tmp_path / "r.json"
-    proc = subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops",
-                             "allreduce", "--sizes", "1K-128M", "--no-progress", "--json", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    time.sleep(8.0)  # interpreter, two workers and a few sizes
-    assert proc.poll() is None, "the sweep ended before the signal"
-    proc.send_signal(signal.SIGTERM)
-    _out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
+    # SIGTERM once the progress bar counts the first size measured (the sweep itself is far longer)
+    rc, err = interrupt_cli(["comm", "--backend", "torch", "--ops", "allreduce", "--sizes", "1K-128M", "--progress",
+                             "--json", str(out)], until=FIRST_SIZE, sig=signal.SIGTERM, cwd=tmp_path)
+    assert rc == 143, err
     assert "terminated (SIGTERM) at allreduce" in err and "Traceback" not in err
     doc = json.loads(out.read_text())
     assert doc["measurements"] and doc["status"]["stopped"] == "interrupted"

@@ -120,10 +120,6 @@ def parse_tolerance(text: str) -> float:
     return value
 
 
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def _short_command(command: str | None) -> str:
     """The stored command line with the program's folder dropped (shown on one line)."""
     if not command:
@@ -196,6 +192,8 @@ def history_list(limit, kind, db_path) -> int:
     """The last runs, newest first; * marks the baseline of its kind."""
     from rich.table import Table
 
+    from mgpu_bench.output.tables import print_table
+
     out = _out()
     with _open(db_path) as h:
         runs = h.list(limit, kind)
@@ -212,17 +210,17 @@ def history_list(limit, kind, db_path) -> int:
         ("metrics", "right"),
         ("command", "left"),
     ):
-        t.add_column(name, justify=just, no_wrap=True)  # type: ignore[arg-type]
-    for r in runs:  # one line per run at 100 columns: long hosts and commands are cut
+        t.add_column(name, justify=just)  # type: ignore[arg-type]
+    for r in runs:  # long hosts and commands wrap in their columns (print_table), never cut
         t.add_row(
             ("*" if r.baseline else "") + r.run_id,
             r.created.replace("T", " ")[:16],
             r.kind,
-            _cut(r.host or "-", 16),
+            r.host or "-",
             str(r.metric_count),
-            _cut(_short_command(r.command), 44),
+            _short_command(r.command),
         )
-    out.print(t)
+    print_table(out, t)
     return 0
 
 
@@ -239,6 +237,8 @@ def history_list(limit, kind, db_path) -> int:
 def history_show(run, prom_path, db_path) -> int:
     """One run's headline metrics (RUN: r12 as `history list` prints it, 12, or latest)."""
     from rich.table import Table
+
+    from mgpu_bench.output.tables import print_table
 
     from .compare import noise
 
@@ -279,7 +279,7 @@ def history_show(run, prom_path, db_path) -> int:
                 format_noise(noise(m.samples, absolute), absolute),
                 str(len(m.samples)),
             )
-        out.print(t)
+        print_table(out, t)
         out.print(
             "noise: 1.4826 x MAD / median of the samples (fractions: in points); - under 5 samples"
         )
@@ -314,6 +314,8 @@ def history_trend(metric, limit, host, db_path) -> int:
     (METRIC: a dotted name as `history show` prints it)."""
     from rich.table import Table
 
+    from mgpu_bench.output.tables import print_table
+
     out = _out()
     with _open(db_path) as h:
         points = h.trend(metric, limit, host)
@@ -344,7 +346,7 @@ def history_trend(metric, limit, host, db_path) -> int:
         ("value", "right"),
         ("vs first", "right"),
     ):
-        t.add_column(name, justify=just, no_wrap=True)  # type: ignore[arg-type]
+        t.add_column(name, justify=just)  # type: ignore[arg-type]
     for p in points:
         if absolute:
             change: float | None = p.value - first.value
@@ -353,11 +355,11 @@ def history_trend(metric, limit, host, db_path) -> int:
         t.add_row(
             p.run_id,
             p.created.replace("T", " ")[:16],
-            _cut(p.host or "-", 24),
+            p.host or "-",
             format_value(p.value, p.unit),
             format_change(change, absolute),
         )
-    out.print(t)
+    print_table(out, t)
     return 0
 
 
@@ -456,6 +458,8 @@ Exit codes: 0 no regression; 1 at least one regression (gate cron jobs and CI on
 def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
     from rich.table import Table
 
+    from mgpu_bench.output.tables import print_table
+
     from .compare import NOISE_K, STATUSES, compare_runs
 
     tolerance = parse_tolerance(tolerance_text)
@@ -501,7 +505,7 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
             c.status,
             style=styles.get(c.status),
         )
-    out.print(t)
+    print_table(out, t)
     counts = {s: sum(1 for c in result.changes if c.status == s) for s in STATUSES}
     for c in result.regressions:  # one line each, for grep and mail
         out.print(

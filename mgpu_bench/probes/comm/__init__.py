@@ -55,7 +55,7 @@ class CommProbe(Probe):
         "csv": "Write one row per measurement, base units.",
         "report": "Write busbw-vs-size PNGs with the theory line, a self-contained HTML page and a Markdown "
                   "summary into this folder.",
-        "progress": "Progress bar on stderr [default: when a terminal].",
+        "progress": "Progress bar on stderr; in a log or pipe a line every 10 s [default: on].",
     }
     progress = "bar"
 
@@ -165,6 +165,13 @@ class CommProbe(Probe):
         if n < 2:
             raise InputError(f"--launch processes needs at least 2 processes ({n} selected)")
         return launch.relaunch(launch.strip_options(sys.argv[1:], ("--launch", "--gpus")), n, cfg.timeout_s)
+
+    def estimate(self, cfg) -> str | None:
+        from mgpu_bench.selection import visible_gpu_count
+
+        from .plan import estimate_seconds
+
+        return estimate_seconds(cfg, visible_gpu_count() > 0)
 
     def run(self, cfg, ctx):
         from mgpu_bench import launch

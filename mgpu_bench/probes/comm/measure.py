@@ -116,6 +116,25 @@ def _read_transports(run: CommRun, capture, gpus: list[int]) -> None:
     run.findings += explain_above_theory(run)
 
 
+def sized_out_notes(requests: list, skipped: list[tuple[int, str]]) -> list[str]:
+    """One note per series (op, dtype, placement) whose largest sizes were not started on CPU
+    processes, naming the sizes, the projection and what runs them."""
+    from mgpu_bench.sizes import format_bytes
+
+    series: dict[tuple, list[tuple[int, str]]] = {}
+    for i, why in skipped:
+        r = requests[i]
+        series.setdefault((r.op, r.dtype, r.redop, r.inplace), []).append((r.size, why))
+    out = []
+    for (op, dtype, redop, inplace), items in series.items():
+        sizes = [format_bytes(size) for size, _ in items]
+        named = sizes[0] if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]} ({len(sizes)} sizes)"
+        kind = f"{dtype}{' ' + redop if redop else ''}, {'in-place' if inplace else 'out-of-place'}"
+        out.append(f"{op} ({kind}): {named} not run on these CPU processes (gloo): {items[0][1]}; a longer "
+                   "--timeout runs them")
+    return out
+
+
 def _run_torch(run: CommRun, cfg: CommConfig, gpus: list[int], progress: ProgressFn | None) -> None:
     from .torch_backend import run_sweep
 
@@ -128,11 +147,16 @@ def _run_torch(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progres
         if progress and i + 1 < len(run.requests):
             progress(i + 1, len(run.requests), run.requests[i + 1])
 
+    def on_skip(i: int, _why: str) -> None:
+        if progress and i + 1 < len(run.requests):
+            progress(i + 1, len(run.requests), run.requests[i + 1])
+
     if progress:
         progress(0, len(run.requests), run.requests[0])
     sweep = run_sweep(run.requests, nproc=run.nranks, device=device, timing=cfg.timing,
-                      timeout_s=cfg.timeout_s, on_result=on_result, gpus=gpus or None)
-    failed_at = run.requests[min(len(run.measurements), len(run.requests) - 1)]
+                      timeout_s=cfg.timeout_s, on_result=on_result, gpus=gpus or None, on_skip=on_skip)
+    run.notes += sized_out_notes(run.requests, sweep.skipped)
+    failed_at = run.requests[min(len(run.measurements) + len(sweep.skipped), len(run.requests) - 1)]
     if sweep.interrupted:
         stop(run, sweep.interruption or KeyboardInterrupt(), failed_at)
     elif sweep.error is not None:

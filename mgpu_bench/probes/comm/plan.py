@@ -148,6 +148,29 @@ def check_dtype_support(cfg: CommConfig, backend: str, gpus: list[int]) -> None:
             raise InputError(reason)
 
 
+# What an estimate assumes: per size a fixed cost (buffers, warm-up, the check) and the timed
+# iterations at a typical bus bandwidth. A guess to say how long to wait, never a figure.
+_GUESS_RATE = {True: 100e9, False: 0.5e9}  # B/s: GPUs over NVLink or PCIe; CPU processes (gloo)
+_GUESS_FIXED_S = {True: 0.05, False: 0.3}
+
+
+def estimate_seconds(cfg: CommConfig, on_gpu: bool) -> str:
+    """"about N s/min: ..." for the sweep's sizes, ops and placements (see _GUESS_RATE)."""
+    t = cfg.timing
+    calls = max(2, t.warmup_iters) + 2 * (t.iters if t.iters > 0 else max(t.min_iters, 1)) + 1
+    per_size = []
+    for size in cfg.sizes:
+        s = _GUESS_FIXED_S[on_gpu] + calls * max(size / _GUESS_RATE[on_gpu], t.min_time_s / calls if t.iters <= 0
+                                                 else 0.0)
+        if not on_gpu:  # sized to the machine (torch_backend.CPU_BUDGET_SHARE), large ones left out
+            s = min(s, 0.1 * cfg.timeout_s + _GUESS_FIXED_S[False] * size / (64 << 20))
+        per_size.append(s)
+    total = sum(per_size) * len(cfg.ops) * len(cfg.inplace) + (3.0 if on_gpu else 5.0)
+    when = f"about {total:.0f} s" if total < 120 else f"about {total / 60:.0f} min"
+    return (f"{when} for {len(cfg.ops)} op(s) x {len(cfg.sizes)} size(s) x {len(cfg.inplace)} placement(s) "
+            f"(a guess from the sizes at {_GUESS_RATE[on_gpu] / 1e9:g} GB/s{'' if on_gpu else ' on CPU processes'})")
+
+
 def plan(cfg: CommConfig, nranks: int) -> tuple[list[CommRequest], list[str]]:
     """Expand ops x sizes x placements; returns (requests, notes on rounding and skips).
     Sizes that round to the same bytes for an op are measured once."""

@@ -93,6 +93,8 @@ def render_terminal(run: CommRun, console) -> None:
     """Rich tables, one per op, readable at 100 columns."""
     from rich.table import Table
 
+    from mgpu_bench.output.tables import print_table
+
     for sr in series(run):
         ms = sr.measurements
         devices = ms[0].spec.devices
@@ -105,7 +107,7 @@ def render_terminal(run: CommRun, console) -> None:
             r = row(m, theory_for(run, m))
             style = "red" if r["wrong"] else None
             table.add_row(*[format_cell(c, r[c.key]) for c in COLUMNS], style=style)
-        console.print(table)
+        print_table(console, table)
         console.print()
     t = theory_dict(run.theory)
     if t is not None:

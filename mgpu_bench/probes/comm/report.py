@@ -9,16 +9,16 @@ escaped. matplotlib is imported here only, with its non-interactive Agg backend.
 
 from __future__ import annotations
 
-import base64
 import html
 from pathlib import Path
 
 from mgpu_bench.output import html_page
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
+from mgpu_bench.probe import OK, PROBLEM, SEVERITIES, WARNING, Finding
 from mgpu_bench.sizes import format_bytes, format_gbs
 
-from .analyse import series, summary, theory_dict, theory_for
+from .analyse import judge, key_figure, series, summary, theory_dict, theory_for
 from .plan import CommRun
 from .render import COLUMNS, format_cell, row
 
@@ -69,17 +69,86 @@ def plot_op(run: CommRun, op: str) -> bytes:
     return _png(plt, fig)
 
 
+# What the header shows of the environment (html_page.environment_rows leaves out empty ones).
+ENV_KEYS = ("host", "nvidia_driver", "cuda_driver", "nccl", "torch_nccl", "torch", "mgpu_bench")
+
+
+def _cpu(run: CommRun, environment: dict) -> str | None:
+    """The plain sentence for a sweep over CPU processes (gloo); None on GPUs."""
+    return html_page.ran_on_cpu(environment, run.nranks, "gloo") if run.backend == "torch-gloo" else None
+
+
+def status(run: CommRun) -> tuple[str, str]:
+    """(severity, one line): complete, or where it stopped; wrong elements make it a problem."""
+    world = {(m.spec.op, m.spec.size, m.spec.inplace) for m in run.measurements if m.spec.scope == "world"}
+    planned = f" of {len(run.requests)} planned" if run.requests else ""
+    ops = list(dict.fromkeys(m.spec.op for m in run.measurements))
+    done = (f"{len(world)}{planned} size(s) and placement(s) measured ({len(run.measurements)} measurement(s)"
+            f"{': ' + ', '.join(ops) if ops else ''}), {run.total_wrong} wrong element(s), "
+            f"{run.wall_seconds:.1f} s wall")
+    if run.stopped:
+        return PROBLEM, f"stopped early ({run.stopped}): {run.stop_message or 'no reason given'}; {done}"
+    return (PROBLEM if run.total_wrong else OK), f"complete: {done}"
+
+
+def headline_rows(run: CommRun) -> tuple[list[str], list[list[str]]]:
+    """Per op (and communicator under a launcher): the peak busbw with its size and placement,
+    the theory of its path and the share of it, busbw at the largest size, wrong elements."""
+    headers = ["op", "peak busbw", "at size", "placement", "theory", "% of theory", "busbw at largest size",
+               "wrong elements"]
+    rows = []
+    for sr in series(run):
+        peak = max(sr.measurements, key=lambda m: m.busbw)
+        largest = max(sr.measurements, key=lambda m: (m.spec.bytes, not m.spec.inplace))
+        bw = (theory_dict(theory_for(run, peak)) or {}).get("bandwidth")
+        rows.append([sr.title, f"{format_gbs(peak.busbw)} GB/s", format_bytes(peak.spec.bytes), peak.spec.placement,
+                     f"{bw / 1e9:.0f} GB/s" if bw else "-", f"{100 * peak.busbw / bw:.0f}%" if bw else "-",
+                     f"{format_gbs(largest.busbw)} GB/s at {format_bytes(largest.spec.bytes)} ({largest.spec.placement})",
+                     str(sum(m.total_wrong for m in sr.measurements))])
+    return headers, rows
+
+
+def verdicts(run: CommRun) -> list[Finding]:
+    """What the suite says of the sweep (analyse.judge) and the sweep's own findings (warnings)."""
+    return [*judge(run), *(Finding(WARNING, f) for f in run.findings)]
+
+
+def summary_html(run: CommRun) -> str:
+    """The top of the page: the key figure, the status, the headline per op with the theory,
+    and the findings by severity."""
+    e = html.escape
+    fs = verdicts(run)
+    worst = next((s for s in SEVERITIES if any(f.severity == s for f in fs)), "")
+    fig, expected = key_figure(run)
+    parts = [f"<div class='{f'verdict {worst}'.strip()}'><b>{e(fig)}</b>: {e(expected)}</div>"
+             if run.measurements else ""]
+    sev, line = status(run)
+    parts.append(f"<ul class=findings><li class={sev}><span class=tag>STATUS</span>{e(line)}</li></ul>")
+    headers, rows = headline_rows(run)
+    if rows:
+        parts.append("<h2>summary: peak busbw per op</h2>" + html_page.wide(html_page.table(headers, rows, left=(0, 3, 6))))
+    t = _theory(run)
+    if t and t.get("summary"):
+        parts.append(f"<p><b>theory</b>: {e(t['summary'])}</p>")
+    else:
+        why = "the ranks are CPU processes" if run.backend == "torch-gloo" else "no GPU topology was read"
+        parts.append(f"<p class=sub>no link theory: {e(why)}, so busbw is not set against one.</p>")
+    counts = {s: sum(f.severity == s for f in fs) for s in SEVERITIES}
+    parts.append(f"<h2>findings: {counts[PROBLEM]} problem(s), {counts[WARNING]} warning(s), {counts[OK]} ok</h2>")
+    parts.append(html_page.findings_list(fs) or "<p class=sub>none</p>")
+    return "".join(parts)
+
+
 def markdown(run: CommRun, environment: dict) -> str:
     md = html_page.md  # outside text: one line, table pipes escaped
-    gpus = ", ".join(md(g.get("name", "?")) for g in environment.get("gpus", []) if "name" in g) or "no GPU"
-    facts = (f"- host: {md(environment.get('host'))}; GPUs: {gpus}; driver {md(environment.get('nvidia_driver'))}; "
-             f"NCCL {md(environment.get('nccl'))}; torch {md(environment.get('torch'))}")
-    lines = [f"# mgpu-bench comm: {run.nranks} ranks ({md(run.backend)})", "", facts]
+    lines = [f"# mgpu-bench comm: {run.nranks} ranks ({md(run.backend)})", "",
+             html_page.environment_markdown(environment, ENV_KEYS, _cpu(run, environment))]
+    lines.append(f"- status: {md(status(run)[1])}")
     t = _theory(run)
     if t:
         lines.append(f"- theory: {md(t['summary'])}")
-    for f in run.findings:
-        lines.append(f"- finding: {md(f)}")
+    for f in verdicts(run):
+        lines.append(f"- {f.severity}: {md(f.text)}")
     lines += ["", "| op | placement | busbw at largest size | mean busbw >= 64 MiB | % of theory | wrong |",
               "|---|---|---|---|---|---|"]
     for s in summary(run):
@@ -90,52 +159,33 @@ def markdown(run: CommRun, environment: dict) -> str:
         what = s["op"] if s["scope"] == "world" else f"{s['op']} {s['scope']} {md(s['group'])}"
         lines.append(f"| {what} | {s['placement']} | {s['busbw_at_largest'] / 1e9:.1f} GB/s at "
                      f"{format_bytes(s['largest_bytes'])} | {mean} | {pct} | {s['wrong']} |")
-    if run.stopped:
-        lines += ["", f"Stopped early: {md(run.stop_message)}"]
     return "\n".join(lines) + "\n"
 
 
-def page(run: CommRun, environment: dict, images: dict[str, bytes]) -> str:
+def _series_table(run: CommRun, sr) -> str:
     e = html.escape
-    gpus = environment.get("gpus", [])
-    head = [f"<h1>mgpu-bench comm: {run.nranks} ranks ({e(run.backend)})</h1>",
-            "<table class=kv>"]
-    for key in ("host", "nvidia_driver", "cuda_driver", "nccl", "torch", "mgpu_bench"):
-        head.append(f"<tr><th>{e(key)}</th><td>{e(str(environment.get(key)))}</td></tr>")
-    head.append(f"<tr><th>GPUs</th><td>{e(', '.join(str(g.get('name')) for g in gpus))}</td></tr>")
-    env = environment.get("env", {})
-    head.append(f"<tr><th>environment</th><td>{e(' '.join(f'{k}={v}' for k, v in env.items()))}</td></tr>")
-    head.append("</table>")
-    t = _theory(run)
-    if t:
-        head.append(f"<p><b>theory</b>: {e(t['summary'])}</p>")
-    for f in run.findings:
-        head.append(f"<p class=finding>finding: {e(f)}</p>")
-    if run.stopped:
-        head.append(f"<p class=finding>{e(run.stop_message or '')}</p>")
-    body = []
-    cols = COLUMNS
+    out = ["<table><tr>" + "".join(f"<th>{e(c.title)}<br>{e(c.unit)}</th>" for c in COLUMNS) + "</tr>"]
+    for m in sr.measurements:
+        r = row(m, theory_for(run, m))
+        out.append("<tr>" + "".join(f"<td>{e(format_cell(c, r[c.key]))}</td>" for c in COLUMNS) + "</tr>")
+    out.append("</table>")
+    return html_page.wide("".join(out))
+
+
+def page(run: CommRun, environment: dict, images: dict[str, bytes]) -> str:
+    """The summary first (summary_html), the environment, then per op its plot and tables."""
+    e = html.escape
     all_series = series(run)
+    sections = []
     for key, png in images.items():
         op = key.removeprefix("busbw_")
-        body.append(f"<h2>{e(op)}</h2>")
-        body.append(f"<img alt='busbw of {e(op)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
+        parts = [html_page.image(f"busbw of {op}", png)]
         for sr in (x for x in all_series if x.op == op):
-            if sr.scope != "world":
-                body.append(f"<h3>{e(sr.title)}</h3>")
-            body.append("<table><tr>" + "".join(f"<th>{e(c.title)}<br>{e(c.unit)}</th>" for c in cols) + "</tr>")
-            for m in sr.measurements:
-                r = row(m, theory_for(run, m))
-                body.append("<tr>" + "".join(f"<td>{e(format_cell(c, r[c.key]))}</td>" for c in cols)
-                            + "</tr>")
-            body.append("</table>")
-    notes = "".join(f"<li>{e(n)}</li>" for n in run.notes)
-    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse;"
-             "margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-             ".kv td,.kv th{text-align:left}.finding{color:#a40}")
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>mgpu-bench comm</title>"
-            f"<style>{style}</style></head><body>{''.join(head)}{''.join(body)}"
-            f"{'<h2>notes</h2><ul>' + notes + '</ul>' if notes else ''}</body></html>")
+            parts.append(("" if sr.scope == "world" else f"<h3>{e(sr.title)}</h3>") + _series_table(run, sr))
+        sections.append((op, "".join(parts)))
+    return html_page.page(f"mgpu-bench comm: {run.nranks} ranks ({run.backend})", environment, [], sections,
+                          run.notes, summary=summary_html(run), keys=ENV_KEYS,
+                          cpu=_cpu(run, environment))
 
 
 def write_report(run: CommRun, out_dir: str | Path, environment: dict) -> list[Path]:

@@ -32,6 +32,7 @@ import torch.multiprocessing as mp
 from mgpu_bench.errors import CommTimeoutError, InputError, MgpuError, OutOfMemoryError, portable
 from mgpu_bench.measurement import CommRequest, TimingOptions
 from mgpu_bench.ops import OPS, op_counts
+from mgpu_bench.sizes import format_bytes
 
 # Largest integer N such that every integer in [-N, N] is exact in the dtype (csrc/dtype.cpp).
 EXACT_LIMIT = {
@@ -138,6 +139,7 @@ def _torch_nccl_version() -> tuple[int, ...]:
 @dataclass
 class TorchSweep:
     results: list[dict] = field(default_factory=list)  # raw dicts, request order, completed only
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (request index, why): sized out on CPU
     error: BaseException | None = None  # the first failure; None if every request completed
     interrupted: bool = False  # Ctrl-C or SIGTERM in the parent stopped the sweep
     interruption: KeyboardInterrupt | None = None  # which (errors.Terminated for SIGTERM)
@@ -322,11 +324,30 @@ def _launcher(op: str, send: torch.Tensor, recv: torch.Tensor, redop: str | None
     raise InputError(f"unknown op '{op}'")
 
 
+# On CPU processes (gloo) one large collective can take seconds: a size gets at most this share of
+# --timeout for its timed iterations (then at least CPU_MIN_ITERS of them), and a size whose
+# least work would take more than CPU_SKIP_SHARE of --timeout is not started.
+CPU_BUDGET_SHARE = 0.1
+CPU_SKIP_SHARE = 0.5
+CPU_MIN_ITERS = 3
+
+
+def cpu_least_work(seconds_per_iter: float, fixed_s: float = 0.0) -> float:
+    """Seconds the least work of one size takes on CPU: its fixed part (buffers, the data pattern
+    written and checked), 2 warm-up iterations, CPU_MIN_ITERS timed twice (burst and samples),
+    the check."""
+    return fixed_s + (2 + 2 * CPU_MIN_ITERS + 1) * seconds_per_iter
+
+
 def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: TimingOptions, group=None,
-             ranks: tuple[int, ...] | None = None) -> dict:
+             ranks: tuple[int, ...] | None = None, budget_s: float | None = None,
+             projected_s: float | None = None) -> dict:
     """Worker::measure, step for step; returns this rank's (burst, samples, wrong) and, on every
-    rank, the figures that were agreed (iters, batch) and its own warm-up estimate. With a
-    `group` (global `ranks`), rank and nranks count within it."""
+    rank, the figures that were agreed (iters, batch, the slowest rank's warm-up estimate) and its
+    own warm-up estimate. With a `group` (global `ranks`), rank and nranks count within it. With
+    `budget_s` (CPU), the timed iterations fit in it (at least CPU_MIN_ITERS), and a
+    `projected_s` per iteration that makes the usual warm-up long cuts it to 2."""
+    t_begin = time.monotonic()
     op, dtype, redop, inplace, root = plan["op"], plan["dtype"], plan["redop"], plan["inplace"], plan["root"]
     c = plan["counts"]
     tdtype = TORCH_DTYPES[dtype]
@@ -366,6 +387,8 @@ def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: T
 
     # 2. Warm-up; its later iterations give the per-iteration estimate.
     warm = max(2, timing.warmup_iters)
+    if budget_s is not None and projected_s is not None and warm * projected_s > budget_s / 4:
+        warm = 2
     launch()
     w0 = clock.mark()
     for _ in range(1, warm):
@@ -380,6 +403,8 @@ def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: T
     if iters <= 0:
         want = math.ceil(timing.min_time_s / agreed) if agreed > 0 else timing.max_iters
         iters = int(min(max(want, timing.min_iters), timing.max_iters))
+        if budget_s is not None and agreed > 0:  # sized to the machine: burst and samples within the budget
+            iters = max(CPU_MIN_ITERS, min(iters, int(budget_s / (2 * agreed))))
     want_batch = math.ceil(timing.sample_target_s / agreed) if agreed > 0 else 1
     batch = min(max(want_batch, 1), max(1, iters // 20))
     nsamples = iters // batch
@@ -418,16 +443,47 @@ def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: T
         if e.defined:
             wrong = count_wrong(recv_view, e, pattern, redop, dtype)
 
+    # The size's whole wall time and the part that is not collectives (the slowest rank's): what
+    # the next size's projection starts from.
+    wall = time.monotonic() - t_begin
+    if budget_s is not None:
+        wall = _agree_max(int(wall * 1e9), device, group) * 1e-9
+    calls = warm + iters + nsamples * batch + (1 if timing.check else 0)
     return {"iters": iters, "batch": batch, "burst": burst, "samples": samples, "wrong": wrong,
-            "estimate": estimate}
+            "estimate": estimate, "agreed": agreed, "fixed": max(0.0, wall - calls * agreed)}
+
+
+def _series(plan: dict) -> tuple:
+    return plan["op"], plan["dtype"], plan["redop"], plan["inplace"]
 
 
 def _rank_loop(plans: list[dict], rank: int, nranks: int, device: torch.device, timing: TimingOptions,
-               emit: Callable[[int, dict], None]) -> None:
+               emit: Callable[[int, dict], None], timeout_s: float | None = None,
+               skip: Callable[[int, str], None] | None = None) -> None:
     """Every plan on this rank; rank 0 gathers every rank's raw seconds and hands the combined
-    result of each plan to emit(index, raw) (the same dict the native session returns)."""
+    result of each plan to emit(index, raw) (the same dict the native session returns). On CPU
+    with `timeout_s`, each size is sized to the machine (CPU_BUDGET_SHARE), and a size whose
+    least work, projected from the last size of its series at the same rate, would pass
+    CPU_SKIP_SHARE of the timeout is not started: rank 0 says why through skip(index, why).
+    Every rank decides from the same agreed figures, so all skip together."""
+    last: dict[tuple, tuple[int, float, float]] = {}  # series -> (bytes, s per iteration, fixed s), agreed
+    sized = device.type == "cpu" and timeout_s is not None
     for index, plan in enumerate(plans):
-        m = _measure(plan, rank, nranks, device, timing)
+        projected = None
+        if sized and _series(plan) in last:
+            nbytes, t, fixed = last[_series(plan)]
+            scale = max(1.0, plan["counts"]["bytes"] / max(1, nbytes))
+            projected = t * scale
+            least = cpu_least_work(projected, fixed * scale)
+            if least > CPU_SKIP_SHARE * timeout_s:
+                if rank == 0 and skip is not None:
+                    skip(index, f"projected from {format_bytes(nbytes)} at the same rate, one would take "
+                                f"{least:.0f} s at the least ({projected:.2f} s per iteration), past half of "
+                                f"--timeout {timeout_s:g} s")
+                continue
+        m = _measure(plan, rank, nranks, device, timing,
+                     budget_s=CPU_BUDGET_SHARE * timeout_s if sized else None, projected_s=projected)
+        last[_series(plan)] = (plan["counts"]["bytes"], m["agreed"], m["fixed"])
         mine = (m["burst"], m["samples"], m["wrong"])
         gathered = [None] * nranks if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
@@ -461,7 +517,8 @@ def _worker(rank: int, nranks: int, device_kind: str, gpu: int, port: int, plans
         dist.init_process_group(backend, store=store, rank=rank, world_size=nranks, timeout=limit,
                                 device_id=device if device_kind == "cuda" else None)
         out.put(("ready", rank))
-        _rank_loop(plans, rank, nranks, device, timing, lambda index, raw: out.put(("result", index, raw)))
+        _rank_loop(plans, rank, nranks, device, timing, lambda index, raw: out.put(("result", index, raw)),
+                   timeout_s, lambda index, why: out.put(("skipped", index, why)))
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - everything goes to the parent
         out.put(("error", rank, portable(exc)))
@@ -521,7 +578,7 @@ def _stop(procs: list, graceful: bool) -> None:
 
 def run_sweep(requests: list[CommRequest], *, nproc: int, device: str, timing: TimingOptions,
               timeout_s: float, on_result: Callable[[int, dict], None] | None = None,
-              gpus: list[int] | None = None) -> TorchSweep:
+              gpus: list[int] | None = None, on_skip: Callable[[int, str], None] | None = None) -> TorchSweep:
     """Runs `requests` in order on `nproc` processes ("cpu": gloo; "cuda": nccl, process r on
     cuda:gpus[r], by default cuda:r). Each completed request's raw dict goes to on_result(index, raw) as soon as it is
     done. A request that yields no result within timeout_s seconds stops the sweep with a
@@ -557,12 +614,12 @@ def run_sweep(requests: list[CommRequest], *, nproc: int, device: str, timing: T
     try:
         for p in procs:
             p.start()
-        while len(sweep.results) < len(plans) and sweep.error is None:
+        while len(sweep.results) + len(sweep.skipped) < len(plans) and sweep.error is None:
             try:
                 msg = messages.get(timeout=0.1)
             except queue_module.Empty:
                 now = time.monotonic()
-                current = requests[len(sweep.results)]
+                current = requests[len(sweep.results) + len(sweep.skipped)]
                 if now > deadline and ready < nproc:
                     sweep.error = CommTimeoutError(
                         f"torch backend: the {nproc} worker processes did not start and rendezvous "
@@ -588,12 +645,17 @@ def run_sweep(requests: list[CommRequest], *, nproc: int, device: str, timing: T
                 deadline = time.monotonic() + timeout_s
                 if on_result is not None:
                     on_result(msg[1], msg[2])
+            elif msg[0] == "skipped":
+                sweep.skipped.append((msg[1], msg[2]))
+                deadline = time.monotonic() + timeout_s
+                if on_skip is not None:
+                    on_skip(msg[1], msg[2])
             elif msg[0] == "error":
                 sweep.error = msg[2]
     except KeyboardInterrupt as exc:
         sweep.interrupted, sweep.interruption = True, exc
     finally:
-        complete = sweep.error is None and not sweep.interrupted and len(sweep.results) == len(plans)
+        complete = sweep.error is None and not sweep.interrupted and len(sweep.results) + len(sweep.skipped) == len(plans)
         _stop(procs, graceful=complete)
         messages.close()
         messages.cancel_join_thread()

@@ -60,7 +60,7 @@ class FleetProbe(Probe):
     output_help: ClassVar[Mapping[str, str]] = {
         "json": "Write the fleet document (every node's and pairing's raw seconds, the verdicts).",
         "report": "Write the node table, the pairings' heatmap, report.html and summary.md.",
-        "progress": "A line per phase and round on stderr (rank 0) [default: when a terminal].",
+        "progress": "A line per phase and round on stderr (rank 0) [default: on].",
     }
     progress = "lines"
     per_node_prometheus = True

@@ -11,6 +11,8 @@ from .analyse import pct as _pct
 def render_terminal(doc: Mapping, console) -> None:
     from rich.table import Table
 
+    from mgpu_bench.output.tables import print_table
+
     verdicts = doc.get("verdicts") or {"suspects": [], "stats": {"gpu": {}}}
     rows = node_table(doc, verdicts)
     t = Table(title="Nodes, worst first: each node's weakest figure against the fleet median (same GPU model)",
@@ -20,7 +22,7 @@ def render_terminal(doc: Mapping, console) -> None:
     for r in rows:
         t.add_row(r["node"], str(r["model"] or "-"), _pct(r["ratio"]), r["deciding"], r["verdict"],
                   style="red" if r["suspect"] else None)
-    console.print(t)
+    print_table(console, t)
     pairs = doc.get("pairings") or []
     if pairs:
         names = {n["index"]: n["node"] for n in doc.get("nodes") or []}
@@ -34,7 +36,7 @@ def render_terminal(doc: Mapping, console) -> None:
             t.add_row(str(p["round"] + 1), f"{names.get(p['a'])} <-> {names.get(p['b'])}", str(len(rails)),
                       f"{low}: {fmt('sendrecv', rails[low])}" if low is not None else "-",
                       fmt("allreduce", (p.get("allreduce") or {}).get("busbw")))
-        console.print(t)
+        print_table(console, t)
     w = verdicts.get("world") or {}
     if w.get("busbw"):
         console.print(f"world allreduce {fmt('world', w['busbw'])} over {(doc.get('world') or {}).get('ranks')} ranks "

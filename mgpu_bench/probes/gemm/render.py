@@ -52,6 +52,8 @@ def render_terminal(run: GemmRun, console) -> None:
     """One table (100 columns) per run, then the best algorithm of every row, then the summary."""
     from rich.table import Table
 
+    from mgpu_bench.output.tables import print_table
+
     t = Table(title="GEMM (cuBLASLt): TFLOP/s = 2*M*N*K / median seconds per GEMM of the best candidate; "
                     f"{run.config.init} inputs",
               title_justify="left", pad_edge=False, box=None, header_style="bold")
@@ -66,7 +68,7 @@ def render_terminal(run: GemmRun, console) -> None:
                   (row["best"] or "-").split(" ", 1)[0], _num(row["noise"] and 100 * row["noise"], ".2f"),
                   _num(row["sm_hz_median"] and row["sm_hz_median"] / 1e6, ".0f"), _num(row["power_w_max"], ".0f"),
                   _num(row["temp_c_max"], ".0f"), row["limiting"].replace(";", ", ") or "-")
-    console.print(t)
+    print_table(console, t)
     for row in table_rows:
         if row["best"]:
             console.print(f"  best for GPU {row['gpu']} {row['dtype']} {row['m']}x{row['n']}x{row['k']}: "

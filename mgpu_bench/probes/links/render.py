@@ -10,6 +10,8 @@ def render(run: LinksRun, console, hops: dict | None = None) -> None:
     and the host copies."""
     from rich.table import Table
 
+    from mgpu_bench.output.tables import print_table
+
     g = run.gpus
 
     def matrix(title: str, cells: dict[tuple[int, int], str]) -> None:
@@ -20,7 +22,7 @@ def render(run: LinksRun, console, hops: dict | None = None) -> None:
             t.add_column(f"GPU {b}", justify="right")
         for a in g:
             t.add_row(f"GPU {a}", *[("-" if a == b else cells.get((a, b), "n/a")) for b in g])
-        console.print(t)
+        print_table(console, t)
         console.print()
 
     for engine, label in (("ce", "copy engine"), ("sm", "SM kernel")):
@@ -49,5 +51,5 @@ def render(run: LinksRun, console, hops: dict | None = None) -> None:
         for x in g:
             t.add_row(f"GPU {x}", f"{h2d[x].bandwidth / 1e9:.1f}" if x in h2d else "n/a",
                       f"{d2h[x].bandwidth / 1e9:.1f}" if x in d2h else "n/a")
-        console.print(t)
+        print_table(console, t)
         console.print()

@@ -10,6 +10,8 @@ from .measure import HBM_LABELS, MemoryRun
 def render_terminal(run: MemoryRun, console) -> None:
     from rich.table import Table
 
+    from mgpu_bench.output.tables import print_table
+
     if run.churn:
         t = Table(title="Allocation churn: largest block that can really be allocated after each pattern "
                         "(fragmentation = 1 - largest / free)", title_justify="left", pad_edge=False, box=None,
@@ -25,7 +27,7 @@ def render_terminal(run: MemoryRun, console) -> None:
                       f"{r.largest / 2**30:.2f}", "-" if r.fragmentation is None else f"{100 * r.fragmentation:.1f}",
                       _us(max((c["p50"] for c in alloc), default=None)), _us(max((c["p99"] for c in alloc), default=None)),
                       _us(max((c["p99"] for c in free), default=None)), f"{r.raw['search_seconds']:.2f}")
-        console.print(t)
+        print_table(console, t)
         console.print("  latency columns: the worst size class of the pattern's own calls; per class in --json",
                       highlight=False)
     if run.hbm:
@@ -37,7 +39,7 @@ def render_terminal(run: MemoryRun, console) -> None:
             t.add_row(str(h.gpu), HBM_LABELS[h.kind], f"{h.bytes_read / 2**30:.1f}", f"{h.bytes_written / 2**30:.1f}",
                       f"{h.bandwidth / 1e12:.2f}", "-" if h.pct_peak is None else f"{h.pct_peak:.1f}",
                       "-" if h.peak is None else f"{h.peak / 1e12:.2f}")
-        console.print(t)
+        print_table(console, t)
     if run.torch:
         t = Table(title="PyTorch caching allocator, one fresh process per setting", title_justify="left",
                   pad_edge=False, box=None, header_style="bold")
@@ -53,7 +55,7 @@ def render_terminal(run: MemoryRun, console) -> None:
                                                            "inactive_split_peak_bytes", "largest_free_block_bytes",
                                                            "free_in_segments_bytes")),
                       _i(d.get("num_alloc_retries")), _i(d.get("num_ooms")))
-        console.print(t)
+        print_table(console, t)
     for mb in run.max_batch:
         if mb.get("error"):
             continue

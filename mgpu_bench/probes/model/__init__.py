@@ -57,7 +57,7 @@ class ModelProbe(Probe):
     output_help: ClassVar[Mapping[str, str]] = {
         "json": "Write the result document.",
         "report": "Write PNGs (step time, phases, scaling), report.html and summary.md.",
-        "progress": "Per-step progress on stderr [default: when a terminal].",
+        "progress": "Per-step progress on stderr; in a log or pipe a line every 10 s [default: on].",
     }
     progress = "lines"
 

@@ -161,7 +161,22 @@ def worker(cfg_dict: dict) -> dict:
     def between(a, b) -> float:
         return a.elapsed_time(b) / 1e3 if on_gpu else b - a
 
-    def run_steps(n: int, sync_grads: bool) -> list[dict]:
+    live = sys.stderr.isatty()
+    said = [0.0]
+
+    def show(label: str, i: int, n: int) -> None:
+        """Rank 0's step counter: rewritten in place on a terminal; in a log or pipe a line at
+        the end of each pass and at most every 10 s."""
+        if not (cfg.progress and rank == 0):
+            return
+        text = f"mgpu-bench model: {world} {'GPU' if on_gpu else 'process'}(es), {label}: step {i}/{n}"
+        if live:
+            print(f"\r{text}", end="" if i < n else "\n", flush=True, file=sys.stderr)
+        elif i == n or time.monotonic() - said[0] >= 10.0:
+            print(text, flush=True, file=sys.stderr)
+            said[0] = time.monotonic()
+
+    def run_steps(n: int, sync_grads: bool, label: str) -> list[dict]:
         """n optimizer steps; per step the clocks at: start, data ready, and per micro-batch
         forward start/end and backward end, then the optimizer's end."""
         marks = []
@@ -186,12 +201,9 @@ def worker(cfg_dict: dict) -> dict:
             opt.zero_grad(set_to_none=True)
             m["end"] = clock()
             marks.append(m)
-            if cfg.progress and rank == 0:
-                print(f"\rmgpu-bench model: step {step + 1}/{n}", end="", flush=True, file=sys.stderr)
+            show(label, step + 1, n)
         if on_gpu:
             torch.cuda.synchronize(device)
-        if cfg.progress and rank == 0:
-            print(file=sys.stderr)
         return marks
 
     def phases(marks) -> dict[str, list[float]]:
@@ -208,10 +220,10 @@ def worker(cfg_dict: dict) -> dict:
         return res
 
     try:
-        warm = run_steps(cfg.warmup_steps, True)
+        warm = run_steps(cfg.warmup_steps, True, "warm-up (not timed)")
         del warm
         t0 = time.perf_counter()
-        marks = run_steps(cfg.steps, True)
+        marks = run_steps(cfg.steps, True, "timed steps")
         out["wall_s"] = time.perf_counter() - t0
         out["phases"] = phases(marks)
         if on_gpu:
@@ -220,10 +232,11 @@ def worker(cfg_dict: dict) -> dict:
             out["total_memory"] = torch.cuda.get_device_properties(device).total_memory
         if cfg.exposed_comm and world > 1:
             t0 = time.perf_counter()  # DDP: no_sync(); FSDP: gradient sync off (no reduce-scatter)
-            out["no_sync_phases"] = phases(run_steps(cfg.steps, False))
+            out["no_sync_phases"] = phases(run_steps(cfg.steps, False, "the same steps without gradient sync "
+                                                               "(for the exposed communication)"))
             out["no_sync_wall_s"] = time.perf_counter() - t0
         if cfg.profile and on_gpu:
-            out["profile"] = _profile_split(lambda: run_steps(3, True))
+            out["profile"] = _profile_split(lambda: run_steps(3, True, "profiled steps"))
         if on_gpu:
             out["matmul_ceiling"] = _matmul_ceiling(spec, cfg.batch_size * cfg.seq_len, device)
     except torch.OutOfMemoryError as exc:

@@ -8,6 +8,8 @@ from .analyse import ModelRun
 def render_terminal(run: ModelRun, console) -> None:
     from rich.table import Table
 
+    from mgpu_bench.output.tables import print_table
+
     unit = "GPU" if run.config.device == "cuda" else "proc"
     t = Table(title=f"{run.config.model} training steps ({run.config.parallel}, seq {run.config.seq_len}, batch "
                     f"{run.config.batch_size} x {run.config.grad_accum} per {unit}); median over the stable window",
@@ -29,7 +31,7 @@ def render_terminal(run: ModelRun, console) -> None:
                   f("tokens_per_s_per_gpu", 1, ".0f"), f("flops_per_s_per_gpu", 1e-12), f("mfu", 100),
                   f("data_share", 100), f("forward_s", 1e3), f("backward_s", 1e3), f("optimizer_s", 1e3),
                   f("exposed_comm_share", 100), f("peak_reserved", 2**-30, ".2f"))
-    console.print(t)
+    print_table(console, t)
     for s in run.stats:
         if s.error:
             console.print(f"  {s.world} {unit}(s), {s.data}: failed: {s.error}", highlight=False, soft_wrap=True)

@@ -211,11 +211,9 @@ def _config_rows(run: ModelRun) -> list[list[object]]:
 
 def markdown(run: ModelRun, environment: dict) -> str:
     md = html_page.md
-    gpus = ", ".join(md(g.get("name")) for g in environment.get("gpus", []) if isinstance(g, dict))
-    driver = (f"- driver: {md(environment.get('nvidia_driver'))}, CUDA {md(environment.get('cuda_driver'))}, "
-              f"torch {md(environment.get('torch'))}")
-    lines = ["# mgpu-bench model", "", f"- host: {md(environment.get('host'))}", driver,
-             f"- GPUs: {gpus or md(run.gpu_name or '-')}"]
+    lines = ["# mgpu-bench model", "", html_page.environment_markdown(environment, cpu=_cpu(run, environment))]
+    if run.gpu_name and not html_page.gpu_names(environment):
+        lines.append(f"- GPUs: {md(run.gpu_name)}")
     lines += [f"- {md(k)}: {md(v)}" for k, v in _config_rows(run)]
     lines.append("")
     lines += [f"- finding: {md(f.text)}" for f in findings(run)]
@@ -229,20 +227,29 @@ def markdown(run: ModelRun, environment: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cpu(run: ModelRun, environment: dict) -> str | None:
+    """The plain sentence for a run on CPU processes (gloo); None on GPUs."""
+    if run.config.device == "cuda":
+        return None
+    return html_page.ran_on_cpu(environment, ", ".join(str(n) for n in run.gpu_counts), "gloo")
+
+
 def page(run: ModelRun, environment: dict, imgs: dict[str, bytes]) -> str:
+    """The shared layout (html_page.page): findings by severity first, the environment, then
+    the configuration, the tables and the plots."""
     sections = [("configuration", html_page.table(["setting", "value"], _config_rows(run), left=(0, 1)))]
     headers, rows = _rows(run)
     if rows:
         sections.append(("training steps (medians over the stable window)",
-                         html_page.table(headers, rows, left=(1, 13))))
+                         html_page.wide(html_page.table(headers, rows, left=(1, 13)))))
     headers, rows = _scaling_rows(run)
     if rows:
-        sections.append(("scaling", html_page.table(headers, rows, left=(1,))))
+        sections.append(("scaling", html_page.wide(html_page.table(headers, rows, left=(1,)))))
     titles = {"steps": "step time", "phases": "phase split", "scaling": "scaling"}
     for name, png in imgs.items():
         sections.append((titles.get(name, name), html_page.image(name, png)))
-    return html_page.page("mgpu-bench model", environment, [f.text for f in findings(run)], sections, run.notes,
-                          run.stop_message if run.stopped else None)
+    return html_page.page("mgpu-bench model", environment, findings(run), sections, run.notes,
+                          run.stop_message if run.stopped else None, cpu=_cpu(run, environment))
 
 
 def write_report(run: ModelRun, out_dir: str | Path, environment: dict) -> list[Path]:
