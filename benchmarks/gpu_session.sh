@@ -2,7 +2,7 @@
 # One call on the lent GPU machine: build, then the named steps, each with its own time limit and
 # log under $OUT/logs (tarred at the end: only 8 files come back). Usage:
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]
-# Steps: build pytest1 diagnose fleetnode suite1 (one GPU); model2 (two GPUs).
+# Steps: build pytest1 diagnose fleetnode compile1 sdc1 overlap1 suite1 (one GPU); model2 (two GPUs).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -54,6 +54,22 @@ PYEOF
 }
 
 fleetnode() { run pytest-fleet 300 $PY -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu_fleet.py; }
+
+compile1() {  # issue 16: model --compile against a plain compiled loop, 350m seq 2048 batch 8, one GPU
+  run plain-eager 300 $PY benchmarks/plain_gpt_loop.py --steps 30
+  run plain-compiled 400 $PY benchmarks/plain_gpt_loop.py --steps 30 --compile
+  run model-compiled 500 $MB model --model 350m --seq-len 2048 --batch-size 8 --steps 30 --warmup-steps 5 --gpus 1 --compile --no-profile --json "$L/model-compiled.json" --no-store
+  run model-eager 300 $MB model --model 350m --seq-len 2048 --batch-size 8 --steps 30 --warmup-steps 5 --gpus 1 --no-profile --json "$L/model-eager.json" --no-store
+}
+
+sdc1() {  # issue 18: determinism on one H200, then the command as a user runs it
+  run sdc-determinism 300 $PY benchmarks/sdc_determinism.py --repetitions 100
+  run sdc-command 200 $MB sdc --json "$L/sdc.json" --report "$L/sdc-report" --no-store
+}
+
+overlap1() {  # issue 18: overlap on one GPU (interference needs two: the command says so)
+  run overlap-command 200 $MB overlap --json "$L/overlap.json" --no-store
+}
 
 suite1() { run suite-quick 420 $MB suite --quick --report "$L/suite" --no-store; }
 

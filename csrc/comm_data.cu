@@ -106,7 +106,7 @@ __device__ inline double expected(const Expect& e, const Pattern& p, ncclRedOp_t
 template <typename T>
 __global__ void check_kernel(const T* out, Expect e, Pattern p, ncclRedOp_t redop, double tol_rel,
                              unsigned long long* wrong) {
-  unsigned long long local = 0;
+  unsigned long long local = 0, first = ~0ull;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < e.count;
        i += stride) {
@@ -114,9 +114,25 @@ __global__ void check_kernel(const T* out, Expect e, Pattern p, ncclRedOp_t redo
     const double got = to_double<T>(out[i]);
     const double tol = tol_rel * (fabs(want) > 1.0 ? fabs(want) : 1.0);
     // Written so that NaN (the poison, or a corrupted value) counts as wrong.
-    if (!(fabs(got - want) <= tol)) ++local;
+    if (!(fabs(got - want) <= tol)) {
+      ++local;
+      first = first < i ? first : i;
+    }
   }
-  if (local != 0) atomicAdd(wrong, local);
+  if (local != 0) {
+    atomicAdd(wrong, local);
+    atomicMin(wrong + 1, first);  // a minimum: the same index whatever order blocks run in
+  }
+}
+
+// wrong[2], wrong[3] = the first wrong element (wrong[1]) as read and as expected.
+template <typename T>
+__global__ void describe_kernel(const T* out, Expect e, Pattern p, ncclRedOp_t redop,
+                                unsigned long long* wrong) {
+  const unsigned long long i = wrong[1];
+  if (i >= e.count) return;
+  wrong[2] = static_cast<unsigned long long>(__double_as_longlong(to_double<T>(out[i])));
+  wrong[3] = static_cast<unsigned long long>(__double_as_longlong(expected(e, p, redop, i)));
 }
 
 unsigned grid_for(size_t count) {
@@ -137,6 +153,8 @@ void check_typed(const void* out, const Expect& e, const Pattern& p, ncclRedOp_t
   if (e.count == 0) return;
   check_kernel<T><<<grid_for(e.count), 256, 0, s>>>(static_cast<const T*>(out), e, p, redop,
                                                      tol_rel, wrong);
+  MGPU_CUDA_CHECK(cudaGetLastError());
+  describe_kernel<T><<<1, 1, 0, s>>>(static_cast<const T*>(out), e, p, redop, wrong);
   MGPU_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -35,6 +35,9 @@ void fill_values(void* ptr, DType dtype, size_t count, int rank, const Pattern& 
                  cudaStream_t stream);
 
 // Adds to *d_wrong (device memory) the number of elements of `out` that differ from `e`.
+// d_wrong[1] (initialised to ~0 by the caller) is lowered to the index of the first of them,
+// and d_wrong[2], d_wrong[3] get the bits of two doubles: that element as read and as
+// expected (left alone when no element differs).
 void check_values(const void* out, DType dtype, const Expect& e, const Pattern& p,
                   ncclRedOp_t redop, unsigned long long* d_wrong, cudaStream_t stream);
 

@@ -89,8 +89,8 @@ struct Worker {
   void* recv = nullptr;
   size_t recv_cap = 0;
   int64_t* d_agree = nullptr;
-  unsigned long long* d_wrong = nullptr;
-  int64_t* h_scalars = nullptr;  // pinned: [0] agreement value, [1] wrong count
+  unsigned long long* d_wrong = nullptr;  // [0] wrong count, [1] first wrong, [2..3] its values
+  int64_t* h_scalars = nullptr;  // pinned: [0] agreement value, [1..4] d_wrong's copy
   cudaEvent_t sync_event = nullptr;
   std::vector<cudaEvent_t> timing_events;
 
@@ -236,8 +236,8 @@ struct Worker {
     MGPU_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     MGPU_CUDA_CHECK(cudaEventCreateWithFlags(&sync_event, cudaEventDisableTiming));
     MGPU_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_agree), sizeof(int64_t)));
-    MGPU_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_wrong), sizeof(unsigned long long)));
-    MGPU_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_scalars), 2 * sizeof(int64_t)));
+    MGPU_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_wrong), 4 * sizeof(unsigned long long)));
+    MGPU_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_scalars), 5 * sizeof(int64_t)));
     // A blocking communicator: measured on 2x H200, a non-blocking one (which would let a
     // stuck initialisation be aborted) put a background hand-off into every launch, 8-byte
     // allreduce 7 us -> 58 us. A rank that never arrives is handled by the session's timeout.
@@ -428,18 +428,26 @@ void Worker::measure(const MeasureArgs& a, MeasureResult& out, size_t slot) {
 
   // 6. Check: poison the output, write known data, run once, count wrong elements on the GPU.
   uint64_t wrong = 0;
+  int64_t first_wrong = -1;
+  double first_got = 0.0, first_want = 0.0;
   if (a.check) {
     MGPU_CUDA_CHECK(cudaMemsetAsync(recv, 0x7F, work_bytes, stream));
     fill_values(const_cast<void*>(la.send), ti.type, c.send_count, rank, pattern, stream);
-    MGPU_CUDA_CHECK(cudaMemsetAsync(d_wrong, 0, sizeof(unsigned long long), stream));
+    MGPU_CUDA_CHECK(cudaMemsetAsync(d_wrong, 0, 4 * sizeof(unsigned long long), stream));
+    MGPU_CUDA_CHECK(cudaMemsetAsync(d_wrong + 1, 0xFF, sizeof(unsigned long long), stream));
     launch();
     if (a.corrupt_rank == rank) MGPU_CUDA_CHECK(cudaMemsetAsync(la.recv, 0x7F, ts, stream));
     const Expect e = op.expect(rank, nranks, a.root, c);
     if (e.defined) check_values(la.recv, ti.type, e, pattern, redop, d_wrong, stream);
-    MGPU_CUDA_CHECK(cudaMemcpyAsync(&h_scalars[1], d_wrong, sizeof(unsigned long long),
+    MGPU_CUDA_CHECK(cudaMemcpyAsync(&h_scalars[1], d_wrong, 4 * sizeof(unsigned long long),
                                     cudaMemcpyDeviceToHost, stream));
     sync();
     wrong = static_cast<uint64_t>(h_scalars[1]);
+    if (wrong != 0) {
+      first_wrong = h_scalars[2];
+      std::memcpy(&first_got, &h_scalars[3], sizeof(double));
+      std::memcpy(&first_want, &h_scalars[4], sizeof(double));
+    }
   }
 
   // Each worker writes only its own slot; the coordinator reads after all are done.
@@ -451,6 +459,9 @@ void Worker::measure(const MeasureArgs& a, MeasureResult& out, size_t slot) {
   out.burst_seconds[slot] = burst;
   out.samples[slot] = std::move(samples);
   out.wrong[slot] = wrong;
+  out.first_wrong[slot] = first_wrong;
+  out.first_wrong_got[slot] = first_got;
+  out.first_wrong_want[slot] = first_want;
   if (slot == 0) out.warmup_seconds_per_iter = estimate;
 }
 
@@ -684,6 +695,9 @@ MeasureResult CommSession::measure(const MeasureArgs& args) {
   state->out.burst_seconds.assign(n, 0.0);
   state->out.samples.assign(n, {});
   state->out.wrong.assign(n, 0);
+  state->out.first_wrong.assign(n, -1);
+  state->out.first_wrong_got.assign(n, 0.0);
+  state->out.first_wrong_want.assign(n, 0.0);
   std::ostringstream what;
   what << args.op << " at " << args.bytes << " bytes";
   run_on_all([state](Worker& w) { w.measure(state->args, state->out, w.index); }, what.str());

@@ -62,6 +62,11 @@ struct MeasureResult {
   int batch = 1;
   // Per local rank: elements that differ from the known result (0 when check is off).
   std::vector<uint64_t> wrong;
+  // Per local rank: the index of the first of them in the checked output (-1: none), and that
+  // element as read and as expected.
+  std::vector<int64_t> first_wrong;
+  std::vector<double> first_wrong_got;
+  std::vector<double> first_wrong_want;
   double warmup_seconds_per_iter = 0.0;  // the estimate the iteration count came from
 };
 

@@ -14,6 +14,7 @@
 #include "links.hpp"
 #include "memory.hpp"
 #include "op.hpp"
+#include "sdc.hpp"
 
 namespace py = pybind11;
 using namespace mgpu;
@@ -67,6 +68,21 @@ py::dict churn_dict(const ChurnResult& r) {
     events.append(py::make_tuple(e.is_free ? free_kind : alloc_kind, e.bytes, e.seconds));
   }
   d["events"] = events;
+  return d;
+}
+
+py::dict sdc_algo_dict(const SdcAlgo& a) {
+  py::dict d;
+  d["blob"] = py::bytes(a.blob);
+  d["algo_id"] = a.algo_id;
+  d["tile"] = a.tile;
+  d["stages"] = a.stages;
+  d["split_k"] = a.split_k;
+  d["reduction"] = a.reduction;
+  d["swizzle"] = a.swizzle;
+  d["custom"] = a.custom;
+  d["cluster"] = a.cluster;
+  d["workspace"] = a.workspace;
   return d;
 }
 
@@ -247,6 +263,88 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("arena_bytes", &GemmProbe::arena_bytes)
       .def_property_readonly("device", &GemmProbe::device);
 
+  py::class_<SdcProbe>(m, "SdcProbe")
+      .def(py::init([](int device, const std::string& dtype, int64_t m, int64_t n, int64_t k,
+                       uint64_t seed) {
+             py::gil_scoped_release release;
+             return std::make_unique<SdcProbe>(device, dtype, m, n, k, seed);
+           }),
+           py::arg("device"), py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"),
+           py::arg("seed"))
+      .def("select_algo", [](SdcProbe& p) {
+        SdcAlgo a;
+        {
+          py::gil_scoped_release release;
+          a = p.select_algo();
+        }
+        return sdc_algo_dict(a);
+      }, "Pins the heuristic's first algorithm without split-K or reduction; its description.")
+      .def("set_algo", [](SdcProbe& p, const py::bytes& blob) {
+        const std::string b = blob;
+        SdcAlgo a;
+        {
+          py::gil_scoped_release release;
+          a = p.set_algo(b);
+        }
+        return sdc_algo_dict(a);
+      }, py::arg("blob"), "Pins another probe's algorithm (its select_algo()['blob']).")
+      .def("gemm", [](SdcProbe& p, int count, int corrupt_gemm, int64_t corrupt_element) {
+        SdcGemmResult r;
+        {
+          py::gil_scoped_release release;
+          r = p.gemm(count, corrupt_gemm, corrupt_element);
+        }
+        py::dict d;
+        d["hashes"] = r.hashes;
+        d["seconds"] = r.seconds;
+        d["differs"] = r.differs;
+        d["made_reference"] = r.made_reference;
+        return d;
+      }, py::arg("count"), py::arg("corrupt_gemm") = -1, py::arg("corrupt_element") = 0,
+         "Runs `count` GEMMs, each hashed; stops after the first whose hash differs from the reference.")
+      .def("output", [](const SdcProbe& p, bool reference) {
+        py::array_t<uint16_t> out(static_cast<py::ssize_t>(p.output_bytes() / 2));
+        void* host = out.mutable_data();
+        const size_t bytes = p.output_bytes();
+        {
+          py::gil_scoped_release release;
+          p.copy_output(reference, host, bytes);
+        }
+        return out;
+      }, py::arg("reference"), "D (or the reference copy) as raw 16-bit elements, column-major.")
+      .def("hbm_allocate", &SdcProbe::hbm_allocate, py::arg("bytes"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("hbm_release", &SdcProbe::hbm_release, py::call_guard<py::gil_scoped_release>())
+      .def("hbm_check", [](SdcProbe& p, uint64_t seed, int64_t corrupt_word) {
+        SdcHbmResult r;
+        {
+          py::gil_scoped_release release;
+          r = p.hbm_check(seed, corrupt_word);
+        }
+        py::dict d;
+        d["bytes"] = r.bytes;
+        d["mismatches"] = r.mismatches;
+        d["first_word"] = r.first_word;
+        d["first_got"] = r.first_got;
+        d["first_want"] = r.first_want;
+        d["write_seconds"] = r.write_seconds;
+        d["read_seconds"] = r.read_seconds;
+        return d;
+      }, py::arg("seed"), py::arg("corrupt_word") = -1,
+         "Writes the pattern of `seed` over the HBM buffer, reads it back, compares on the GPU.")
+      .def("stop", &SdcProbe::stop, "Ends a running gemm() after its current GEMM.")
+      .def_property_readonly("stopped", &SdcProbe::stopped)
+      .def_property_readonly("reference_hash", &SdcProbe::reference_hash)
+      .def_property_readonly("has_reference", &SdcProbe::has_reference)
+      .def_property_readonly("hbm_bytes", &SdcProbe::hbm_bytes)
+      .def_property_readonly("device", &SdcProbe::device);
+  m.def("sdc_hash", [](int device, const py::bytes& data) {
+    const std::string b = data;
+    py::gil_scoped_release release;
+    return sdc_hash_host_data(device, b);
+  }, py::arg("device"), py::arg("data"),
+     "The sdc probe's hash of `data` (zero-padded to 8 bytes), computed on GPU `device`.");
+
   py::class_<MeasureArgs>(m, "MeasureArgs")
       .def(py::init<>())
       .def_readwrite("op", &MeasureArgs::op)
@@ -295,6 +393,9 @@ PYBIND11_MODULE(_native, m) {
         }
         d["samples"] = samples;
         d["wrong"] = r.wrong;
+        d["first_wrong"] = r.first_wrong;
+        d["first_wrong_got"] = r.first_wrong_got;
+        d["first_wrong_want"] = r.first_wrong_want;
         d["warmup_seconds_per_iter"] = r.warmup_seconds_per_iter;
         return d;
       }, py::arg("args"),

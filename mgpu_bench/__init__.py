@@ -6,6 +6,10 @@ from here.
 
 from __future__ import annotations
 
+from .children import adopt as _adopt
+
+_adopt()  # first thing in a process the tool started: it dies with its parent (children.py)
+
 from . import _libs
 
 _libs.preload()

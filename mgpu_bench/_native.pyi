@@ -51,7 +51,8 @@ class CommSession:
     def __init__(self, devices: list[int], nranks: int, first_rank: int, unique_id: bytes, timeout_s: float) -> None: ...
     def measure(self, args: MeasureArgs) -> dict[str, Any]:
         """{counts, iters, batch, burst_seconds: [per rank], samples: ndarray[ranks, n], wrong: [per rank],
-        warmup_seconds_per_iter}"""
+        first_wrong: [per rank: index of the first wrong element, -1 none], first_wrong_got,
+        first_wrong_want: [per rank: that element as read and as expected], warmup_seconds_per_iter}"""
     def abort(self) -> None: ...
 
 class GemmProbe:
@@ -71,6 +72,37 @@ class GemmProbe:
     def sustain(self, m: int, n: int, k: int, index: int, duration_s: float,
                 interval_s: float) -> list[tuple[float, float]]: ...
     def stop(self) -> None: ...
+
+class SdcProbe:
+    """Deterministic work on one GPU for `mgpu-bench sdc`: a bf16/fp16 GEMM (column-major, NN,
+    inputs from `seed` by a counter-based generator) with one pinned cuBLASLt algorithm (no
+    split-K, no reduction), each output hashed on the GPU; an HBM pattern check."""
+
+    stopped: bool
+    reference_hash: int
+    has_reference: bool
+    hbm_bytes: int
+    device: int
+    def __init__(self, device: int, dtype: str, m: int, n: int, k: int, seed: int) -> None: ...
+    def select_algo(self) -> dict[str, Any]:
+        """Pins the heuristic's first algorithm without split-K or reduction: {blob: bytes, algo_id, tile,
+        stages, split_k, reduction, swizzle, custom, cluster, workspace}."""
+    def set_algo(self, blob: bytes) -> dict[str, Any]:
+        """Pins another probe's algorithm (checked on this GPU); the same description."""
+    def gemm(self, count: int, corrupt_gemm: int = -1, corrupt_element: int = 0) -> dict[str, Any]:
+        """{hashes: [per GEMM], seconds: [per GEMM], differs, made_reference}; stops after the first GEMM
+        whose hash differs from the reference (the probe's first GEMM). corrupt_*: a test hook."""
+    def output(self, reference: bool) -> Any:
+        """D or the reference copy: numpy uint16 array of m*n raw elements, column-major."""
+    def hbm_allocate(self, bytes: int) -> None: ...
+    def hbm_release(self) -> None: ...
+    def hbm_check(self, seed: int, corrupt_word: int = -1) -> dict[str, Any]:
+        """{bytes, mismatches (8-byte words), first_word (-1 none), first_got, first_want, write_seconds,
+        read_seconds}; corrupt_word: a test hook."""
+    def stop(self) -> None: ...
+
+def sdc_hash(device: int, data: bytes) -> int:
+    """The sdc probe's hash of `data` (zero-padded to whole 8-byte words), computed on GPU `device`."""
 
 def memory_allocators() -> list[str]:
     """Allocators memory_churn runs: "cudaMalloc", "async" (stream-ordered, own pool, release

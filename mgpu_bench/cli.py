@@ -19,6 +19,7 @@ from . import probe as registry
 from . import runner
 from .errors import InputError, terminated
 from .history.cli import register as register_history
+from .output.console import safe_text
 from .probe import Probe, option
 
 
@@ -33,10 +34,10 @@ class _Group(click.Group):
             ctx_hint = ""
             if isinstance(exc, click.UsageError) and exc.ctx is not None:
                 ctx_hint = f" (see '{exc.ctx.command_path} --help')"
-            click.echo(f"mgpu-bench: error: {msg}{ctx_hint}", err=True)
+            click.echo(safe_text(f"mgpu-bench: error: {msg}{ctx_hint}"), err=True)  # may quote stored text
             code = exc.exit_code
         except InputError as exc:
-            click.echo(f"mgpu-bench: error: {exc}", err=True)
+            click.echo(safe_text(f"mgpu-bench: error: {exc}"), err=True)
             code = runner.EXIT_INPUT
         except click.exceptions.Abort:
             click.echo(f"mgpu-bench: {'terminated (SIGTERM)' if terminated() else 'interrupted'}", err=True)
@@ -45,6 +46,11 @@ class _Group(click.Group):
             code = rv if isinstance(rv, int) else 0
         if terminated() and code in (0, runner.EXIT_INTERRUPTED):  # SIGTERM, perhaps while writing the results
             code = runner.EXIT_TERMINATED
+        elif code == 0:
+            from .errors import interrupted
+
+            if interrupted():  # Ctrl-C while the results were written (they were)
+                code = runner.EXIT_INTERRUPTED
         if standalone_mode:
             sys.exit(code)
         return code
@@ -63,6 +69,10 @@ def cli() -> None:
     mgpu-bench gemm --dtype bf16,fp8  achievable TFLOP/s per GPU (cuBLASLt), the slow GPU named
     mgpu-bench memory --bandwidth     fragmentation per allocator, HBM bandwidth, torch allocator
     mgpu-bench model --scaling 1,2    training steps: tokens/s, MFU, exposed communication, verdict
+    mgpu-bench sdc                    silent data corruption: the same deterministic work on every GPU
+    mgpu-bench overlap                allreduce and GEMM together: how much each slows the other
+    mgpu-bench comm --tune            which NCCL setting beats the default, per size band
+    mgpu-bench fleet                  under srun/torchrun: the bad node, GPU, rail or link of a cluster
     mgpu-bench suite --quick          the three rounds in one report, stored and compared
     mgpu-bench history list           stored runs; compare RUN gates on regressions (exit 1)
     """
@@ -108,13 +118,17 @@ for _name in registry.names():
 
 
 @cli.command("report")
-@click.argument("result", type=click.Path(dir_okay=False))
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Folder for the PNGs, report.html and summary.md.")
-def report_command(result, out_dir) -> int:
-    """Renders a result file again (any command's --json, or a suite's suite.json) as PNGs, and
-    for all but links as HTML and Markdown."""
-    return runner.render_again(result, out_dir)
+@click.argument("result")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Folder for the PNGs, report.html and summary.md [default: RESULT-report, beside a file "
+                   "or in the current folder for a stored run].")
+@click.option("--db", default=None, type=click.Path(dir_okay=False),
+              help="History database holding a stored run given as RESULT [default: the user's].")
+def report_command(result, out_dir, db) -> int:
+    """Renders a result again as PNGs, and for all but links as HTML and Markdown. RESULT is a
+    file (any command's --json, or a suite's suite.json) or a stored run (r12, 12 or latest, as
+    `mgpu-bench history list` shows them)."""
+    return runner.render_again(result, out_dir, db)
 
 
 @cli.command("topo")
@@ -131,9 +145,9 @@ register_history(cli)
 
 
 def main() -> None:
-    from .errors import raise_on_sigterm
+    from .errors import handle_stop_signals
 
-    raise_on_sigterm()  # SIGTERM keeps what was measured, as Ctrl-C does
+    handle_stop_signals()  # SIGTERM and Ctrl-C keep what was measured; repeated ones do not break that
     cli.main(prog_name="mgpu-bench")
 
 

@@ -5,6 +5,10 @@ Every kind (comm, gemm, memory, model, links, suite, ...) shares the envelope: `
 ({completed, stopped, message}); the rest is the probe's own payload, raw samples included. A
 `Document` is such a dict that may also carry, unserialised, the run object its probe measured
 (`run`), so that rendering right after a measurement does not rebuild it from the JSON.
+
+Reading a document back goes through probe.load_document (a file) or probe.validate (a stored
+one): each kind's shape is declared once, beside its writer (mgpu_bench.schema's specs), and
+checked on every read.
 """
 
 from __future__ import annotations

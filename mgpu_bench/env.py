@@ -111,4 +111,28 @@ def fingerprint(gpus: list[dict] | None = None) -> dict:
         "libraries": _libs.preload(),  # the exact NCCL and cuBLASLt files loaded
         "gpus": gpu_list() if gpus is None else gpus,
         "env": env_allowlist(),
+        "host_load": host_load(),
     }
+
+
+def host_load() -> dict | None:
+    """The host's 1-minute load average and its CPU count when the run starts: a load near the CPU
+    count means other work shares the host, so its figures (CPU runs above all) drift between
+    runs more than their own samples show."""
+    try:
+        return {"load_1m": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
+    except (OSError, AttributeError):
+        return None
+
+
+def process_seconds() -> float | None:
+    """Seconds since this process started (Linux: its start time in /proc/self/stat against the
+    system's uptime), start-up of the interpreter and its imports included; None elsewhere."""
+    try:
+        with open("/proc/self/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None

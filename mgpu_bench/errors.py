@@ -6,6 +6,8 @@ so a worker process can hand one to its parent unchanged.
 
 from __future__ import annotations
 
+import contextlib
+
 
 class MgpuError(RuntimeError):
     """Base of every error the native core raises. ``code`` is the library's error code."""
@@ -68,8 +70,20 @@ class Terminated(KeyboardInterrupt):
 
 
 _terminated = False  # SIGTERM received
-_installed = False  # raise_on_sigterm() ran in this process
-_deferred = False  # the measurement is over: SIGTERM no longer raises
+_interrupted = False  # SIGINT (Ctrl-C) received
+_stopping = False  # a stop signal came: the orderly stop (or the writing of the results) is under way
+_installed = False  # handle_stop_signals() ran in this process
+_deferred = False  # the measurement is over: a stop signal no longer raises
+_agent_exc: type | None = None  # torch's SignalException while its elastic agent runs here (under_agent)
+_last_press: float | None = None  # when the last Ctrl-C counted toward abandoning came (time.monotonic)
+_presses = 0  # Ctrl-C presses counted toward abandoning, after the one that began the stop
+_noted = False  # the "already stopping" note was printed since the last counted press
+
+# The Ctrl-C presses after the one that began the stop that abandon it (exit 130 at once, nothing
+# more written), each at least PRESS_GAP_S after the last one counted: a burst (a key held down,
+# a terminal's SIGINT reaching every process of the group, twenty in a second) counts once.
+ABANDON_PRESSES = 3
+PRESS_GAP_S = 1.0
 
 
 def interruption(exc: BaseException | None) -> str:
@@ -81,8 +95,7 @@ def interruption(exc: BaseException | None) -> str:
 
 def is_sigterm(exc: BaseException | None) -> bool:
     """Whether `exc` is how SIGTERM reached this code: Terminated, or the SignalException of
-    torch's elastic agent, which replaces the SIGTERM handler while it runs its workers (the
-    process then counts as terminated)."""
+    torch's elastic agent (see under_agent; the process then counts as terminated)."""
     global _terminated
     import signal
 
@@ -99,35 +112,166 @@ def terminated() -> bool:
     return _terminated
 
 
-def raise_on_sigterm() -> None:
-    """While measuring, the first SIGTERM raises Terminated in the main thread (Python runs the
-    handler between bytecodes; the native core polls for signals while it waits on the GPU).
-    After defer_sigterm(), and for every later SIGTERM, it is only noted: the results are
-    written and the exit code is 143. SIGKILL, which every launcher sends after its grace
-    period, still ends the process."""
+def interrupted() -> bool:
+    """Whether this process received SIGINT (Ctrl-C), whether or not it raised."""
+    return _interrupted
+
+
+def _say(line: str) -> None:
+    """One line on stderr from a signal handler: os.write, as the main thread may be inside a
+    buffered write to sys.stderr (a print there would raise "reentrant call")."""
+    import os
+
+    with contextlib.suppress(OSError):
+        os.write(2, (line + "\n").encode(errors="replace"))
+
+
+def _stop_signal(signum, frame) -> None:
+    """SIGINT and SIGTERM: the first one, while measuring, raises (KeyboardInterrupt, Terminated;
+    torch's SignalException inside its elastic agent) where the main thread is, and the probe keeps
+    what it measured; every later one, and one that comes once the measurement is over, is noted
+    and does not interrupt the writing of the results. Ctrl-C ABANDON_PRESSES more times, spaced,
+    abandons: its children killed, one line, exit 130."""
+    global _terminated, _interrupted, _stopping
+    import signal
+
+    sigint = signum == signal.SIGINT
+    first = not _stopping
+    _stopping = True
+    if sigint:
+        _interrupted = True
+    else:
+        _terminated = True
+    if first and not _deferred:
+        if sigint:
+            _press(first=True, raised=True)
+        if _agent_exc is not None:
+            raise _agent_exc(f"Process got signal: {signal.Signals(signum).name}", sigval=signal.Signals(signum))
+        raise KeyboardInterrupt if sigint else Terminated()
+    if sigint:
+        _press(first=_last_press is None)
+
+
+def _press(first: bool, raised: bool = False) -> None:
+    """Counts a Ctrl-C toward abandoning the stop, and says so once per counted press."""
+    global _last_press, _presses, _noted
+    import time
+
+    now = time.monotonic()
+    if first:  # the press that began the stop, or the first one once the results are being written
+        _last_press, _presses, _noted = now, 0, False
+        if not raised:
+            _say(f"mgpu-bench: Ctrl-C: writing the results first (Ctrl-C {ABANDON_PRESSES} more times, "
+                 "a second apart, abandons them)")
+            _noted = True
+        return
+    if now - _last_press >= PRESS_GAP_S:
+        _last_press, _presses, _noted = now, _presses + 1, False
+        if _presses >= ABANDON_PRESSES:
+            _abandon()
+    if not _noted:
+        left = ABANDON_PRESSES - _presses
+        _say(f"mgpu-bench: already stopping: writing what was measured (Ctrl-C {left} more "
+             f"time{'s' if left > 1 else ''}, a second apart, abandons it)")
+        _noted = True
+
+
+def _abandon() -> None:
+    import os
+
+    _say("mgpu-bench: abandoned after repeated Ctrl-C: what was measured is not written")
+    with contextlib.suppress(Exception):
+        from . import children
+
+        children.abandon()
+    os._exit(130)
+
+
+def handle_stop_signals() -> None:
+    """Installs _stop_signal for SIGINT and SIGTERM (the CLI does, first thing). Python runs it
+    in the main thread between bytecodes; the native core polls for signals while it waits on
+    the GPU. SIGKILL, which every launcher sends after its grace period, still ends the process
+    (and its children with it: children.py)."""
     global _installed
     import signal
 
-    def handler(signum, frame) -> None:
-        global _terminated
-        first = not _terminated
-        _terminated = True
-        if first and not _deferred:
-            raise Terminated()
+    signal.signal(signal.SIGINT, _stop_signal)
+    signal.signal(signal.SIGTERM, _stop_signal)
+    if not _installed:
+        import atexit
 
-    signal.signal(signal.SIGTERM, handler)
+        atexit.register(_ignore_late_signals)
     _installed = True
 
 
+def _ignore_late_signals() -> None:
+    """At exit, once a stop signal came: the rest of a burst (twenty Ctrl-Cs in a second) is
+    ignored. The interpreter's finalisation puts back the default action of a signal that has a
+    Python handler, which would end the process by the signal (exit -2) after it wrote everything
+    and chose its exit code; an ignored one it leaves ignored."""
+    import signal
+
+    if _stopping:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+raise_on_sigterm = handle_stop_signals  # its former name
+
+
 def restore_sigterm() -> None:
-    """Installs the handler again where raise_on_sigterm() had (torch's elastic agent replaces
-    it for as long as it runs workers, and leaves its own behind)."""
+    """Installs the handlers again where handle_stop_signals() had (a torch elastic agent that
+    does not read TORCHELASTIC_SIGNALS_TO_HANDLE replaces them, and leaves its own behind). Called
+    in a `finally` while the agent's SignalException or a KeyboardInterrupt is on its way, that
+    stop has begun: a later signal is only noted."""
+    global _stopping
+    import sys
+
+    if not _installed:
+        return
+    exc = sys.exc_info()[1]
+    if isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SignalException":
+        _stopping = True
+    handle_stop_signals()
+
+
+@contextlib.contextmanager
+def under_agent(signals: str | None = None):
+    """While torch's elastic agent runs its workers in this process: yields the signals it
+    should handle itself (`signals`, its LaunchConfig.signals_to_handle, without SIGINT and
+    SIGTERM; also set as TORCHELASTIC_SIGNALS_TO_HANDLE, which it reads), so that it leaves
+    those two to handle_stop_signals(); the first of them raises the agent's own
+    SignalException, which it answers by stopping its workers with that signal, and later ones
+    are only noted, so that they do not break its shutdown. Without handle_stop_signals() in this
+    process (a library caller), it yields `signals` and changes nothing."""
+    global _agent_exc
+    import os
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    key = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+    before = os.environ.get(key)
+    keep = signals
     if _installed:
-        raise_on_sigterm()
+        rest = [s.strip() for s in (signals or before or "SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(",")
+                if s.strip() and s.strip() not in ("SIGINT", "SIGTERM")]
+        keep = ",".join(rest or ["SIGQUIT"])
+        os.environ[key] = keep
+        _agent_exc = SignalException
+    try:
+        yield keep
+    finally:
+        _agent_exc = None
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+        restore_sigterm()
 
 
 def defer_sigterm() -> None:
-    """The measurement is over: from here on SIGTERM does not interrupt the writing of its
-    results (the process exits 143 once they are written)."""
+    """The measurement is over: from here on neither SIGTERM nor Ctrl-C interrupts the writing of
+    its results (the process exits 143 or 130 once they are written)."""
     global _deferred
     _deferred = True

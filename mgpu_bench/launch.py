@@ -386,7 +386,8 @@ def roll_call(store, le: LaunchEnv, members: list[Member] | None, wait_s: float,
     wait_s are named, with their own word where they left one (leave_note). Returns the
     account in one line, or None when every rank answered (the failure was not a rank
     leaving). Silent ranks are called gone only when `certain` and the whole wait ran; a first
-    Ctrl-C or SIGTERM during the wait does not cut it short (a second one does)."""
+    Ctrl-C or SIGTERM during the wait does not cut it short (in the CLI later ones are only noted,
+    errors.handle_stop_signals; under Python's default handler a second one cuts it short)."""
     import time
 
     prefix = _prefix()
@@ -512,24 +513,41 @@ def relaunch(args: list[str], nprocs: int, timeout_s: float) -> int:
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import LaunchConfig
 
-    from .errors import interruption, restore_sigterm
+    from .errors import interruption
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn", rdzv_timeout=int(max(60, timeout_s)))
     try:
-        elastic_launch(lc, sys.executable)("-m", "mgpu_bench.cli", *args)
+        # the ranks are CLI processes in sessions of their own: the agent stops them with SIGINT
+        run_elastic(lc, sys.executable, "-m", "mgpu_bench.cli", *args, children="keep")
     except ChildFailedError as exc:  # the ranks said why; their exit code is ours (2: bad input)
         codes = {f.exitcode for f in exc.failures.values()}
         return next((c for c in (2, 143, 130) if c in codes), 1)
     except (KeyboardInterrupt, SignalException) as exc:  # the agent turns Ctrl-C and SIGTERM into SignalException
         print(f"mgpu-bench: {interruption(exc)}", file=sys.stderr)
         return 130
-    finally:
-        restore_sigterm()  # the agent's handler stays behind otherwise
     return 0
+
+
+def run_elastic(lc, entrypoint, *args, children: str = "keep"):
+    """elastic_launch(lc, entrypoint)(*args) with this process's signal handling kept (the first
+    Ctrl-C or SIGTERM reaches the agent as its SignalException, later ones do not break its
+    shutdown: errors.under_agent) and its workers bound to this process (they die with it, and
+    do with SIGINT what `children` says: children.MODES)."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import elastic_launch
+
+    from . import children as bound
+    from .errors import under_agent
+
+    with under_agent(getattr(lc, "signals_to_handle", None)) as signals, bound.spawning(children):
+        if signals is not None and hasattr(lc, "signals_to_handle"):
+            lc = dataclasses.replace(lc, signals_to_handle=signals)
+        return elastic_launch(lc, entrypoint)(*args)
 
 
 def compress_hostlist(names: list[str]) -> str:

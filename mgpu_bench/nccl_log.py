@@ -59,8 +59,9 @@ class Capture:
     (warnings_in)."""
 
     _used = False
+    SUBSYS = "INIT,P2P,SHM,NET,ENV,TUNING"  # what the log holds unless the user chose NCCL_DEBUG_SUBSYS
 
-    def __init__(self) -> None:
+    def __init__(self, subsys: str = SUBSYS) -> None:
         import os
         import tempfile
 
@@ -72,11 +73,14 @@ class Capture:
             self.reason = "NCCL was already initialised in this process: transports not captured"
         else:
             Capture._used = True
-            fd, self.path = tempfile.mkstemp(prefix="mgpu-bench-nccl-", suffix=".log")
+            from . import children
+
+            children.clean_stale("mgpu-bench-nccl-")  # the logs of runs that were killed
+            fd, self.path = tempfile.mkstemp(prefix=children.temp_name("mgpu-bench-nccl-"), suffix=".log")
             os.close(fd)
             self._set = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": self.path}
             if "NCCL_DEBUG_SUBSYS" not in os.environ:
-                self._set["NCCL_DEBUG_SUBSYS"] = "INIT,P2P,SHM,NET,ENV,TUNING"
+                self._set["NCCL_DEBUG_SUBSYS"] = subsys
             os.environ.update(self._set)
 
     def release_environment(self) -> None:

@@ -27,6 +27,8 @@ REGISTRY: dict[str, str] = {
     "memory": "mgpu_bench.probes.memory",
     "model": "mgpu_bench.probes.model",
     "fleet": "mgpu_bench.probes.fleet",
+    "sdc": "mgpu_bench.probes.sdc",
+    "overlap": "mgpu_bench.probes.overlap",
     "suite": "mgpu_bench.suite",
 }
 
@@ -188,6 +190,19 @@ class Probe:
 
     # -- reading a document ----------------------------------------------------------------------
 
+    def schema(self) -> Any:
+        """The declared shape of this probe's result document (a mgpu_bench.schema spec checked on
+        every read, besides the envelope): SCHEMA in the probe's shape module (`<probe>.shape`,
+        which imports no backend: the history validates through it); None: none."""
+        name = REGISTRY[self.name] + ".shape"
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # the module is there, something it imports is not
+                raise
+            return None
+        return getattr(module, "SCHEMA", None)
+
     def load(self, doc: Mapping) -> Any:
         """The probe's run object for `doc`: the one it measured, or rebuilt from the JSON."""
         run = getattr(doc, "run", None)
@@ -291,6 +306,29 @@ def option(*decls: str, **attrs: Any):
     return click.Option(list(decls), **attrs)
 
 
+def within(flag: str, value: float, low: float, high: float, why: str = "", *, above: bool = False) -> None:
+    """A bounded option checked in configure(): InputError (exit code 2) naming the bound the
+    value broke, "--steps 999999999: at most 1000000 (why)", "--steps 0: at least 1";
+    low <= value <= high, or low < value <= high with `above`. NaN and infinities break both."""
+    import math
+
+    from .errors import InputError
+
+    def show(x: float) -> str:
+        if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
+            return str(int(x))
+        return f"{x:g}" if isinstance(x, float) else str(x)
+
+    tail = f" ({why})" if why else ""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{flag} {value}: give a number {'above' if above else 'from'} {show(low)} "
+                         f"{'up ' if above else ''}to {show(high)}{tail}")
+    if value > high:
+        raise InputError(f"{flag} {show(value)}: at most {show(high)}{tail}")
+    if value < low or (above and value == low):
+        raise InputError(f"{flag} {show(value)}: {'more than' if above else 'at least'} {show(low)}{tail}")
+
+
 def names() -> list[str]:
     return list(REGISTRY)
 
@@ -317,3 +355,92 @@ def headline(doc: Mapping) -> list:
     if probe is None:
         return []
     return [m for m in probe.headline(doc) if math.isfinite(m.value)]
+
+
+# -- reading a result document of any kind -------------------------------------------------------
+
+
+def kind_schema(kind: str):
+    """The declared shape (schema.Spec) of `kind`'s own fields (None: the envelope alone)."""
+    return get(kind).schema()
+
+
+def check_document(doc: Mapping, path: str = "") -> None:
+    """The envelope and the kind's declared shape; schema._Problem at the first wrong field."""
+    from .document import RESULT_SCHEMA, RESULT_SCHEMA_VERSION, document_kind
+    from .schema import ENVELOPE, _join, _Problem, _show
+
+    where = _join(path, "schema")
+    if doc.get("schema") != RESULT_SCHEMA:
+        tag = f"is {_show(doc['schema'])}" if "schema" in doc else "missing"
+        raise _Problem(where, f"{tag}: this is not an mgpu-bench result document (one says \"schema\": "
+                              f"\"{RESULT_SCHEMA}\"); give a file written by a command's --json")
+    if "schema_version" not in doc:
+        raise _Problem(_join(path, "schema_version"), "missing (a result document carries its schema version)")
+    for key, spec in ENVELOPE.items():
+        if key in doc:
+            spec.check(doc[key], _join(path, key))
+    if doc["schema_version"] > RESULT_SCHEMA_VERSION:
+        raise _Problem(_join(path, "schema_version"),
+                       f"is {doc['schema_version']}: written by a newer mgpu-bench (this one reads "
+                       f"{RESULT_SCHEMA_VERSION}); upgrade mgpu-bench")
+    kind = document_kind(doc)
+    kinds = names()
+    if kind not in kinds:
+        if "kind" in doc:
+            raise _Problem(_join(path, "kind"), f"is {_show(doc['kind'])}, not a kind of result ({', '.join(kinds)})")
+        raise _Problem(_join(path, "kind"), f"missing, and the fields do not say the kind ({', '.join(kinds)})")
+    spec = kind_schema(kind)
+    if spec is not None:
+        spec.check(doc, path)
+
+
+def validate(doc: Any, where: str | None = None) -> Mapping:
+    """Checks a result document against the envelope (schema.ENVELOPE) and its kind's declared
+    shape (Probe.schema); returns it. schema.SchemaError (exit code 2) names `where` (the file,
+    "stored run r3"), the field and the fix."""
+    from .schema import SchemaError, _Problem, _show
+
+    if not isinstance(doc, Mapping):
+        raise SchemaError(where, "", f"is {_show(doc)}, not a result document (an object written by a command's "
+                                     "--json)")
+    try:
+        check_document(doc)
+    except _Problem as p:
+        raise SchemaError(where, p.path, p.problem) from None
+    except RecursionError:
+        raise SchemaError(where, "", "is nested too deeply to be a result document") from None
+    return doc
+
+
+def load_document(path: str | Path, where: str | None = None) -> dict:
+    """Reads a result document from a file and checks it against its declared shape
+    (validate): InputError (exit code 2), one line naming the file, for a file
+    that cannot be read, is not JSON, or is not a result document of a known kind and shape."""
+    import json
+    import os
+    import stat
+
+    from .errors import InputError
+    from .schema import shown
+
+    name = where or shown(path)
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode):
+            raise InputError(f"{name} is not a regular file (a FIFO or a device would be read without end): give "
+                             "a result file written by a command's --json")
+        text = Path(path).read_bytes().decode("utf-8")
+    except IsADirectoryError:
+        raise InputError(f"{name} is a folder: give a result file written by a command's --json") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {name}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{name} is not text (UTF-8 JSON): give a file written by a command's --json") from None
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise InputError(f"{name} is nested too deeply to be a result document") from None
+    except ValueError as exc:
+        raise InputError(f"{name} is not JSON ({exc}): give a file written by a command's --json") from None
+    validate(doc, name)
+    return doc

@@ -10,8 +10,11 @@
 
 Exit codes: 0 success; 1 a measurement failed (wrong elements, an NCCL error or timeout, out of
 memory, a failed configuration, a regression against the baseline) or an output could not be
-written, after writing what was gathered; 2 bad input (one line naming the fix); 130 Ctrl-C and
-143 SIGTERM (scancel, a launcher stopping its job), after writing what was gathered.
+written, after writing what was gathered; 2 bad input (one line naming the fix; an output path
+that cannot be written, or names a directory, FIFO, device or socket, is found before measuring);
+130 Ctrl-C and 143 SIGTERM (scancel, a launcher stopping its job), after writing what was gathered.
+`mgpu-bench compare` alone has 3: its --json could not be written after comparing and nothing
+regressed (its 1 means a regression, which a cron job gates on; a full disk is not one).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class Store:
     def check(self) -> None:
         """Before any measurement: a database that cannot be used, or a textfile that cannot be
         written, is bad input now, not a lost run later."""
-        check_writable(self.prometheus)
+        check_writable(self.prometheus, "--prometheus")
         if not self.no_store:
             from .history import History
 
@@ -93,8 +96,8 @@ def run(probe: Probe, opts: dict) -> int:
     store = Store(opts.pop("db_path", None), opts.pop("no_store", True), opts.pop("prometheus_path", None))
     rank = launcher_rank()
     if rank == 0:  # rank 0 alone writes and stores; other nodes may lack its folders
-        check_writable(paths["json_path"])
-        check_writable(paths["csv_path"])
+        check_writable(paths["json_path"], "--json")
+        check_writable(paths["csv_path"], "--csv")
         check_report_dir(paths["report_dir"])
     config = probe.configure(opts)
     if rank == 0:
@@ -187,11 +190,11 @@ def _because(line: str, shared: list) -> str:
 
 
 def _writers(probe: Probe, doc: Mapping, paths: dict, history, measured: bool) -> list[tuple[str | None, Callable]]:
-    from .document import write_json
+    from .paths import write_json, write_output
 
     out: list[tuple[str | None, Callable]] = [(paths["json_path"], lambda p: write_json(p, doc))]
     if "csv" in probe.outputs:
-        out.append((paths["csv_path"], lambda p: Path(p).write_text(probe.csv(doc))))
+        out.append((paths["csv_path"], lambda p: write_output(p, probe.csv(doc))))
     if measured:
         out.append((paths["report_dir"], lambda p: probe.report(doc, p, history)))
     return out
@@ -238,6 +241,7 @@ def compare_with_baseline(h, kind: str, stored: str, tolerance: float, out, err)
     baseline with no metric in common is said, and counts as a failure to compare."""
     from .history import compare_runs
     from .history.cli import format_change, format_noise, format_value
+    from .output.console import safe_text  # the baseline is stored text
 
     base = h.baseline_of(h.get(stored))
     if not base or base == stored:
@@ -248,35 +252,67 @@ def compare_with_baseline(h, kind: str, stored: str, tolerance: float, out, err)
         err.print(f"mgpu-bench: not compared with baseline {base}: {exc}", highlight=False)
         return True
     for line in comparison.not_comparable:
-        out.print(f"not comparable with baseline {base}: {line}", highlight=False, soft_wrap=True)
+        out.print(safe_text(f"not comparable with baseline {base}: {line}"), highlight=False, soft_wrap=True)
     for line in comparison.fingerprint_differences:
-        out.print(f"warning: not the same machine set-up as the baseline: {line}", highlight=False, soft_wrap=True)
+        out.print(safe_text(f"warning: not the same machine set-up as the baseline: {line}"), highlight=False,
+                  soft_wrap=True)
+    for line in comparison.warnings:
+        out.print(safe_text(f"warning: {line}"), highlight=False, soft_wrap=True)
     for c in comparison.regressions:
-        out.print(f"regression: {c.name}: {format_value(c.base, c.unit)} -> {format_value(c.new, c.unit)} "
-                  f"({format_change(c.change, c.absolute)}; threshold {format_noise(c.threshold, c.absolute)})",
-                  highlight=False, soft_wrap=True)
+        out.print(safe_text(f"regression: {c.name}: {format_value(c.base, c.unit)} -> {format_value(c.new, c.unit)} "
+                            f"({format_change(c.change, c.absolute)}; threshold "
+                            f"{format_noise(c.threshold, c.absolute)})"), highlight=False, soft_wrap=True)
     out.print(f"compared with baseline {base}: {len(comparison.regressions)} regression(s)", highlight=False)
     return comparison.failed
 
 
 
-def render_again(result: str, out_dir: str) -> int:
-    """`mgpu-bench report RESULT --out DIR`: the report of a stored result document, drawn by
-    the probe of its kind."""
+RUN_ID = r"(?:r?\d+|latest)"  # how `history show` names a stored run (r12), or 12, or latest
+
+
+def render_again(result: str, out_dir: str | None, db: str | None = None) -> int:
+    """`mgpu-bench report RESULT [--out DIR]`: the report of a result document, from a file or a
+    stored run (r12, 12, latest), drawn by the probe of its kind."""
     import json
+    import os
+    import re
 
     from . import probe as registry
     from .document import RESULT_SCHEMA, document_kind
 
-    check_report_dir(out_dir)
-    try:
-        doc = json.loads(Path(result).read_text())
-    except OSError as exc:
-        raise InputError(f"cannot read {result}: {exc.strerror or exc}") from None
-    except ValueError:
-        raise InputError(f"{result} is not JSON: give a file written by a command's --json") from None
+    history = None
+    if not os.path.exists(result) and re.fullmatch(RUN_ID, result.strip(), re.IGNORECASE):  # False on any OSError
+        from .history import History
+
+        history = History.open(db)
+        rec = history.get(result.strip().lower())  # InputError naming the known runs when unknown
+        doc, where = rec.document, f"stored run {rec.run_id}"
+        out_dir = out_dir or f"{rec.run_id}-report"
+    else:
+        where = result
+        if Path(result).name:  # "", "." and "/" have no name to put -report after: they fail as files below
+            out_dir = out_dir or str(Path(result).with_name(Path(result).stem + "-report"))
+        try:
+            doc = json.loads(Path(result).read_text())
+        except IsADirectoryError:
+            raise InputError(f"{result} is a folder: give a result file written by a command's --json, or a "
+                             "stored run id such as r12 (mgpu-bench history list shows them)") from None
+        except OSError as exc:
+            raise InputError(f"cannot read {result}: {exc.strerror or exc}; give a result file written by a "
+                             "command's --json, or a stored run id such as r12 (mgpu-bench history show lists "
+                             "them)") from None
+        except (ValueError, RecursionError):
+            raise InputError(f"{result} is not JSON: give a file written by a command's --json") from None
+    check_report_dir(out_dir, "--out")
+    if isinstance(doc, dict) and doc.get("schema") == "mgpu-bench/topo":
+        raise InputError(f"{where} is a `mgpu-bench topo` snapshot (the node as data, not a measurement): it has "
+                         "no report; `mgpu-bench topo` shows it, and a command's --json gives a result to report")
     if not isinstance(doc, dict) or doc.get("schema") != RESULT_SCHEMA:
-        raise InputError(f"{result} is not an mgpu-bench result: give a file written by --json")
+        raise InputError(f"{where} is not an mgpu-bench result: give a file written by --json")
+    result = where
+    from .probe import validate
+
+    validate(doc, where)  # the kind's declared shape, field by field, before anything is drawn
     probe = registry.for_document(doc)
     if probe is None:
         kinds = ", ".join(registry.names())
@@ -286,10 +322,13 @@ def render_again(result: str, out_dir: str) -> int:
         raise InputError(f"{result} is a {probe.name} document without its {probe.payload}: give a file written by "
                          f"mgpu-bench {probe.name} --json")
     try:
-        paths = probe.report(doc, out_dir)
+        paths = probe.report(doc, out_dir, history)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{result} is a {probe.name} document that cannot be read back ({type(exc).__name__}: "
                          f"{exc}): give a file written by mgpu-bench {probe.name} --json") from None
+    finally:
+        if history is not None:
+            history.close()
     for p in paths:
         print(p)
     return 0
@@ -297,14 +336,12 @@ def render_again(result: str, out_dir: str) -> int:
 
 def topo(json_path: str | None) -> int:
     """`mgpu-bench topo`: the node as data, rendered, and written as JSON when asked."""
-    import json
-
     from . import topo as topology
     from .output.console import err_console, out_console
     from .output.tables import print_table
+    from .paths import write_json
 
-    check_writable(json_path)
+    check_writable(json_path, "--json")
     snapshot = topology.collect()
     topology.render(snapshot, out_console(), print_table=print_table)
-    return EXIT_FAILED if write_outputs([(json_path, lambda p: Path(p).write_text(json.dumps(snapshot, indent=1)))],
-                                        err_console()) else 0
+    return EXIT_FAILED if write_outputs([(json_path, lambda p: write_json(p, snapshot))], err_console()) else 0

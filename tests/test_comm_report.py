@@ -60,11 +60,11 @@ def test_report_command_renders_a_stored_file(tmp_path):
     (lambda d: (d / "x.json").write_text("not json") and d / "x.json", "is not JSON"),
     (lambda d: (d / "y.json").write_text("{}") and d / "y.json", "not an mgpu-bench result"),
     (lambda d: (d / "z.json").write_text('{"schema": "mgpu-bench/result", "kind": "gemm"}') and d / "z.json",
-     "a gemm document without its results"),
-    (lambda d: (d / "w.json").write_text('{"schema": "mgpu-bench/result", "kind": "dance"}') and d / "w.json",
-     "a dance document of no known kind"),
-    (lambda d: (d / "v.json").write_text('{"schema": "mgpu-bench/result", "kind": "model", "runs": [{"x": 1}]}')
-     and d / "v.json", "a model document that cannot be read back (KeyError"),
+     "z.json: schema_version: missing"),
+    (lambda d: (d / "w.json").write_text('{"schema": "mgpu-bench/result", "schema_version": 1, "kind": "dance"}')
+     and d / "w.json", "w.json: kind: is 'dance', not a kind of result (comm, "),
+    (lambda d: (d / "v.json").write_text('{"schema": "mgpu-bench/result", "schema_version": 1, "kind": "gemm"}')
+     and d / "v.json", "v.json: config: missing (a gemm result document needs config, status, devices and results)"),
 ])
 def test_report_command_bad_input(tmp_path, make, words):
     r = CliRunner().invoke(cli, ["report", str(make(tmp_path)), "--out", str(tmp_path / "o")])

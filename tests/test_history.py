@@ -133,9 +133,9 @@ def test_save_refuses_what_is_not_a_result_and_keeps_a_run_whole(db):
         with pytest.raises(ValueError):
             h.save(gemm_document(), [m, m])
         assert h.list() == []  # nothing half-stored
-        doc = {"schema": "mgpu-bench/result", "kind": "topo"}
-        r = h.save(doc)
-        assert h.metrics(r) == [] and h.get(r).kind == "topo"
+        with pytest.raises(InputError, match="kind: is 'topo', not a kind of result"):  # issue 17: never stored
+            h.save({"schema": "mgpu-bench/result", "schema_version": 1, "kind": "topo", "notes": []})
+        assert h.list() == []
 
 
 def test_a_file_that_is_not_sqlite_is_refused_and_untouched(db):

@@ -64,7 +64,7 @@ def test_compare_and_report_work_across_the_release(db, tmp_path):
 
 
 def test_a_run_of_today_is_stored_beside_them_and_compared_with_the_old_baseline(db, tmp_path):
-    proc = _cli("comm", "--backend", "torch", "--ops", "allreduce", "--sizes", "1K,64M", "--iters", "4",
+    proc = _cli("comm", "--backend", "torch", "--ops", "allreduce", "--sizes", "1K,64M", "--iters", "4", "--timeout", "900",
                 "--warmup-iters", "2", "--no-progress", "--db", str(db))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "stored as r5" in proc.stderr

@@ -30,9 +30,9 @@ def _suite(tmp_path, *args, timeout=600):
 
 def test_plan_covers_three_rounds_and_picks_gpus():
     probes = suite.plan(suite.SuiteConfig(quick=True, duration_s=20, gpus=(0, 1)))
-    assert [p.round for p in probes] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
-    assert [p.name for p in probes] == ["gemm", "memory", "model-1gpu", "comm", "links", "model-scaling",
-                                        "max-batch", "gemm-sustained", "model-sustained"]
+    assert [p.round for p in probes] == [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3]
+    assert [p.name for p in probes] == ["gemm", "memory", "model-1gpu", "sdc", "comm", "links", "model-scaling",
+                                        "overlap", "max-batch", "gemm-sustained", "model-sustained"]
     scaling = next(p for p in probes if p.name == "model-scaling")
     assert "1,2" in scaling.args and "--gpus" in scaling.args
     assert next(p for p in probes if p.name == "gemm-sustained").args[-3:] == ("20s", "--gpus", "2")

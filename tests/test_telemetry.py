@@ -297,8 +297,10 @@ def test_window():
 def test_reason_table_matches_nvml_h():
     # nvml.h's nvmlClocksEventReason* values (nvidia-ml-py carries the same constants)
     pynvml = pytest.importorskip("pynvml")
-    for bit, (short, _words) in telemetry.REASONS.items():
-        assert getattr(pynvml, f"nvmlClocksEventReason{short}", bit) == bit
+    names = {bit: f"nvmlClocksEventReason{short}" for bit, (short, _words) in telemetry.REASONS.items()}
+    missing = [name for name in names.values() if not hasattr(pynvml, name)]
+    assert missing == [], f"nvidia-ml-py has no {', '.join(missing)}: a reason name of ours that NVML lacks"
+    assert {bit: getattr(pynvml, name) for bit, name in names.items()} == {bit: bit for bit in names}
 
 
 def test_reason_names():

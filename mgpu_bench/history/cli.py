@@ -2,23 +2,27 @@
 baseline per kind, and the regression check a cron job or CI can gate on.
 
 The main group registers these with `register(cli)`. Bad input raises InputError, which the
-main group turns into one line on stderr and exit code 2.
+main group turns into one line on stderr and exit code 2. Every stored string (host, kind,
+command, versions, metric names) passes through safe_text() before it reaches the terminal: a
+stored document is outside text, and may hold escape sequences.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
-from pathlib import Path
 
 import click
 
 from mgpu_bench.errors import InputError
+from mgpu_bench.output.console import safe_text
 from mgpu_bench.paths import check_writable
 
 EXIT_REGRESSION = 1
+# compare only: the comparison was made and printed, no regression, but --json was not written.
+# Not 1 (a regression gate must not fire on a full disk) nor 2 (the input was good).
+EXIT_OUTPUT = 3
 
 _DB_HELP = "History database [default: $MGPU_BENCH_DB, else $XDG_DATA_HOME/mgpu-bench/history.sqlite3]."
 
@@ -148,28 +152,16 @@ def history_group() -> None:
 @_db_option
 def history_add(files, db_path) -> int:
     """Stores result documents (written by a command's --json) as new runs."""
-    docs = []
-    for f in files:
-        try:
-            doc = json.loads(Path(f).read_text())
-        except OSError as exc:
-            raise InputError(f"cannot read {f}: {exc.strerror or exc}") from None
-        except ValueError:
-            raise InputError(
-                f"{f} is not JSON: give a file written by an mgpu-bench command's --json"
-            ) from None
-        if not isinstance(doc, dict) or doc.get("schema") != "mgpu-bench/result":
-            raise InputError(
-                f"{f} is not an mgpu-bench result document: give a file written by --json"
-            )
-        docs.append((f, doc))
+    from mgpu_bench.probe import load_document
+
+    docs = [(f, load_document(f)) for f in files]  # every file read and checked against its schema before any is stored
     out = _out()
     with _open(db_path) as h:
         for f, doc in docs:
             run_id = h.save(doc)
             rec = h.get(run_id)
             out.print(
-                f"stored {run_id}: {rec.kind}, {len(h.metrics(run_id))} headline metric(s), from {f}"
+                safe_text(f"stored {run_id}: {rec.kind}, {len(h.metrics(run_id))} headline metric(s), from {f}")
             )
     return 0
 
@@ -199,7 +191,7 @@ def history_list(limit, kind, db_path) -> int:
         runs = h.list(limit, kind)
         path = h.path
     if not runs:
-        out.print(f"no {kind + ' ' if kind else ''}runs stored in {path}")
+        out.print(safe_text(f"no {kind + ' ' if kind else ''}runs stored in {path}"))
         return 0
     t = Table(box=None, pad_edge=False, header_style="bold")
     for name, just in (
@@ -214,11 +206,11 @@ def history_list(limit, kind, db_path) -> int:
     for r in runs:  # long hosts and commands wrap in their columns (print_table), never cut
         t.add_row(
             ("*" if r.baseline else "") + r.run_id,
-            r.created.replace("T", " ")[:16],
-            r.kind,
-            r.host or "-",
+            safe_text(r.created.replace("T", " ")[:16]),
+            safe_text(r.kind),
+            safe_text(r.host or "-"),
             str(r.metric_count),
-            _short_command(r.command),
+            safe_text(_short_command(r.command)),
         )
     print_table(out, t)
     return 0
@@ -242,27 +234,27 @@ def history_show(run, prom_path, db_path) -> int:
 
     from .compare import noise
 
-    check_writable(prom_path)
+    check_writable(prom_path, "--prometheus")
     out = _out()
     with _open(db_path) as h:
         rec = h.get(run)
         metrics = h.metrics(rec.run_id)
         is_baseline = h.baseline_of(rec) == rec.run_id
-    out.print(
+    out.print(safe_text(
         f"run {rec.run_id}: {rec.kind}{' (baseline)' if is_baseline else ''}, created {rec.created}, host "
         f"{rec.host or '-'}"
-    )
+    ))
     if rec.command:
-        out.print(f"command: {rec.command}", soft_wrap=True)
+        out.print(safe_text(f"command: {rec.command}"), soft_wrap=True)
     fp = rec.fingerprint
-    out.print(
+    out.print(safe_text(
         "driver {}, CUDA {}, NCCL {}, torch {}".format(
             fp.get("nvidia_driver") or "-",
             fp.get("cuda_runtime") or "-",
             fp.get("nccl") or "-",
             fp.get("torch") or "-",
         )
-    )
+    ))
     if not metrics:
         out.print("no headline metrics in this run")
     else:
@@ -274,8 +266,8 @@ def history_show(run, prom_path, db_path) -> int:
         for m in metrics:
             absolute = m.unit == "fraction"
             t.add_row(
-                m.name,
-                format_value(m.value, m.unit),
+                safe_text(m.name),
+                safe_text(format_value(m.value, m.unit)),
                 format_noise(noise(m.samples, absolute), absolute),
                 str(len(m.samples)),
             )
@@ -290,11 +282,11 @@ def history_show(run, prom_path, db_path) -> int:
             write_textfile(prom_path, metrics, rec.run_id, fp)
         except OSError as exc:
             click.echo(
-                f"mgpu-bench: could not write {prom_path}: {exc.strerror or exc}",
+                safe_text(f"mgpu-bench: could not write {prom_path}: {exc.strerror or exc}"),
                 err=True,
             )
             return 1
-        out.print(f"wrote {prom_path}")
+        out.print(safe_text(f"wrote {prom_path}"))
     return 0
 
 
@@ -337,7 +329,7 @@ def history_trend(metric, limit, host, db_path) -> int:
             )
     first = points[0]
     absolute = first.unit == "fraction"
-    out.print(f"{metric} ({first.better} is better), oldest first", soft_wrap=True)
+    out.print(safe_text(f"{metric} ({first.better} is better), oldest first"), soft_wrap=True)
     t = Table(box=None, pad_edge=False, header_style="bold")
     for name, just in (
         ("run", "right"),
@@ -354,9 +346,9 @@ def history_trend(metric, limit, host, db_path) -> int:
             change = (p.value - first.value) / abs(first.value) if first.value else None
         t.add_row(
             p.run_id,
-            p.created.replace("T", " ")[:16],
-            p.host or "-",
-            format_value(p.value, p.unit),
+            safe_text(p.created.replace("T", " ")[:16]),
+            safe_text(p.host or "-"),
+            safe_text(format_value(p.value, p.unit)),
             format_change(change, absolute),
         )
     print_table(out, t)
@@ -379,7 +371,7 @@ def baseline_set(run, db_path) -> int:
     with _open(db_path) as h:
         run_id = h.resolve(run)
         kind = h.set_baseline(run_id)
-    _out().print(f"{run_id} is now the baseline for {kind} runs")
+    _out().print(safe_text(f"{run_id} is now the baseline for {kind} runs"))
     return 0
 
 
@@ -400,13 +392,13 @@ def baseline_show(kind, db_path) -> int:
         else:
             items = h.baselines()
         if not items:
-            out.print(
+            out.print(safe_text(
                 f"no baselines set in {h.path}: set one with `mgpu-bench baseline set RUN`"
-            )
+            ))
             return 0
         for k, run_id in items.items():
             rec = h.get(run_id)
-            out.print(f"{k}: {run_id} (created {rec.created}, host {rec.host or '-'})")
+            out.print(safe_text(f"{k}: {run_id} (created {rec.created}, host {rec.host or '-'})"))
     return 0
 
 
@@ -426,8 +418,11 @@ unchanged. Differences of host, GPUs, driver, CUDA, NCCL, torch, NCCL_*/CUDA_* v
 or topology between the two runs are printed first as a warning.
 
 \b
-Exit codes: 0 no regression; 1 at least one regression (gate cron jobs and CI on it);
-2 bad input (unknown run, no baseline, bad --tolerance, an unusable database).
+Exit codes: 0 no regression; 1 at least one regression, or runs that cannot be compared
+(gate cron jobs and CI on it); 2 bad input (unknown run, no baseline, bad --tolerance, an
+unusable database, a --json path that cannot be written: checked before comparing);
+3 compared without a regression, but --json could not be written afterwards (a full disk
+must not read as a regression; a regression still exits 1, with the write failure said).
 """
 
 
@@ -463,7 +458,7 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
     from .compare import NOISE_K, STATUSES, compare_runs
 
     tolerance = parse_tolerance(tolerance_text)
-    check_writable(json_path)
+    check_writable(json_path, "--json")
     with _open(db_path) as h:
         new = h.get(run)
         if base is None:
@@ -476,13 +471,15 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
         result = compare_runs(h, base, new.run_id, tolerance)
     out = _out()
     for line in result.not_comparable:
-        out.print(f"not comparable: {line}", style="bold red", soft_wrap=True)
+        out.print(safe_text(f"not comparable: {line}"), style="bold red", soft_wrap=True)
     for line in result.fingerprint_differences:
         out.print(
-            f"warning: {result.base} and {result.new} ran on different setups: {line}",
+            safe_text(f"warning: {result.base} and {result.new} ran on different setups: {line}"),
             style="bold yellow",
             soft_wrap=True,
         )
+    for line in result.warnings:
+        out.print(safe_text(f"warning: {line}"), style="bold yellow", soft_wrap=True)
     out.print(
         f"{result.new} against {result.base}: a regression is worse by more than "
         f"max({100 * tolerance:g}%, {NOISE_K:g} x noise)",
@@ -497,9 +494,9 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
     for c in result.changes:
         noises = [x for x in (c.noise_base, c.noise_new) if x is not None]
         t.add_row(
-            c.name,
-            format_value(c.base, c.unit),
-            format_value(c.new, c.unit),
+            safe_text(c.name),
+            safe_text(format_value(c.base, c.unit)),
+            safe_text(format_value(c.new, c.unit)),
             format_change(c.change, c.absolute),
             format_noise(max(noises) if noises else None, c.absolute),
             c.status,
@@ -508,23 +505,25 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
     print_table(out, t)
     counts = {s: sum(1 for c in result.changes if c.status == s) for s in STATUSES}
     for c in result.regressions:  # one line each, for grep and mail
-        out.print(
+        out.print(safe_text(
             f"regression: {c.name} {format_value(c.base, c.unit)} -> {format_value(c.new, c.unit)} "
-            f"({format_change(c.change, c.absolute)}, threshold {format_noise(c.threshold, c.absolute)})",
+            f"({format_change(c.change, c.absolute)}, threshold {format_noise(c.threshold, c.absolute)})"),
             soft_wrap=True,
         )
     out.print(", ".join(f"{n} {s}" for s, n in counts.items()))
     if json_path:
-        from mgpu_bench.document import write_json
+        from mgpu_bench.paths import write_json
 
         try:
             write_json(json_path, result.to_dict())
         except OSError as exc:
+            code = EXIT_REGRESSION if result.failed else EXIT_OUTPUT
             click.echo(
-                f"mgpu-bench: could not write {json_path}: {exc.strerror or exc}",
+                safe_text(f"mgpu-bench: compared, but could not write {json_path}: {exc.strerror or exc} "
+                          f"(exit code {code}: {'a regression' if result.failed else 'the file is missing'})"),
                 err=True,
             )
-            return 1
+            return code
     return EXIT_REGRESSION if result.failed else 0
 
 

@@ -300,6 +300,8 @@ class Comparison:
     # Why the runs cannot be compared (a run on GPUs another process also used): a regression
     # gate fails on these, since nothing can be said either way.
     not_comparable: tuple[str, ...] = ()
+    # A host too noisy to compare (noisy_host): said beside the changes, which keep their status.
+    warnings: tuple[str, ...] = ()
 
     @property
     def regressions(self) -> list[Change]:
@@ -329,6 +331,7 @@ class Comparison:
             "MAD / median of a run's samples (fractions: in points), none under 5 samples",
             "fingerprint_differences": self.fingerprint_differences,
             "not_comparable": list(self.not_comparable),
+            "warnings": list(self.warnings),
             "regressions": len(self.regressions),
             "changes": [
                 {k: clean(v) for k, v in asdict(c).items()} for c in self.changes
@@ -341,17 +344,49 @@ def compare_runs(
 ) -> Comparison:
     """Compares two stored runs' metrics and fingerprints (see `compare`, `fingerprint_diff`)."""
     base, new = history.get(base_id), history.get(new_id)
-    changes = compare(
-        history.metrics(base.run_id), history.metrics(new.run_id), tolerance
-    )
+    base_metrics, new_metrics = history.metrics(base.run_id), history.metrics(new.run_id)
     return Comparison(
         base.run_id,
         new.run_id,
         tolerance,
         fingerprint_diff(base.fingerprint, new.fingerprint),
-        changes,
+        compare(base_metrics, new_metrics, tolerance),
         tuple(shared_gpus(base) + shared_gpus(new)),
+        tuple(noisy_host(base, base_metrics) + noisy_host(new, new_metrics)),
     )
+
+
+# A host too noisy to compare: its runs drift between runs by more than a run's own samples show.
+# Two signs, each said as a warning beside the changes (a load average is no measurement of the
+# figures themselves, so it does not overrule their thresholds). Figures that spread more than
+# NOISY_SPREAD within the run (the median over its metrics of each one's relative noise): a
+# threshold of 3x that hides a 30% drop. Or, for a run on CPU processes, a host already busy when
+# it started (1-minute load average above BUSY_LOAD per CPU): the same `model` on a busy 2-core
+# host gave 228 and 763 tokens/s in two runs a minute apart.
+NOISY_SPREAD = 0.10
+BUSY_LOAD = 0.5
+
+
+def noisy_host(run, metrics: Sequence[Metric]) -> list[str]:
+    """Lines for a stored run whose host was too noisy for its figures to be compared."""
+
+    out = []
+    fp = run.fingerprint if isinstance(run.fingerprint, Mapping) else {}
+    load = fp.get("host_load") if isinstance(fp.get("host_load"), Mapping) else {}
+    try:
+        busy, cpus = float(load.get("load_1m")), int(load.get("cpus"))
+    except (TypeError, ValueError):
+        busy, cpus = None, 0
+    if not fp.get("gpus") and busy is not None and cpus > 0 and busy > BUSY_LOAD * cpus:
+        out.append(f"{run.run_id}: the host was busy when it started (load average {busy:.1f} on {cpus} CPU(s)) and "
+                   "it ran on CPU processes: its figures drift between runs more than its own samples show; run "
+                   "both on an idle host")
+    spreads = [s for m in metrics if m.unit != "fraction" and (s := noise(m.samples)) is not None]
+    if len(spreads) >= 3 and statistics.median(spreads) > NOISY_SPREAD:
+        out.append(f"{run.run_id}: its figures spread {100 * statistics.median(spreads):.0f}% within the run (the "
+                   f"median of {len(spreads)} metrics' noise; above {100 * NOISY_SPREAD:.0f}% no change can be "
+                   "told from noise): the host is too noisy to compare")
+    return out
 
 
 def shared_gpus(run) -> list[str]:

@@ -33,6 +33,8 @@ from mgpu_bench.document import RESULT_SCHEMA, document_kind
 from mgpu_bench.errors import InputError
 from mgpu_bench.metrics import Metric
 from mgpu_bench.probe import headline as metrics_from_document
+from mgpu_bench.probe import names as probe_names
+from mgpu_bench.probe import validate
 
 if TYPE_CHECKING:
     from typing import Self
@@ -81,6 +83,18 @@ def default_path() -> Path:
         return Path(env).expanduser()
     data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data).expanduser() / "mgpu-bench" / "history.sqlite3"
+
+
+def _headline(doc: Mapping) -> builtins.list[Metric]:
+    """The document's headline metrics; a document its probe cannot read (a shape its schema
+    does not catch) is bad input, not a traceback."""
+    try:
+        return metrics_from_document(doc)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError) as exc:
+        raise InputError(
+            f"the {document_kind(doc)} document cannot be read ({type(exc).__name__}: {exc}): give one "
+            "written by a command's --json"
+        ) from None
 
 
 def run_label(row_id: int) -> str:
@@ -190,18 +204,28 @@ class History:
 
     def save(self, doc: Mapping, metrics: Sequence[Metric] | None = None) -> str:
         """Stores a result document as a new run with its headline metrics (by default
-        metrics_from_document(doc)); returns the run id ('r12'). One transaction: a run is
-        stored with all its metrics or not at all."""
+        metrics_from_document(doc), after checking the document against its kind's declared
+        shape: InputError naming the field); returns the run id ('r12'). One transaction: a run
+        is stored with all its metrics or not at all."""
         if not isinstance(doc, Mapping) or doc.get("schema") != RESULT_SCHEMA:
             raise InputError(
                 "not an mgpu-bench result document: give one written by a command's --json"
             )
+        if metrics is None:  # read here for its metrics: its declared shape first (mgpu_bench.schema),
+            try:  # as the stored JSON holds it (a run's own document still has tuples, say)
+                validate(json.loads(json.dumps(doc)))
+            except (TypeError, ValueError) as exc:
+                if isinstance(exc, InputError):
+                    raise
+                raise ValueError(f"the result document cannot be stored as JSON: {exc}") from None
         kind = document_kind(doc) or "unknown"
-        metrics = metrics_from_document(doc) if metrics is None else list(metrics)
+        metrics = _headline(doc) if metrics is None else list(metrics)
         names = [m.name for m in metrics]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
-            raise ValueError(f"metric {dup} appears twice in one run")
+            raise InputError(
+                f"the {kind} document measures {dup} twice: give one run's document, not two joined"
+            )
         environment = (
             doc.get("environment")
             if isinstance(doc.get("environment"), Mapping)
@@ -273,7 +297,9 @@ class History:
             return run_label(self._resolve(run_id))
 
     def get(self, run_id: str) -> RunRecord:
-        """The stored run with its fingerprint and document."""
+        """The stored run with its fingerprint and document. A document of a kind a probe reads
+        is checked against its declared shape (compare, show and report read it): a row changed
+        outside mgpu-bench is InputError naming the run and the field, not a traceback later."""
         with self._read():
             row = self._resolve(run_id)
             r = self._conn.execute(
@@ -281,9 +307,22 @@ class History:
                 "WHERE id = ?",
                 (row,),
             ).fetchone()
-        return RunRecord(
-            run_label(r[0]), r[1], r[2], r[3], r[4], json.loads(r[5]), json.loads(r[6])
-        )
+        label = run_label(r[0])
+        try:
+            fingerprint, document = json.loads(r[5]), json.loads(r[6])
+        except (ValueError, RecursionError):
+            raise InputError(
+                f"stored run {label} in {self.path} is not JSON: the database was changed outside "
+                "mgpu-bench; give another --db path"
+            ) from None
+        if document_kind(document) in probe_names():  # a probe reads it: its declared shape first
+            validate(document, f"stored run {label} in {self.path}")
+        if not isinstance(fingerprint, dict):
+            raise InputError(
+                f"stored run {label} in {self.path}: its fingerprint is not an object: the database "
+                "was changed outside mgpu-bench"
+            )
+        return RunRecord(label, r[1], r[2], r[3], r[4], fingerprint, document)
 
     def metrics(self, run_id: str) -> builtins.list[Metric]:
         """The run's headline metrics as stored, in stored order."""
@@ -420,6 +459,10 @@ class _Transaction:
                 raise _db_error(self.path, e) from None
         if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, _BUGS):
             raise _db_error(self.path, exc) from None
+        if isinstance(exc, UnicodeEncodeError):  # a name typed with bytes that are not UTF-8 (argv keeps them)
+            raise InputError(
+                f"{exc.object!r} is not text SQLite can hold (it has bytes that are not UTF-8): type it again"
+            ) from None
         return False
 
 
@@ -447,6 +490,13 @@ def _db_error(path: Path, exc: sqlite3.DatabaseError) -> InputError:
 def _check_location(p: Path) -> None:
     """The folder exists and is writable (WAL mode writes two files beside the database); an
     existing file is SQLite (its first 16 bytes) and writable."""
+    try:
+        _check_path(p)
+    except OSError as exc:  # a name too long, a folder that cannot be searched
+        raise InputError(f"cannot use {p} as the history database: {exc.strerror or exc}") from None
+
+
+def _check_path(p: Path) -> None:
     if p.is_dir():
         raise InputError(
             f"{p} is a folder: give a database file name, e.g. {p / 'history.sqlite3'}"
@@ -462,6 +512,8 @@ def _check_location(p: Path) -> None:
             "writable folder"
         )
     if p.exists():
+        if not p.is_file():  # a FIFO or a device: reading its first bytes would wait or never end
+            raise InputError(f"{p} is not a regular file: give a history database file name")
         if not os.access(p, os.R_OK | os.W_OK):
             raise InputError(
                 f"the history database {p} is not readable and writable: fix its permissions or give "

@@ -27,6 +27,24 @@ def err_console():
     return Console(stderr=True, markup=False, soft_wrap=True)  # one line per message, whatever the width
 
 
+# What a terminal would obey rather than show: C0 controls (ESC starts CSI/OSC sequences, BEL ends
+# OSC), DEL, C1 controls (0x9b is a one-byte CSI) and the bidirectional overrides and isolates
+# (U+202A-U+202E, U+2066-U+2069) that reorder a line. Each is shown as its escape instead.
+_UNSAFE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
+    c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+_UNSAFE |= {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+_UNSAFE_KEEP_LINES = {c: v for c, v in _UNSAFE.items() if c not in (0x09, 0x0A)}
+
+
+def safe_text(text: object, lines: bool = False) -> str:
+    """Stored or outside text (a host, GPU or metric name, a command line, a note, an environment
+    value) for the terminal: every control character is shown as its escape (\\x1b, \\n, \\u202e),
+    so "\\x1b[2J\\x1b]0;pwn\\x07" in a host name is printed as those characters, never obeyed,
+    and a newline cannot forge a line of output. `lines`: text of several lines keeps its
+    newlines and tabs."""
+    return str(text).translate(_UNSAFE_KEEP_LINES if lines else _UNSAFE)
+
+
 PLAIN_EVERY_S = 10.0  # a plain progress line at least this often while something runs
 
 
@@ -51,8 +69,13 @@ class Progress:
         self._done = threading.Event()
 
     def estimate(self, text: str | None) -> None:
-        """The run's expected length, said once at the start (from the probe's plan)."""
-        if self.show and text:
+        """The run's expected length (from the probe's plan), said once when the run reports its
+        first progress: a run that stops on bad input before measuring says nothing more."""
+        self._estimate = text if self.show else None
+
+    def _said_estimate(self) -> None:
+        text, self._estimate = getattr(self, "_estimate", None), None
+        if text:
             self.err.print(f"{self.name}: {text}", highlight=False)
 
     def __enter__(self) -> Self:
@@ -94,6 +117,7 @@ class Progress:
     def say(self, text: str) -> None:
         if not self.show:
             return
+        self._said_estimate()
         if self.style == "plain":
             first = self._state is None
             self._state = (text, None, None)
@@ -108,6 +132,7 @@ class Progress:
     def step(self, i: int, total: int, text: str) -> None:
         if not self.show:
             return
+        self._said_estimate()
         if self.style == "plain":
             first = self._state is None
             self._state = (text, i, total)

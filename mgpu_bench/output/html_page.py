@@ -168,14 +168,18 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[s
 
 def write_bundle(out_dir: str | Path, images: dict[str, bytes], page_html: str, summary_md: str) -> list[Path]:
     """<name>.png per image, report.html and summary.md into out_dir (created; its parent must
-    exist, FileNotFoundError otherwise); returns the paths in that order."""
+    exist, FileNotFoundError otherwise); returns the paths in that order. Each file is written by
+    paths.write_output (replaced atomically, through a symbolic link, never over a FIFO)."""
+    from mgpu_bench.paths import write_output
+    from mgpu_bench.schema import file_stem
+
     out = Path(out_dir)
     out.mkdir(exist_ok=True)
     written = []
     for name, png in images.items():
-        p = out / f"{name}.png"
-        p.write_bytes(png)
+        p = out / f"{file_stem(name)}.png"  # names come from documents (an op, a dtype): never a path
+        write_output(p, png)
         written.append(p)
-    (out / "report.html").write_text(page_html, encoding="utf-8")
-    (out / "summary.md").write_text(summary_md, encoding="utf-8")
+    write_output(out / "report.html", page_html)
+    write_output(out / "summary.md", summary_md)
     return written + [out / "report.html", out / "summary.md"]

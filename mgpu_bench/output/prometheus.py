@@ -7,8 +7,9 @@ One gauge family per kind of figure, named with its base unit as Prometheus' con
 beyond that (op, size, GPU, dtype, ...) is in the labels, plus a host label. An info gauge,
 mgpu_bench_info, carries the run id and the driver, CUDA, NCCL and torch versions: the run id
 is kept off the figures so that every run does not start new series. The file is replaced
-atomically (a temporary file in the same folder, then os.replace): the collector may read it
-at any moment, and it reads only files ending in .prom.
+atomically (paths.write_output: a temporary file in the same folder, then a rename; a symbolic
+link is written through): the collector may read it at any moment, and it reads only files
+ending in .prom.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from mgpu_bench.metrics import Metric
+from mgpu_bench.paths import write_output
 
 PREFIX = "mgpu_bench_"
 UNIT_SUFFIX = {
@@ -194,24 +194,9 @@ def write_textfile(
     run_id: str | None,
     environment: Mapping,
 ) -> None:
-    """Writes `render(...)` to `path` atomically: a temporary file in the same folder, fsynced,
-    made world-readable (node_exporter often runs as another user), then os.replace. Raises
-    OSError when the folder is missing or not writable; no temporary file is left behind."""
-    p = Path(path)
-    text = render(metrics, run_id, environment)
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else "."
-    )
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Writes `render(...)` to `path` atomically by paths.write_output: a temporary file in the
+    same folder, fsynced, made world-readable (node_exporter often runs as another user), then
+    renamed over the file (through a symbolic link to its target). Raises OSError when the folder
+    is missing or not writable, or the path is a directory, FIFO, device or socket; no temporary
+    file is left behind."""
+    write_output(path, render(metrics, run_id, environment), mode=0o644)

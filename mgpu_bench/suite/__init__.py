@@ -138,12 +138,14 @@ class SuiteProbe(Probe):
     def report(self, doc: Mapping, out_dir, history=None):
         from pathlib import Path
 
+        from mgpu_bench.paths import write_json
+
         from .report import write_report
-        from .run import history_trend, write_document
+        from .run import history_trend
 
         trend = history_trend(history, doc) if history is not None else None
         paths = write_report(doc, out_dir, history_trend=trend)
-        write_document(Path(out_dir) / "suite.json", doc)
+        write_json(Path(out_dir) / "suite.json", doc)
         return [*paths, Path(out_dir) / "suite.json"]
 
 

@@ -8,7 +8,8 @@ Each step is the tool's own command run as a child process (`python -m mgpu_benc
 --json FILE`): a probe that fails, runs out of memory or hangs past its time limit is recorded
 with its reason and the suite goes on; its GPU state (CUDA context, NCCL communicators) dies with
 it. The suite document holds every probe's own result document unchanged. The children get the
-user's environment as it is (NCCL_* included): the suite sets no variable of its own.
+user's environment as it is (NCCL_* included): the suite sets no variable of its own but the mark
+that binds each child to it (children.py: a child dies with the suite, and its workers with it).
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mgpu_bench import children
 from mgpu_bench import probe as registry
 from mgpu_bench.document import envelope
 from mgpu_bench.errors import InputError, is_sigterm, terminated
@@ -83,8 +84,9 @@ def child_args(step: Step, out: Path | None = None) -> list[str]:
 def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None = None) -> dict:
     """Runs one probe as a child process in its own process group; its entry in the suite
     document. Past probe.timeout_s, or on Ctrl-C (forwarded to the group), the probe gets SIGINT
-    and writes what it measured (SIGKILL after 60 s); after a Ctrl-C, KeyboardInterrupt is
-    raised again once the entry is complete."""
+    and writes what it measured (SIGKILL after 60 s; later Ctrl-Cs are only noted, and the ones
+    that abandon the suite kill it: errors.py); after a Ctrl-C, KeyboardInterrupt is raised again
+    once the entry is complete."""
     entry = {"round": probe.round, "name": probe.name, "title": probe.title,
              "command": ["mgpu-bench", *probe.args], "status": "skipped", "error": None, "seconds": 0.0,
              "document": None, "telemetry": None}
@@ -107,7 +109,8 @@ def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None
     # Its own session and process group: a stop reaches every process the probe started (torch
     # ranks, DataLoader workers), and its output goes to a file, which no orphan can hold open.
     with open(log, "w") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=children.child_env())
         try:
             try:
                 proc.wait(timeout=probe.timeout_s)
@@ -118,7 +121,7 @@ def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None
                 interrupted = exc
                 _stop_group(proc)
         finally:
-            if proc.poll() is None:  # a second Ctrl-C while it was stopping
+            if proc.poll() is None:  # an error of ours while it was stopping
                 _signal_group(proc, signal.SIGKILL)
                 proc.wait()
             _signal_group(proc, signal.SIGKILL)  # no worker of it outlives it to hold a GPU
@@ -190,7 +193,8 @@ def run_suite(cfg: SuiteConfig, bus_ids: dict[int, str], say: Callable[[str], No
     run = SuiteRun(cfg)
     t0 = time.monotonic()
     ngpu = len(cfg.gpus)
-    with tempfile.TemporaryDirectory(prefix="mgpu-bench-suite-") as tmp:
+    # named with our pid: a later run removes it should we be killed (children.clean_stale)
+    with children.temp_folder("mgpu-bench-suite-") as tmp:
         steps = plan(cfg)
         for i, step in enumerate(steps):
             try:

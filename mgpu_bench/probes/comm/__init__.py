@@ -65,9 +65,9 @@ class CommProbe(Probe):
         from mgpu_bench.measurement import TimingOptions
 
         return [
-            option("--ops", "ops_text", default="allreduce,allgather", show_default=True,
+            option("--ops", "ops_text", default=None,
                    help="Comma list of allreduce, allgather, reducescatter, broadcast, reduce, alltoall, "
-                        "sendrecv, or 'all'."),
+                        "sendrecv, or 'all' [default: allreduce,allgather; allreduce with --tune]."),
             option("--sizes", "sizes_text", default=None,
                    help="A range 1M-1G (see --factor/--step) or a list 8,1K,64M; K/M/G = 1024^n. "
                         "Default 1M-1G on GPUs, 1K-4M on CPU ranks."),
@@ -96,6 +96,15 @@ class CommProbe(Probe):
                    help="processes: start one process per local GPU (--nproc on CPU) through torch's elastic "
                         "launcher and measure as torchrun would (native backend on GPUs, one communicator per "
                         "process); single: one process drives all GPUs."),
+            option("--tune", is_flag=True,
+                   help="Which NCCL setting to use: NCCL_ALGO and NCCL_PROTO per collective, NCCL_MIN_NCHANNELS / "
+                        "NCCL_MAX_NCHANNELS (twice / half the default's channels) and NCCL_BUFFSIZE (8, 16 MiB), "
+                        "each in a fresh process with its own communicator over the GPUs, at 2 sizes per band "
+                        "(<= 4 MiB, <= 64 MiB, above) of --sizes, out-of-place unless --inplace, checked. A setting "
+                        "is recommended, with the export lines to paste, only where it beats the default at every "
+                        "size of a band by more than max(2%, 3 x noise) (noise: the samples' CoV and the spread of "
+                        "two default runs); never one that gave a wrong element or an NVLS algorithm where NVLS "
+                        "is off. NCCL on 2+ GPUs only; how long it takes is said when it starts."),
         ]
 
     def configure(self, o: dict):
@@ -105,7 +114,8 @@ class CommProbe(Probe):
 
         from .plan import CommConfig
 
-        op_names = ops.parse_ops(o["ops_text"])
+        ops_text = o["ops_text"] or ("allreduce" if o.get("tune") else "allreduce,allgather")
+        op_names = ops.parse_ops(ops_text)
         dtype = ops.parse_dtype(o["dtype_text"])
         redop = o["redop"].strip().lower()
         if redop not in ops.REDOPS:
@@ -118,14 +128,22 @@ class CommProbe(Probe):
         only_in, only_out = o["only_inplace"], o["only_outofplace"]
         placements = (True,) if only_in and not only_out else (False,) if only_out and not only_in else (False, True)
         sizes_text = o["sizes_text"]
+        on_gpus = selection.visible_gpu_count() > 0
+        if o["gpus"] is not None and not on_gpus:
+            raise selection.gpus_without_gpus()  # before the estimate is said
         if sizes_text is None:
-            sizes_text = "1M-1G" if selection.visible_gpu_count() > 0 else "1K-4M"
+            sizes_text = "1M-1G" if on_gpus else "1K-4M"
         sizes = parse_sizes(sizes_text, o["factor"], o["step_text"])
         timing = TimingOptions(warmup_iters=warmup, iters=iters, min_time_s=o["min_time"], graph=o["graph"],
                                check=o["check"])
-        return CommConfig(ops=tuple(op_names), dtype=dtype, redop=redop, sizes=tuple(sizes), inplace=placements,
-                          backend=o["backend"], gpus=o["gpus"], nproc=o["nproc"], timing=timing,
-                          timeout_s=o["timeout"], launch=o["launch_mode"])
+        cfg = CommConfig(ops=tuple(op_names), dtype=dtype, redop=redop, sizes=tuple(sizes), inplace=placements,
+                         backend=o["backend"], gpus=o["gpus"], nproc=o["nproc"], timing=timing,
+                         timeout_s=o["timeout"], launch=o["launch_mode"])
+        if o.get("tune"):
+            from .tune import tune_config
+
+            return tune_config(cfg)
+        return cfg
 
     def gpus(self, cfg) -> tuple[int, ...]:
         from mgpu_bench import launch, selection
@@ -170,6 +188,10 @@ class CommProbe(Probe):
         from mgpu_bench.selection import visible_gpu_count
 
         from .plan import estimate_seconds
+        from .tune import TuneConfig, estimate
+
+        if isinstance(cfg, TuneConfig):
+            return estimate(cfg)
 
         return estimate_seconds(cfg, visible_gpu_count() > 0)
 
@@ -185,13 +207,21 @@ class CommProbe(Probe):
         def progress(i, total, req):
             ctx.progress.step(i, total, f"{req.op} {format_bytes(req.size)} {'in' if req.inplace else 'out'}")
 
-        run = run_comm(cfg, progress)
+        from .tune import TuneConfig
+        from .tune_run import run_tune
+
+        tuning = None
+        if isinstance(cfg, TuneConfig):
+            run, tuning = run_tune(cfg, lambda i, total, label: ctx.progress.step(i, total, label))
+        else:
+            run = run_comm(cfg, progress)
         environment = {**ctx.environment, **backend_versions(run.backend)}
         le = launch.detect()
         if le is not None:
             environment["launcher"] = {"kind": le.launcher, "world_size": le.world_size,
                                        "nnodes": run.nnodes or le.nnodes, "master": f"{le.master_addr}:{le.master_port}"}
-        return Document.of(result_document(run, environment, ctx.command), run)
+        return Document.of(result_document(run, environment, ctx.command,
+                                           tuning.to_dict() if tuning is not None else None), run)
 
     def from_document(self, doc: Mapping):
         from .document import run_from_document
@@ -211,6 +241,13 @@ class CommProbe(Probe):
 
     def failure(self, doc: Mapping) -> str | None:
         wrong = self.load(doc).total_wrong
+        if not wrong and doc.get("tuning"):
+            from .tune import Tuning
+
+            bad = Tuning.from_dict(doc["tuning"]).wrong
+            if bad:
+                return (f"{sum(t.wrong for t in bad)} wrong element(s) with {', '.join(t.candidate.label for t in bad)}: "
+                        "the data did not arrive intact")
         return f"{wrong} wrong element(s): the data did not arrive intact" if wrong else None
 
     def headline(self, doc: Mapping) -> list:
@@ -227,12 +264,19 @@ class CommProbe(Probe):
         from .render import render_terminal, summary_lines
 
         run = self.load(doc)
+        if doc.get("tuning"):
+            from .render import render_tuning
+
+            render_tuning(doc["tuning"], console, run)
+            return
         if run.measurements:
             render_terminal(run, console)
             for line in summary_lines(run):
                 console.print(line, highlight=False, soft_wrap=True)  # one line each, for grep
+        whole = (f"; {run.process_seconds:.2f} s since the process started (Python, torch and CUDA start-up "
+                 "included)" if run.process_seconds else "")
         console.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s wall, "
-                      "communicator set-up included", highlight=False)
+                      f"communicator set-up included{whole}", highlight=False)
 
     def csv(self, doc: Mapping) -> str:
         from .render import render_csv

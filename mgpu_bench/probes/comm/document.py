@@ -1,7 +1,8 @@
 """The comm result document: written from a run, read back into one (one definition for both).
 
 The document holds the spec and the raw per-rank seconds of every measurement; the figures
-(time, algbw, busbw, percentiles) are derived again on reading, never stored twice.
+(time, algbw, busbw, percentiles) are derived again on reading, never stored twice. Its declared
+shape is shape.py's.
 """
 
 from __future__ import annotations
@@ -16,15 +17,19 @@ from .analyse import summary, theory_dict
 from .plan import CommRun
 
 
-def result_document(run: CommRun, environment: dict, command: list[str] | None = None) -> dict:
-    """The versioned JSON document: schema, tool version, time, environment, measurements."""
-    return {
+def result_document(run: CommRun, environment: dict, command: list[str] | None = None,
+                    tuning: dict | None = None) -> dict:
+    """The versioned JSON document: schema, tool version, time, environment, measurements; for
+    `comm --tune`, `tuning` (tune.Tuning.to_dict: every setting's measurements, the choices per
+    band and the lines to paste), the measurements being the default's first run."""
+    doc = {
         **envelope("comm", environment, command),
         "backend": run.backend,
         "devices": run.devices,
         "status": status(run.stopped, run.stop_message),
         "notes": run.notes,
         "wall_seconds": run.wall_seconds,
+        "process_seconds": run.process_seconds,
         "summary": summary(run),
         "theory": theory_dict(run.theory),
         "scope_theory": {k: theory_dict(v) for k, v in run.scope_theory.items()} if run.scope_theory else None,
@@ -34,6 +39,9 @@ def result_document(run: CommRun, environment: dict, command: list[str] | None =
         "topology": run.topology,
         "measurements": [m.to_dict() for m in run.measurements],
     }
+    if tuning is not None:
+        doc["tuning"] = tuning
+    return doc
 
 
 def load_measurements(path: str | Path) -> tuple[dict, list[CommMeasurement]]:
@@ -51,7 +59,8 @@ def run_from_document(doc: dict) -> CommRun:
     run = CommRun(backend=doc["backend"], devices=list(doc["devices"]), requests=[],
                   measurements=[CommMeasurement.from_dict(d) for d in doc["measurements"] if d.get("kind") == "comm"],
                   notes=list(doc.get("notes", [])), stopped=doc["status"]["stopped"],
-                  stop_message=doc["status"]["message"], wall_seconds=doc.get("wall_seconds", 0.0))
+                  stop_message=doc["status"]["message"], wall_seconds=doc.get("wall_seconds", 0.0),
+                  process_seconds=doc.get("process_seconds"))
     run.theory = doc.get("theory")
     run.scope_theory = doc.get("scope_theory")
     run.findings = list(doc.get("findings") or [])

@@ -12,6 +12,7 @@ import os
 import time
 
 from mgpu_bench import _native
+from mgpu_bench.env import process_seconds
 from mgpu_bench.errors import InputError
 from mgpu_bench.measurement import CommMeasurement
 
@@ -64,6 +65,7 @@ def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
             _run_torch(run, cfg, gpus, progress)
     finally:
         run.wall_seconds = time.perf_counter() - t0
+        run.process_seconds = process_seconds()
     return run
 
 

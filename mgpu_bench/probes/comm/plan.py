@@ -59,6 +59,7 @@ class CommRun:
     stopped: str | None = None  # None, "out_of_memory", "nccl_error", "timeout", "interrupted"
     stop_message: str | None = None
     wall_seconds: float = 0.0
+    process_seconds: float | None = None  # the whole process when the run ended: start-up (Python, torch, CUDA) included
 
     @property
     def nranks(self) -> int:
@@ -98,6 +99,9 @@ def resolve_backend(cfg: CommConfig) -> tuple[str, list[str], list[int]]:
             raise selection.gpus_without_gpus()
         if cfg.nproc < 2:
             raise InputError(f"--nproc {cfg.nproc}: collectives need at least 2 ranks")
+        from mgpu_bench.probe import within
+
+        within("--nproc", cfg.nproc, 2, 256, "gloo processes on this machine's CPUs")
         return "torch-gloo", ["cpu"] * cfg.nproc, []
     gpus = selection.parse_gpus(cfg.gpus, ngpu)
     if len(gpus) < 2:

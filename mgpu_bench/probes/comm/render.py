@@ -164,3 +164,81 @@ def render_csv(run: CommRun) -> str:
             "wrong": "" if m.wrong is None else m.total_wrong,
         })
     return buf.getvalue()
+
+
+def render_tuning(tuning: dict, console, run: CommRun) -> None:
+    """`comm --tune` on the terminal: per collective the best setting per size band against
+    the default (figures at the band's deciding size), every setting's busbw per size, then the
+    lines to paste (or that the defaults stand) and the NVLS state."""
+    from rich.table import Table
+
+    from mgpu_bench.output.tables import print_table
+    from mgpu_bench.sizes import format_gbs
+
+    from .tune import DEFAULT, Tuning, exclusion
+
+    tu = Tuning.from_dict(tuning)
+    choices = tu.choices()
+    advice = tu.advice()
+    devices = ", ".join(dict.fromkeys(run.devices))
+    for op in tu.ops:
+        table = Table(title=f"{op}: the best NCCL setting per size band  ({run.nranks} ranks, {devices})",
+                      title_justify="left", pad_edge=False, box=None, header_style="bold")
+        for head in ("band", "at", "default\nGB/s", "best setting", "busbw\nGB/s", "gain\n%", "noise\n%",
+                     "recom-\nmended"):
+            table.add_column(head, justify="right" if "\n" in head or head == "at" else "left")
+        mine = [c for c in choices if c.op == op]
+        for c in mine:
+            a = c.at
+            table.add_row(f"{c.band.name} {c.band.label}", format_bytes(a.size) if a else "-",
+                          format_gbs(a.default_busbw) if a else "-", c.setting or "-",
+                          format_gbs(a.busbw) if a else "-", f"{100 * a.gain:+.1f}" if a else "-",
+                          f"{100 * a.noise:.1f}" if a and a.noise is not None else "n/a",
+                          "yes" if c.recommended else "no", style="green" if c.recommended else None)
+        print_table(console, table)
+        for c in mine:  # the reasons, one line each (for grep)
+            costs = f"; elsewhere {', '.join(c.costs)}" if c.costs else ""
+            console.print(f"{op} {c.band.name} {c.band.label}: {'yes' if c.recommended else 'no'}, {c.reason}{costs}",
+                          highlight=False, soft_wrap=True)
+        console.print()
+        sizes = [s for b in tu.bands for s in b.sizes]
+        table = Table(title=f"{op}: every setting, busbw GB/s per size (each in a fresh process)",
+                      title_justify="left", pad_edge=False, box=None, header_style="bold")
+        table.add_column("setting")
+        for s in sizes:
+            table.add_column(format_bytes(s), justify="right", no_wrap=True)
+        table.add_column("status")
+        for t in tu.trials:
+            if op not in t.candidate.ops:
+                continue
+            ms = [t.at(op, s) for s in sizes]
+            cells = [format_gbs(m.busbw) if m is not None else "-" for m in ms]
+            why = exclusion(t, tu.nvls)
+            label = t.candidate.label + (" (again)" if t.candidate.group == DEFAULT and t.run > 1 else "")
+            table.add_row(label, *cells, why or "ok", style="red" if t.wrong else None)
+        print_table(console, table)
+        console.print()
+    console.print(f"NVLS: {tu.nvls.why}", highlight=False, soft_wrap=True)
+    for note in tu.notes + list(advice.notes):
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    if advice.lines:
+        console.print("NCCL settings to use here, with their gain over the default at the band's deciding size "
+                      "(paste the export lines into the job's environment):", highlight=False, soft_wrap=True)
+        for given in advice.given:
+            console.print(f"  {given}", highlight=False, soft_wrap=True)
+        for line in advice.lines:
+            console.print(line, highlight=False, soft_wrap=True)
+    else:
+        console.print("no NCCL setting beat the default by more than max(2%, 3 x noise) at every size of a band "
+                      "without losing elsewhere: keep the defaults", highlight=False, soft_wrap=True)
+    pasted = {line.split("=", 1)[0] for line in advice.lines}
+    for lines, where, costs in advice.only_for:
+        clash = sorted(pasted & {line.split("=", 1)[0] for line in lines})
+        instead = f", in place of the {' and '.join(c.removeprefix('export ') for c in clash)} line above" \
+            if clash else ""
+        console.print(f"only where the job's messages are all within {where}; elsewhere {', '.join(costs)}{instead}:",
+                      highlight=False, soft_wrap=True)
+        for line in lines:
+            console.print(line, highlight=False, soft_wrap=True)
+    console.print(f"{len(tu.trials)} NCCL setting run(s) in {run.wall_seconds:.1f} s wall, each in a fresh process "
+                  "(start-up included)", highlight=False)

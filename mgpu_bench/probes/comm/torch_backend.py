@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from mgpu_bench import children
 from mgpu_bench.errors import CommTimeoutError, InputError, MgpuError, OutOfMemoryError, portable
 from mgpu_bench.measurement import CommRequest, TimingOptions
 from mgpu_bench.ops import OPS, op_counts
@@ -330,6 +331,11 @@ def _launcher(op: str, send: torch.Tensor, recv: torch.Tensor, redop: str | None
 CPU_BUDGET_SHARE = 0.1
 CPU_SKIP_SHARE = 0.5
 CPU_MIN_ITERS = 3
+# A small size's time is mostly fixed cost, so scaling it linearly projects a far larger size far
+# too slow (1 KiB to 64 MiB: minutes per iteration). A gloo collective over a large buffer moves
+# at least this many bytes/s (about 1 GB/s busbw measured for 16-256 MiB on a loaded 2-core VM),
+# so a projection never exceeds the size at this rate.
+CPU_FLOOR_RATE = 0.2e9
 
 
 def cpu_least_work(seconds_per_iter: float, fixed_s: float = 0.0) -> float:
@@ -472,12 +478,14 @@ def _rank_loop(plans: list[dict], rank: int, nranks: int, device: torch.device, 
         projected = None
         if sized and _series(plan) in last:
             nbytes, t, fixed = last[_series(plan)]
-            scale = max(1.0, plan["counts"]["bytes"] / max(1, nbytes))
-            projected = t * scale
-            least = cpu_least_work(projected, fixed * scale)
+            size = plan["counts"]["bytes"]
+            scale = max(1.0, size / max(1, nbytes))
+            projected = min(t * scale, max(t, size / CPU_FLOOR_RATE))
+            least = cpu_least_work(projected, min(fixed * scale, max(fixed, size / CPU_FLOOR_RATE)))
             if least > CPU_SKIP_SHARE * timeout_s:
                 if rank == 0 and skip is not None:
-                    skip(index, f"projected from {format_bytes(nbytes)} at the same rate, one would take "
+                    skip(index, f"projected from {format_bytes(nbytes)} at the same rate (or "
+                                f"{CPU_FLOOR_RATE / 1e9:g} GB/s, whichever is faster), one would take "
                                 f"{least:.0f} s at the least ({projected:.2f} s per iteration), past half of "
                                 f"--timeout {timeout_s:g} s")
                 continue
@@ -612,8 +620,9 @@ def run_sweep(requests: list[CommRequest], *, nproc: int, device: str, timing: T
     deadline = time.monotonic() + max(timeout_s, STARTUP_TIMEOUT_S)
     died_at = None  # when a child was first seen dead without having reported an error
     try:
-        for p in procs:
-            p.start()
+        with children.spawning("ignore", block_sigint=True):  # they die with us and leave Ctrl-C to us
+            for p in procs:
+                p.start()
         while len(sweep.results) + len(sweep.skipped) < len(plans) and sweep.error is None:
             try:
                 msg = messages.get(timeout=0.1)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from mgpu_bench.errors import InputError
-from mgpu_bench.probe import OK, Finding, Probe, option
+from mgpu_bench.probe import OK, Finding, Probe, option, within
 
 HELP = """Finds the bad node, GPU, rail or link of a cluster: started by its launcher, one process per
 GPU, all nodes at once.
@@ -111,9 +111,10 @@ class FleetProbe(Probe):
         gemm_n = o["gemm_n"] or (8192 if on_gpu else 256)
         if not (4 <= size <= 1 << 34 and 4 <= copy <= 1 << 36):
             raise InputError("--size and --copy-size must be between 4 bytes and 16G (64G for copies)")
-        if not (1 <= iters <= 100_000 and 0 <= o["warmup"] <= 1000 and 0 <= o["rounds"] <= 10_000
-                and 0 <= o["concurrency"] <= 100_000):
-            raise InputError("--iters must be 1..100000, --warmup 0..1000, --rounds 0..10000, --concurrency >= 0")
+        within("--iters", iters, 1, 100_000)
+        within("--warmup", o["warmup"], 0, 1000)
+        within("--rounds", o["rounds"], 0, 10_000)
+        within("--concurrency", o["concurrency"], 0, 100_000)
         if not (16 <= gemm_n <= 65536):
             raise InputError("--gemm-n must be between 16 and 65536")
         le = launch.detect()
@@ -125,7 +126,7 @@ class FleetProbe(Probe):
             raise InputError(f"fleet compares nodes and this {le.launcher} job has one: start it on two or more "
                              "(for one node, mgpu-bench suite)")
         if le.rank == 0:
-            check_writable(o["exclude_file"])
+            check_writable(o["exclude_file"], "--exclude-file")
         return FleetConfig(size=size, iters=iters, warmup=o["warmup"], rounds=o["rounds"], seed=o["seed"],
                            timeout_s=o["timeout"], gemm_n=gemm_n, copy_bytes=copy, phases=phases,
                            device="cuda" if on_gpu else "cpu", exclude_file=o["exclude_file"], expect=tuple(expect),
@@ -157,8 +158,9 @@ class FleetProbe(Probe):
             names = {n["index"]: n["host"] if "#" not in n["node"] else n["node"] for n in run.nodes}
             hosts = launch.compress_hostlist([names[i] for i in doc["verdicts"]["drain"]])
             try:
-                with open(cfg.exclude_file, "w") as f:
-                    f.write(hosts + ("\n" if hosts else ""))
+                from mgpu_bench.paths import write_output
+
+                write_output(cfg.exclude_file, hosts + ("\n" if hosts else ""))
             except OSError as exc:
                 doc["notes"].append(f"could not write {cfg.exclude_file}: {exc.strerror or exc}")
         return Document.of(doc, run)

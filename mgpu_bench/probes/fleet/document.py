@@ -4,7 +4,8 @@ The fleet document holds every node's figures (per GPU: GEMM and copy samples, h
 pairing's per-rail sendrecv and allreduce seconds, the world allreduce, the isolation levels and
 the verdicts (analyse.judge: derived, kept beside the data as the other probes keep their
 findings). Each node's document (kind "fleet", "scope": "node") holds that node and its pairings
-under the node's own host, with "baseline_scope": "host": a baseline per node.
+under the node's own host, with "baseline_scope": "host": a baseline per node. The declared
+shape of both is shape.py's.
 """
 
 from __future__ import annotations

@@ -24,8 +24,10 @@ def plot_pairs(doc: Mapping) -> bytes | None:
     plt = pyplot()
     n = len(nodes)
     grid = np.full((n, n), np.nan)
+    at = {x["index"]: i for i, x in enumerate(nodes)}  # node index -> its row: only the nodes that answered
     for p in pairs:
-        grid[p["a"], p["b"]] = grid[p["b"], p["a"]] = p["allreduce"]["busbw"] / 1e9
+        if p["a"] in at and p["b"] in at:  # a node lost after its first pairings has no row
+            grid[at[p["a"]], at[p["b"]]] = grid[at[p["b"]], at[p["a"]]] = p["allreduce"]["busbw"] / 1e9
     fig, ax = plt.subplots(figsize=(1.5 + 0.35 * n, 1.2 + 0.3 * n), dpi=100)
     im = ax.imshow(grid, cmap="viridis")
     labels = [plain(x["node"]) for x in nodes]

@@ -24,7 +24,8 @@ from typing import Any
 from mgpu_bench import hardware
 from mgpu_bench.errors import InputError, MgpuError, OutOfMemoryError, interruption
 
-GEMM_DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")
+from .shape import GEMM_DTYPES, INITS, LAYOUTS, MAX_DIM  # the document's names and bounds, defined once there
+
 _ALIASES = {"float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp32",
             "float16": "fp16", "half": "fp16", "bfloat16": "bf16", "fp8_e4m3": "fp8", "e4m3": "fp8",
             "float8": "fp8"}
@@ -38,13 +39,8 @@ TOLERANCE = {"fp64": 1e-11, "fp32": 1e-4, "tf32": 5e-3, "fp16": 2e-3, "bf16": 1e
 FP8_FAST_ACCUM_TOLERANCE = 5e-2
 ELEMENT_BYTES = {"fp64": (8, 8), "fp32": (4, 4), "tf32": (4, 4), "fp16": (2, 2), "bf16": (2, 2),
                  "fp8": (1, 2)}  # (inputs, output)
-LAYOUTS = ("NN", "NT", "TN", "TT")
-# Input distributions (the probe's init codes). They change the power a GEMM draws and so, on a
-# power-capped GPU, its TFLOP/s: say which one a figure used when comparing with other tools.
-INITS = {"uniform": 0, "normal": 1, "positive": 2}
 FP8_MIN_CC = (8, 9)  # Ada and Hopper: the first with fp8 tensor cores
 DEFAULT_WORKSPACE = 32 << 20  # cuBLAS's recommendation for Hopper
-MAX_DIM = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -56,12 +56,15 @@ def write_report(run: LinksRun, out_dir) -> list:
     """links_<engine>_<uni|bi>.png heatmaps into out_dir (created if its parent exists)."""
     from pathlib import Path
 
+    from mgpu_bench.paths import write_output
+    from mgpu_bench.schema import file_stem
+
     out = Path(out_dir)
     out.mkdir(exist_ok=True)
     written = []
     for name, png in images(run).items():
-        p = out / f"{name}.png"
-        p.write_bytes(png)
+        p = out / f"{file_stem(name)}.png"
+        write_output(p, png)
         written.append(p)
     return written
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
-ENGINES = ("ce", "sm")
-
+from .shape import ENGINES  # the document's engine names, defined once there
 
 # A pair is an outlier when it is this many robust standard deviations below the median and
 # at least OUTLIER_DROP below it in relative terms (so that a very tight node with a MAD of

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, Finding, PlanContext, Probe, Step, option
+from mgpu_bench.probe import GPUS_HELP, Finding, PlanContext, Probe, Step, option, within
 
 SUITE_MODEL = "350m"  # round 3's max-batch search on GPUs (the model probe's 350m)
 
@@ -92,8 +92,9 @@ class MemoryProbe(Probe):
         allocators = parse_allocators(o["allocator_text"])
         if not (0.05 <= o["budget"] <= 0.99):
             raise InputError("--budget must be between 0.05 and 0.99 (a share of the free memory)")
-        if not (1 <= o["torch_batch"] <= 1_000_000 and 1 <= o["steps"] <= 100_000 and 16 <= o["seq_len"] <= 1_000_000):
-            raise InputError("--batch-size and --steps must be at least 1, --seq-len at least 16")
+        within("--batch-size", o["torch_batch"], 1, 1_000_000, "samples per workload step")
+        within("--steps", o["steps"], 1, 100_000, "workload steps per setting")
+        within("--seq-len", o["seq_len"], 16, 1_000_000, "tokens per sample")
         if not (0 < o["timeout"] <= 86400):
             raise InputError("--timeout must be a positive number of seconds (at most a day)")
         settings: tuple[str, ...] = ()

@@ -1,4 +1,5 @@
-"""The memory result document: written from a run, read back into one (one definition for both)."""
+"""The memory result document: written from a run, read back into one (one definition for both).
+Its declared shape is shape.py's."""
 
 from __future__ import annotations
 

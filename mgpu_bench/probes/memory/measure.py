@@ -24,12 +24,11 @@ from typing import Any
 
 from mgpu_bench.errors import InputError, MgpuError, interruption
 
-PATTERNS = ("interleaved", "grow-shrink", "small-between-large")
-ALLOCATORS = ("cudaMalloc", "async", "vmm")
+from .shape import ALLOCATORS, HBM_KINDS, PATTERNS  # the document's names, defined once there
+
 _ALLOCATOR_ALIASES = {"cudamalloc": "cudaMalloc", "malloc": "cudaMalloc", "async": "async",
                       "cudamallocasync": "async", "pool": "async", "vmm": "vmm", "cumemmap": "vmm",
                       "expandable": "vmm"}
-HBM_KINDS = ("copy_ce", "copy_sm", "read", "write")
 HBM_LABELS = {"copy_ce": "copy, copy engine", "copy_sm": "copy, SM kernel (16 B accesses)",
               "read": "read-only kernel", "write": "write-only kernel"}
 # Size classes for allocation latency, by the allocation's bytes (upper bounds, inclusive).

@@ -26,10 +26,10 @@ import random
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
+from mgpu_bench import children
 from mgpu_bench.errors import InputError
 
 GIB = 2**30
@@ -519,12 +519,12 @@ def _child_env(conf: str | None) -> dict[str, str]:
 
 
 def _run_child(args: list[str], conf: str | None, timeout_s: float) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="mgpu-mem-") as tmp:
+    with children.temp_folder("mgpu-mem-") as tmp:
         path = os.path.join(tmp, "result.json")
         cmd = [sys.executable, "-m", "mgpu_bench.probes.memory.torch_memory", *args, "--json", path]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, check=False, env=_child_env(conf), capture_output=True, text=True,
+            proc = subprocess.run(cmd, check=False, env=children.child_env(_child_env(conf)), capture_output=True, text=True,
                                   timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout_s:g} s", "returncode": None,

@@ -11,13 +11,11 @@ tokens/s gross and effective, MFU, the step's phases, exposed communication, sca
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import ClassVar
 
 from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, Finding, PlanContext, Probe, Step, Verdict, option
+from mgpu_bench.probe import GPUS_HELP, Finding, PlanContext, Probe, Step, Verdict, option, within
 
 SUITE_MODEL = "350m"  # rounds 1 and 3 on GPUs (ANCHORS: 40% MFU on one H200)
 
@@ -84,6 +82,10 @@ class ModelProbe(Probe):
             option("--data-dir", default=None, type=click.Path(file_okay=False),
                    help="Where the token file is written [default: /tmp]."),
             option("--checkpointing", is_flag=True, help="Activation checkpointing per block."),
+            option("--compile", "compile_model", is_flag=True,
+                   help="torch.compile the model (after DDP/FSDP wrapping, as training scripts do); the compile "
+                        "time, the first warm-up step's wall, is reported apart and never timed. Needs at least 2 "
+                        "warm-up steps."),
             option("--scaling", "scaling_text", default=None, help="GPU counts to run, e.g. 1,2 (same per-GPU batch)."),
             option("--gpus", default=None, help=GPUS_HELP),
             option("--nproc", default=2, show_default=True, type=int, help="Processes on a machine without GPUs."),
@@ -108,19 +110,19 @@ class ModelProbe(Probe):
         batch_size = (8 if on_gpu else 4) if o["batch_size"] is None else o["batch_size"]
         if not (1 <= seq_len <= spec.max_seq):
             raise InputError(f"--seq-len {seq_len} does not fit {spec.name}: it takes 1..{spec.max_seq} tokens")
-        if not (1 <= batch_size <= 1_000_000 and 1 <= o["grad_accum"] <= 10_000):
-            raise InputError("--batch-size and --grad-accum must be at least 1")
-        if not (1 <= o["steps"] <= 1_000_000 and 0 <= o["warmup_steps"] <= 1_000_000):
-            raise InputError("--steps must be at least 1 and --warmup-steps at least 0")
-        if not (0 <= o["num_workers"] <= 256 and 0 <= o["preprocess_ms"] <= 60_000):
-            raise InputError("--num-workers must be 0..256 and --preprocess-ms 0..60000")
+        within("--batch-size", batch_size, 1, 1_000_000, "samples per GPU per micro-batch")
+        within("--grad-accum", o["grad_accum"], 1, 10_000, "micro-batches per step")
+        within("--steps", o["steps"], 1, 1_000_000, "timed steps per configuration")
+        within("--warmup-steps", o["warmup_steps"], 0, 1_000_000)
+        within("--num-workers", o["num_workers"], 0, 256, "DataLoader workers per GPU")
+        within("--preprocess-ms", o["preprocess_ms"], 0, 60_000, "milliseconds per sample")
         peak_tflops = o["peak_tflops"]
-        if peak_tflops is not None and not (0 < peak_tflops < 1e6):
-            raise InputError("--peak-tflops must be a positive number of TFLOP/s")
+        if peak_tflops is not None:
+            within("--peak-tflops", peak_tflops, 0, 1e6, "TFLOP/s per GPU", above=True)
         if o["data_mode"] in ("loader", "both"):
-            d = Path(o["data_dir"] or "/tmp")
-            if not d.is_dir() or not os.access(d, os.W_OK):
-                raise InputError(f"--data-dir {d} is not a writable folder: give one the token file can be written to")
+            from mgpu_bench.paths import check_folder
+
+            check_folder(o["data_dir"] or "/tmp", "--data-dir")  # the token file is written there
         chosen: tuple[int, ...] = ()
         if on_gpu:
             chosen = tuple(selection.parse_gpus(o["gpus"], ngpu))
@@ -128,8 +130,7 @@ class ModelProbe(Probe):
         else:
             if o["gpus"] is not None:
                 raise selection.gpus_without_gpus()
-            if not (1 <= o["nproc"] <= 64):
-                raise InputError("--nproc must be between 1 and 64")
+            within("--nproc", o["nproc"], 1, 64, "processes on this machine")
             available = o["nproc"]
         le = launch.detect()
         if le is not None:  # the launcher decided the process count
@@ -157,7 +158,10 @@ class ModelProbe(Probe):
                           steps=o["steps"], warmup_steps=o["warmup_steps"], parallel=o["parallel"], data="synthetic",
                           num_workers=o["num_workers"], preprocess_ms=o["preprocess_ms"], data_dir=o["data_dir"],
                           checkpointing=o["checkpointing"], exposed_comm=o["exposed_comm"], profile=o["profile"],
-                          device="cuda" if on_gpu else "cpu", progress=False)
+                          device="cuda" if on_gpu else "cpu", progress=False, compile=o["compile_model"])
+        if cfg.compile and cfg.warmup_steps < 2:
+            raise InputError(f"--compile with --warmup-steps {cfg.warmup_steps}: the first warm-up step compiles "
+                             "the model, so give at least 2 (--warmup-steps 3)")
         modes = ("synthetic", "loader") if o["data_mode"] == "both" else (o["data_mode"],)
         return ModelPlan(cfg, tuple(counts), modes, peak, chosen)
 

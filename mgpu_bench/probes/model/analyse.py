@@ -292,7 +292,8 @@ SCALING_ABOVE = 1.05
 # limit (10%) makes the verdict a problem rather than a warning.
 BOUND_PROBLEM = 2.0
 BOUNDS = {"shared GPU": "shared", "compute-bound": "compute", "communication-bound": "communication", "input-bound": "input",
-          "memory-bound": "memory", "launch-bound": "launch", "unexplained gap": "unexplained", "no verdict": "none"}
+          "memory-bound": "memory", "launch-bound": "launch", "unexplained gap": "unexplained", "contention": "contention",
+          "no verdict": "none"}
 
 
 def where(run: ModelRun, n: int) -> str:
@@ -316,6 +317,12 @@ def verdicts(run: ModelRun, shared: Sequence = ()) -> list[Verdict]:
             text = (f"shared GPU: {'; '.join(causes)}: the step's figures are not this GPU's alone "
                     f"({_rate_text(main.derived) if main.derived else 'no steps measured'})")
             out.append(Verdict("shared", PROBLEM, text, where(run, n), n, f"{where(run, n)}: {text}"))
+            continue
+        contention = _contention(run, n, text)
+        if contention is not None:
+            eff_n = run.scaling()[n]
+            out.append(Verdict("contention", WARNING if eff_n >= SCALING_POOR else PROBLEM, contention, where(run, n),
+                               n, f"{where(run, n)}: {contention}"))
             continue
         bound = next((b for prefix, b in BOUNDS.items() if text.startswith(prefix)), "none")
         out.append(Verdict(bound, _severity(run, n, text), text, where(run, n), n, f"{where(run, n)}: {text}"))
@@ -381,26 +388,46 @@ def findings(run: ModelRun, shared: Sequence = ()) -> list[Finding]:
 
 def _scaling(run: ModelRun, n: int, eff: float) -> Finding:
     """Scaling efficiency 1 -> n against SCALING_GOOD, and why it fell short: exposed
-    communication, or a step that grew while communication stayed hidden."""
+    communication, or a step that grew while communication stayed hidden. Each threshold stands
+    beside its own metric."""
     s = run.effective(n)
     exposed = s.derived.get("exposed_comm_share") if s else None
-    why = f"; exposed communication {100 * exposed:.1f}% of the step" if exposed is not None else ""
-    line = f"scaling 1 -> {n}: efficiency {100 * eff:.1f}% (T_{n} / ({n} x T_1)){why}"
-    unit, units = ("GPU", "GPUs") if run.config.device == "cuda" else ("process", "processes")
+    line = f"scaling 1 -> {n}: efficiency {100 * eff:.1f}% (T_{n} / ({n} x T_1); healthy >= {100 * SCALING_GOOD:.0f}%)"
+    why = (f"; exposed communication {100 * exposed:.1f}% of the step (healthy < {100 * EXPOSED_COMM_LIMIT:.0f}%)"
+           if exposed is not None else "")
+    unit = "GPU" if run.config.device == "cuda" else "process"
     if eff > SCALING_ABOVE:
-        return Finding(WARNING, f"{line}: above 100%, so the 1-{unit} baseline ran slower than its share (noise, or "
-                                "a throttled or shared first GPU): run again")
+        return Finding(WARNING, f"{line}{why}: above 100%, so the 1-{unit} baseline ran slower than its share (noise, "
+                                "or a throttled or shared first GPU): run again")
     if eff >= SCALING_GOOD:
-        return Finding(OK, line)
+        return Finding(OK, line + why)
+    return Finding(WARNING if eff >= SCALING_POOR else PROBLEM, f"{line}{why}: {_scaling_cause(run, n, eff, exposed)}")
+
+
+def _scaling_cause(run: ModelRun, n: int, eff: float, exposed: float | None) -> str:
+    units = "GPUs" if run.config.device == "cuda" else "processes"
     if exposed is not None and exposed > EXPOSED_COMM_LIMIT:
-        cause = "communication-bound: the gradient all-reduce is not hidden behind the backward pass"
-    elif exposed is not None:
-        cause = (f"the step itself is {1 / eff:.1f}x longer on {n} {units} while communication is hidden: the ranks "
-                 "compete for shared resources (CPU cores, memory bandwidth, PCIe) or one rank is slow")
-    else:
-        cause = "exposed communication was not measured (--exposed-comm)"
-    return Finding(WARNING if eff >= SCALING_POOR else PROBLEM,
-                   f"{line} (healthy >= {100 * SCALING_GOOD:.0f}%): {cause}")
+        return "communication-bound: the gradient all-reduce is not hidden behind the backward pass"
+    if exposed is not None:
+        return (f"the step itself is {1 / eff:.1f}x longer on {n} {units} while communication is hidden: the ranks "
+                "compete for shared resources (CPU cores, memory bandwidth, PCIe) or one rank is slow")
+    return "exposed communication was not measured (--exposed-comm)"
+
+
+def _contention(run: ModelRun, n: int, text: str) -> str | None:
+    """A compute-bound verdict at n > 1 ranks whose scaling fell below SCALING_GOOD with the
+    communication hidden: the step grew on its own, so the verdict names that instead (a green
+    compute-bound above a scaling problem would contradict it)."""
+    eff = run.scaling().get(n)
+    s = run.effective(n)
+    exposed = s.derived.get("exposed_comm_share") if s else None
+    if n < 2 or eff is None or eff >= SCALING_GOOD or not text.startswith("compute-bound"):
+        return None
+    if exposed is None or exposed > EXPOSED_COMM_LIMIT or eff > SCALING_ABOVE:
+        return None
+    return (f"contention: scaling 1 -> {n} is {100 * eff:.1f}% (healthy >= {100 * SCALING_GOOD:.0f}%) with "
+            f"exposed communication {100 * exposed:.1f}% (healthy < {100 * EXPOSED_COMM_LIMIT:.0f}%): "
+            + _scaling_cause(run, n, eff, exposed))
 
 
 def key_figure(run: ModelRun) -> tuple[str, str]:

@@ -1,4 +1,5 @@
-"""The model result document: written from a run, read back into one (one definition for both)."""
+"""The model result document: written from a run, read back into one (one definition for both).
+Its declared shape is shape.py's."""
 
 from __future__ import annotations
 
@@ -11,13 +12,22 @@ from .analyse import ModelRun, StepStats, findings
 from .measure import ModelConfig
 
 
+def _config(run: ModelRun) -> dict:
+    """The config as written; `compile` only when on, so that a run without it writes what the
+    releases before --compile wrote."""
+    cfg = asdict(run.config)
+    if not cfg.get("compile"):
+        cfg.pop("compile", None)
+    return cfg
+
+
 def document(run: ModelRun, environment: dict, command: list[str] | None = None, occupancy: dict | None = None) -> dict:
     from mgpu_bench.occupancy import from_document
 
     shared = from_document({"occupancy": occupancy or {}})
     peak = run.peak
     return {
-        **envelope("model", environment, command), "config": asdict(run.config),
+        **envelope("model", environment, command), "config": _config(run),
         "gpu_counts": run.gpu_counts, "data_modes": run.data_modes, "gpu_name": run.gpu_name,
         "peak": None if peak is None else {"value": peak.value, "unit": peak.unit, "source": peak.source},
         "status": status(run.stopped, run.stop_message),

@@ -2,6 +2,12 @@
 
     model.{model}.{parallel}.{n}gpu.{data}.{tokens_per_s|mfu|exposed_comm|peak_memory}
     model.{model}.{parallel}.{n}gpu.scaling_efficiency          fraction, n > 1
+
+Every metric but peak memory carries per-step samples, so that compare holds its change against
+its noise. The derived ones pair steps by their index in the stable windows: exposed
+communication 1 - (step without gradient sync i) / (step i); scaling efficiency
+(tokens/s at step i on n GPUs) / (n x tokens/s at step i on 1 GPU). Each pair is one estimate of
+the figure, so their spread is the noise of a single estimate, as the step times' is for tokens/s.
 """
 
 from __future__ import annotations
@@ -20,6 +26,40 @@ def _window_steps(run: Mapping) -> list[float]:
     steps = [max(r["phases"]["step"][i] for r in good) for i in range(n)]
     start, end = (list(run.get("window") or [0, n]) + [0, n])[:2]
     return steps[int(start) : int(end)]
+
+
+def _no_sync_steps(run: Mapping) -> list[float]:
+    """Per-step seconds without gradient sync, the slowest rank per step, over their own stable
+    window (as analyse.analyse)."""
+    from .analyse import stable_window
+
+    good = [r["no_sync_phases"] for r in run.get("ranks") or [] if (r.get("no_sync_phases") or {}).get("step")]
+    if not good:
+        return []
+    n = min(len(p["step"]) for p in good)
+    steps = [max(p["step"][i] for p in good) for i in range(n)]
+    start, end, _ = stable_window(steps, 0)
+    return steps[start:end]
+
+
+def _exposed_samples(run: Mapping) -> tuple[float, ...]:
+    sync, nosync = _window_steps(run), _no_sync_steps(run)
+    return finite(max(0.0, 1.0 - ns / s) for s, ns in zip(sync, nosync) if s > 0)
+
+
+def _scaling_samples(runs: list[Mapping], n: int) -> tuple[float, ...]:
+    """Per-step-pair estimates of T_n / (n x T_1) from the runs that made the document's figure
+    (synthetic data where measured, as ModelRun.effective)."""
+    def effective(world: int) -> Mapping | None:
+        mine = [r for r in runs if int(r.get("world", 0)) == world and (r.get("derived") or {}).get("tokens_per_s")]
+        return next((r for r in mine if r.get("data") == "synthetic"), mine[0] if mine else None)
+
+    one, many = effective(1), effective(n)
+    if one is None or many is None:
+        return ()
+    r1 = rates(one.get("tokens_per_step") or 0, _window_steps(one))
+    rn = rates(many.get("tokens_per_step") or 0, _window_steps(many))
+    return finite(b / (n * a) for a, b in zip(r1, rn) if a > 0)
 
 
 def headline(doc: Mapping) -> list[Metric]:
@@ -75,7 +115,7 @@ def headline(doc: Mapping) -> list[Metric]:
                     float(d["exposed_comm_share"]),
                     "fraction",
                     "lower",
-                    (),
+                    _exposed_samples(run),
                     labels,
                 )
             )
@@ -103,7 +143,7 @@ def headline(doc: Mapping) -> list[Metric]:
                     float(eff),
                     "fraction",
                     "higher",
-                    (),
+                    _scaling_samples(list(doc.get("runs") or []), int(n)),
                     labels,
                 )
             )

@@ -46,6 +46,7 @@ class ModelConfig:
     preprocess_ms: float = 0.0
     data_dir: str | None = None
     checkpointing: bool = False
+    compile: bool = False  # torch.compile the model; its compile time is the first warm-up step's
     exposed_comm: bool = True
     profile: bool = True
     device: str = "cuda"  # cuda | cpu
@@ -132,6 +133,11 @@ def worker(cfg_dict: dict) -> dict:
             model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[local] if on_gpu else None, gradient_as_bucket_view=True, bucket_cap_mb=100)
     opt = models.make_optimizer(model)
+    if cfg.compile:
+        # After the DDP/FSDP wrapper, as torch's DDP notes advise (DDPOptimizer splits the graph at
+        # bucket boundaries so the all-reduce still overlaps); no_sync() and FSDP's gradient-sync switch
+        # reach the wrapper through the compiled module's attribute forwarding.
+        model = torch.compile(model)
     amp = torch.bfloat16 if on_gpu else None
     gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)
     loader_iter = None
@@ -169,7 +175,7 @@ def worker(cfg_dict: dict) -> dict:
         the end of each pass and at most every 10 s."""
         if not (cfg.progress and rank == 0):
             return
-        text = f"mgpu-bench model: {world} {'GPU' if on_gpu else 'process'}(es), {label}: step {i}/{n}"
+        text = f"mgpu-bench model: {world} {'GPU(s)' if on_gpu else 'process(es)'}, {label}: step {i}/{n}"
         if live:
             print(f"\r{text}", end="" if i < n else "\n", flush=True, file=sys.stderr)
         elif i == n or time.monotonic() - said[0] >= 10.0:
@@ -220,7 +226,11 @@ def worker(cfg_dict: dict) -> dict:
         return res
 
     try:
-        warm = run_steps(cfg.warmup_steps, True, "warm-up (not timed)")
+        if cfg.compile:  # the first step compiles forward and backward: its wall is the compile time
+            t0 = time.perf_counter()
+            run_steps(1, True, "compiling (torch.compile, not timed)")
+            out["compile_s"] = time.perf_counter() - t0
+        warm = run_steps(cfg.warmup_steps - (1 if cfg.compile else 0), True, "warm-up (not timed)")
         del warm
         t0 = time.perf_counter()
         marks = run_steps(cfg.steps, True, "timed steps")
@@ -274,16 +284,17 @@ def _profile_split(run) -> dict:
     """Where a few steps' GPU time goes, from the CUDA kernels' own intervals (torch.profiler's
     trace): analyse.kernel_split of them, so that overlapping streams are counted once."""
     import json
-    import tempfile
     import warnings
 
     from torch.profiler import ProfilerActivity, profile
+
+    from mgpu_bench import children
 
     with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle": one cycle here
         warnings.simplefilter("ignore", UserWarning)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             marks = run()
-    with tempfile.TemporaryDirectory(prefix="mgpu-prof-") as tmp:
+    with children.temp_folder("mgpu-prof-") as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
@@ -348,17 +359,13 @@ def launch(cfg: ModelConfig, nprocs: int) -> list[dict]:
         return _joined(cfg, le)
     if nprocs == 1:
         return [worker(asdict(cfg))]
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import LaunchConfig
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launcher.free_port()}", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn")
-    from mgpu_bench.errors import restore_sigterm
-
-    try:
-        results = elastic_launch(lc, worker)(asdict(cfg))
-    finally:
-        restore_sigterm()  # the agent replaced the SIGTERM handler and leaves its own behind
+    # the ranks die with this process, and at once on Ctrl-C (the agent stops them with SIGINT)
+    results = launcher.run_elastic(lc, worker, asdict(cfg), children="die")
     return [results[r] for r in sorted(results)]
 
 
@@ -413,7 +420,7 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
         for n in run.gpu_counts:
             for mode in run.data_modes:
                 if say:
-                    say(f"{n} {'GPU' if cfg.device == 'cuda' else 'process'}(es), {mode} data")
+                    say(f"{n} {'GPU(s)' if cfg.device == 'cuda' else 'process(es)'}, {mode} data")
                 c = ModelConfig(**{**asdict(cfg), "data": mode})
                 ranks = launch(c, n)
                 run.gpu_name = run.gpu_name or ranks[0].get("gpu_name")

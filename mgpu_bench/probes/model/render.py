@@ -40,8 +40,14 @@ def render_terminal(run: ModelRun, console) -> None:
                           f"{len(s.ranks[0].get('phases', {}).get('step', []))} after {run.config.warmup_steps} warm-up"
                           f"{'' if s.window[2] else ' (not stable)'}; {s.tokens_per_step} tokens per step; "
                           f"{s.flops_per_token / 1e9:.3f} GFLOP per token (6N + 12 L d T)"
-                          + _profile_text(s.derived),
+                          + _profile_text(s.derived) + _compile_text(s.ranks),
                           highlight=False, soft_wrap=True)
+
+
+def _compile_text(ranks: list[dict]) -> str:
+    """torch.compile's time (the first warm-up step's wall, the slowest rank's), not in any figure."""
+    took = [r["compile_s"] for r in ranks if isinstance(r.get("compile_s"), (int, float))]
+    return f"; torch.compile took {max(took):.1f} s (the first step, not timed)" if took else ""
 
 
 def _profile_text(d: dict) -> str:

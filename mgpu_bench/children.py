@@ -1,0 +1,290 @@
+"""Processes the tool starts die with it, and so do the temporary folders of dead runs.
+
+A parent marks the children it starts with the environment variable MGPU_BENCH_PARENT
+("<pid>:<mode>": its pid, and what the child does with Ctrl-C), set by child_env() for a
+subprocess and by spawning() around a multiprocessing or torch elastic start. The child reads
+it first thing when it imports mgpu_bench (adopt(), called by the package's __init__) and takes
+it out of its environment, so that its own children are marked by it, never by its parent:
+
+- Linux: PR_SET_PDEATHSIG, so that the kernel sends SIGKILL when the parent dies. The kernel
+  sends it when the parent *thread* that forked the child ends, so it is set only when the
+  parent's main thread is the one that forked (the child is listed in /proc/PPID/task/PPID/
+  children); getppid() is checked right after, for a parent that died before it was set.
+- Elsewhere, or when another thread of the parent forked: a watchdog thread that polls
+  getppid() every WATCHDOG_S seconds and ends the child when it changes (the child was
+  reparented: its parent is gone).
+
+SIGKILL of the parent thus ends its children too (SIGKILL of `comm` on CPU left its two gloo
+ranks running at 90% CPU for minutes before), and each of those ends its own.
+
+Temporary folders and files are named with their owner's pid (temp_folder, temp_name); a run
+that makes one first removes those of its prefix whose owner is dead and that have not changed
+for STALE_S seconds (older names without a pid: STALE_UNNAMED_S), never a live run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+ENV = "MGPU_BENCH_PARENT"
+# What a child does with SIGINT (a terminal sends it to the whole foreground process group):
+# "keep": its own handling (a CLI child that its parent stops with SIGINT: the suite's probes);
+# "ignore": nothing (its parent stops it: comm's gloo ranks);
+# "die": it ends at once, without a traceback (torch's elastic agent forwards SIGINT to its
+# workers and waits for them to end: the model's ranks on CPU).
+MODES = ("keep", "ignore", "die")
+WATCHDOG_S = 0.5
+STALE_S = 3600.0  # a dead owner's folder untouched this long is removed (a live run writes more often)
+STALE_UNNAMED_S = 86400.0  # names from before the pid was in them: no owner to ask, so a day
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_folders: set[str] = set()  # this process's temporary folders, removed on abandon()
+
+
+# -- the child side -------------------------------------------------------------------------------
+
+
+def adopt(environ=None) -> str | None:
+    """In a process a tool run started (MGPU_BENCH_PARENT set): takes the mark out of the
+    environment, ends this process at once when its parent is already gone, arranges that it ends
+    when its parent does, and sets its SIGINT handling. Returns how it is bound ("pdeathsig",
+    "watchdog"), or None when it was not started by the tool (nothing is done)."""
+    environ = os.environ if environ is None else environ
+    mark = environ.pop(ENV, None)
+    if not mark:
+        return None
+    try:
+        pid_text, mode = mark.split(":", 1)
+        parent = int(pid_text)
+    except ValueError:
+        return None  # not ours to read
+    if os.getppid() != parent and alive(parent):
+        return None  # started through another program (a shell) that keeps the mark: not its child
+    if mode in ("ignore", "die"):
+        # SIGINT may arrive blocked (spawning(block_sigint=True)): set what it does, then let it
+        # in; one that came in the meantime is dropped ("ignore") or ends us ("die")
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # ValueError: not the main thread
+            signal.signal(signal.SIGINT, signal.SIG_IGN if mode == "ignore" else signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    how = "watchdog"
+    if _forked_by_main_thread(parent) and _set_pdeathsig(signal.SIGKILL):
+        how = "pdeathsig"
+    if os.getppid() != parent:  # the parent died before the death signal was set
+        _die()
+    if how == "watchdog":
+        threading.Thread(target=_watch, args=(parent,), name="mgpu-bench-parent-watchdog", daemon=True).start()
+    return how
+
+
+def _forked_by_main_thread(parent: int) -> bool:
+    """Whether this process's parent thread is its parent's main thread (Linux' /proc lists a
+    thread's children; without that file: not known, False)."""
+    try:
+        with open(f"/proc/{parent}/task/{parent}/children") as f:
+            return str(os.getpid()) in f.read().split()
+    except OSError:
+        return False
+
+
+def _set_pdeathsig(sig: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(WATCHDOG_S)
+    _die()
+
+
+def _die() -> None:
+    """Ends this process as the death signal would (its own children, bound to it, follow)."""
+    with contextlib.suppress(OSError):
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(137)
+
+
+# -- the parent side ------------------------------------------------------------------------------
+
+
+def mark(mode: str = "keep") -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+    return f"{os.getpid()}:{mode}"
+
+
+def child_env(env: dict[str, str] | None = None, mode: str = "keep") -> dict[str, str]:
+    """The environment for a subprocess (default: this process's) with the mark that binds it to
+    this process."""
+    return {**(os.environ if env is None else env), ENV: mark(mode)}
+
+
+@contextlib.contextmanager
+def spawning(mode: str = "keep", block_sigint: bool = False) -> Iterator[None]:
+    """Around code that starts children from this process's environment (multiprocessing,
+    torch's elastic agent): they carry the mark. With `block_sigint`, for a short start loop in
+    the main thread, SIGINT is blocked meanwhile, so that the children start with it blocked (a
+    signal mask survives fork and exec) until adopt() has set what they do with it; a SIGINT for
+    this process waits until the block ends, and is not lost. (Not around a whole elastic agent
+    run: the threads it starts would keep the block.)"""
+    value = mark(mode)
+    before = os.environ.get(ENV)
+    blocked = False
+    if block_sigint and threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            blocked = signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    os.environ[ENV] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every process below `pid` (default: this one), parents before their children, from
+    /proc/PID/task/*/children (Linux; [] elsewhere)."""
+    out: list[int] = []
+    todo = [os.getpid() if pid is None else pid]
+    while todo:
+        p = todo.pop(0)
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            out += [k for k in kids if k not in out]
+            todo += kids
+    return out
+
+
+def abandon() -> None:
+    """This process is about to end without its orderly stop: SIGKILL to every process below it
+    (bound to it, they would follow anyway; this does not wait for the kernel or a watchdog),
+    and its temporary folders removed. Best effort."""
+    for pid in descendants():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for folder in list(_folders):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- temporary folders ----------------------------------------------------------------------------
+
+
+def _owner_pattern(prefix: str) -> re.Pattern:
+    # tempfile's random part: 8 of [a-z0-9_]
+    return re.compile(re.escape(prefix) + r"(?:pid(?P<pid>\d+)-)?[a-z0-9_]{8}(?P<suffix>\.[A-Za-z0-9]+)?")
+
+
+def temp_name(prefix: str) -> str:
+    """The prefix for tempfile.mkstemp / mkdtemp that carries this process's pid, so that a later
+    run can tell whether its owner still lives (clean_stale)."""
+    return f"{prefix}pid{os.getpid()}-"
+
+
+@contextlib.contextmanager
+def temp_folder(prefix: str) -> Iterator[str]:
+    """A temporary folder for this run (removed at the end, and on abandon()), made after the
+    stale folders of dead runs with the same prefix are removed."""
+    clean_stale(prefix)
+    path = tempfile.mkdtemp(prefix=temp_name(prefix))
+    _folders.add(path)
+    try:
+        yield path
+    finally:
+        _folders.discard(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process `pid` exists and is not a zombie (one of another user counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def _newest_mtime(path: str) -> float:
+    newest = os.lstat(path).st_mtime
+    with contextlib.suppress(OSError), os.scandir(path) as it:
+        for entry in it:
+            with contextlib.suppress(OSError):
+                newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    return newest
+
+
+def clean_stale(prefix: str, where: str | None = None, now: float | None = None) -> list[str]:
+    """Removes from `where` (default: the temporary directory) the folders and files named
+    PREFIX + "pid<PID>-" + 8 characters (temp_name) whose process PID is gone and that nothing
+    changed for STALE_S seconds, and those named PREFIX + 8 characters (older releases, no pid)
+    unchanged for STALE_UNNAMED_S seconds. Only this user's, never through a symbolic link; a
+    live pid (even another program that reuses it) keeps its folder. Returns what was removed."""
+    import stat
+
+    where = tempfile.gettempdir() if where is None else where
+    now = time.time() if now is None else now
+    pattern = _owner_pattern(prefix)
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(where) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        m = pattern.fullmatch(name)
+        if not m:
+            continue
+        path = os.path.join(where, name)
+        try:
+            st = os.lstat(path)
+            if st.st_uid != os.getuid() or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                continue
+            age = now - _newest_mtime(path) if stat.S_ISDIR(st.st_mode) else now - st.st_mtime
+        except OSError:
+            continue
+        pid = m.group("pid")
+        if (pid is None and age < STALE_UNNAMED_S) or (pid is not None and (age < STALE_S or alive(int(pid)))):
+            continue
+        try:
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue
+    return removed

@@ -1,0 +1,82 @@
+"""The model result document's declared shape (mgpu_bench.schema), checked on every read.
+Import-light: the history validates stored documents through it without loading a backend."""
+
+from __future__ import annotations
+
+from mgpu_bench.schema import MAX_RANKS, NAME, STATUS, AnyValue, Bool, Int, List, Map, Num, Obj, OneOf, Str
+
+# What run_from_document, the headline, the tables and the report read. Model, parallelism and
+# data mode become parts of metric names.
+_SECONDS = List(Num(0))
+
+
+def _phases_rule(rank) -> tuple[str, str] | None:
+    if rank.get("phases") and "step" not in rank["phases"]:
+        return "phases.step", "missing (a rank's phases hold its per-step seconds under step)"
+    return None
+
+
+RANK = Obj({
+    "rank": Int(0, MAX_RANKS), "world": Int(1, MAX_RANKS), "device": Str(max_len=100, null=True),
+    "error": Str(null=True), "gpu_name": Str(null=True), "torch": Str(null=True),
+    "phases": Map(_SECONDS), "no_sync_phases": Map(_SECONDS, null=True),
+    "profile": Map(Num(null=True), null=True),
+    "matmul_ceiling": Obj({"flops_per_s": Num(0, null=True), "shapes": List(AnyValue(), null=True)},
+                          what="a matmul ceiling", null=True),
+    "peak_allocated": Num(0, null=True), "peak_reserved": Num(0, null=True), "total_memory": Num(0, null=True),
+    "wall_s": Num(0, null=True), "no_sync_wall_s": Num(0, null=True), "compile_s": Num(0, null=True),
+}, what="a rank", rule=_phases_rule)
+_SHARES = ("matmul_share", "attention_share", "other_kernel_share", "comm_kernel_share", "comm_exposed_kernel_share")
+# What analyse.analyse always derives from a run with steps (mfu may be null: no peak figure).
+_BASE = ("step_s", "tokens_per_s", "tokens_per_s_per_gpu", "flops_per_s_per_gpu", "data_share")
+_TOGETHER = (("gpu_idle_share", _SHARES), ("matmul_ceiling", ("of_ceiling",)), ("of_ceiling", ("matmul_ceiling",)),
+             ("no_sync_step_s", ("exposed_comm_share",)))
+
+
+def _derived_rule(d) -> tuple[str, str] | None:
+    """Every derived figure is a number or null, and the figures printed together are there
+    together."""
+    for k, v in d.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return str(k), "is not a number"
+    if d:
+        missing = [k for k in _BASE if d.get(k) is None]
+        if missing:
+            return missing[0], f"missing (a run's derived figures include {', '.join(_BASE)})"
+        if not d["step_s"] > 0:
+            return "step_s", "is not a positive number of seconds"
+    for key, needs in _TOGETHER:
+        if d.get(key) is not None:
+            missing = [n for n in needs if d.get(n) is None]
+            if missing:
+                return missing[0], f"missing (a run with {key} also has {', '.join(needs)})"
+    return None
+
+
+def _run_rule(r) -> tuple[str, str] | None:
+    if r.get("derived") and not r.get("ranks"):
+        return "ranks", "is empty, but the run has derived figures (they come from its ranks)"
+    return None
+
+
+RUN = Obj({
+    "world": Int(1, MAX_RANKS), "data": Str(("synthetic", "loader")), "ranks": List(RANK),
+    "window": List(OneOf(Int(0), Bool()), min_len=3, max_len=3, null=True),
+    "samples_per_step": Int(0), "tokens_per_step": Int(0), "flops_per_token": Num(0),
+    "error": Str(null=True), "derived": Obj({}, what="derived figures", null=True, rule=_derived_rule),
+}, required=("world", "data"), what="a model run", rule=_run_rule)
+CONFIG = Obj({
+    "model": Str(pattern=NAME), "seq_len": Int(1, 1 << 24), "batch_size": Int(1, 1 << 24),
+    "grad_accum": Int(1, 1 << 20), "steps": Int(0, 1 << 24), "warmup_steps": Int(0, 1 << 24),
+    "parallel": Str(("ddp", "fsdp")), "data": Str(("synthetic", "loader", "both")), "num_workers": Int(0, 1 << 12),
+    "preprocess_ms": Num(0), "data_dir": Str(null=True), "checkpointing": Bool(), "exposed_comm": Bool(),
+    "profile": Bool(), "device": Str(("cuda", "cpu")), "seed": Int(), "progress": Bool(), "compile": Bool(null=True),
+}, what="a model config", null=True)
+SCHEMA = Obj({
+    "config": CONFIG, "status": STATUS, "gpu_counts": List(Int(1, MAX_RANKS), null=True),
+    "data_modes": List(Str(("synthetic", "loader")), null=True), "gpu_name": Str(null=True),
+    "peak": Obj({"value": Num(0, null=True), "unit": Str(null=True), "source": Str(null=True)}, what="a peak",
+                null=True),
+    "scaling": Map(Num(null=True), keys=r"\d{1,7}", null=True, keys_what="a GPU count"),
+    "runs": List(RUN), "findings": List(Str(), null=True),
+}, required=("config", "status", "gpu_counts", "data_modes", "runs"), what="a model result")

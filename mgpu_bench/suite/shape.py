@@ -1,0 +1,41 @@
+"""The suite document's declared shape (mgpu_bench.schema), checked on every read; run.document()
+writes it. Import-light, as every kind's shape.py: the history validates stored documents through
+it without loading a backend.
+
+One entry per probe step: its round, name, status, seconds and error as the terminal, the report
+and the history read them, the probe's own result document (checked by its own kind's shape) and
+the NVML samples the suite took beside it.
+"""
+
+from __future__ import annotations
+
+from mgpu_bench.probe import check_document
+from mgpu_bench.schema import (
+    TELEMETRY_SERIES,
+    TELEMETRY_SUMMARY,
+    Bool,
+    Doc,
+    Int,
+    List,
+    Map,
+    Num,
+    Obj,
+    Str,
+)
+
+TELEMETRY = Obj({
+    "gpus": Map(Obj({"series": TELEMETRY_SERIES, "summary": TELEMETRY_SUMMARY,
+                     "static": Map(Num(null=True), null=True)}, what="a GPU's samples"), null=True),
+    "interval_s": Num(0, null=True), "error": Str(null=True),
+}, what="the suite's telemetry", null=True)
+ENTRY = Obj({
+    "round": Int(0, 99), "name": Str(max_len=200), "title": Str(null=True), "command": List(Str(), null=True),
+    "status": Str(("ok", "failed", "skipped", "interrupted")), "error": Str(null=True), "seconds": Num(0),
+    "document": Doc(check_document, null=True), "telemetry": TELEMETRY,
+}, required=("name", "status"), what="a suite probe entry")
+SCHEMA = Obj({
+    "quick": Bool(null=True), "rounds": List(Int(1, 3), null=True), "duration_s": Num(0, null=True),
+    "status": Obj({"completed": Bool(null=True), "stopped": Str(max_len=200, null=True), "message": Str(null=True),
+                   "failed": List(Str(), null=True)}, what="a suite status", null=True),
+    "probes": List(ENTRY),
+}, required=("probes",), what="a suite result")

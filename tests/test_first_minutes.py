@@ -1,0 +1,111 @@
+"""A new user's first minutes on a machine without a GPU (issue 16): the README's main command
+sized to the machine, messages that name a way forward, `report` of a stored run, and the model's
+derived metrics carrying a noise estimate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mgpu_bench.cli import cli
+from mgpu_bench.history.compare import noise
+from mgpu_bench.measurement import CommRequest, TimingOptions
+from mgpu_bench.probes.comm import torch_backend as tb
+from mgpu_bench.probes.comm.measure import sized_out_notes
+from mgpu_bench.probes.model.headline import headline as model_headline
+from mgpu_bench.selection import visible_gpu_count
+
+FIX = Path(__file__).parent / "fixtures"
+cpu_only = pytest.mark.skipif(visible_gpu_count() > 0, reason="checks what a machine without a GPU does")
+
+
+@cpu_only
+def test_a_size_too_large_for_the_machine_is_left_out_with_a_note_not_a_timeout():
+    """1 KiB measured, then 1 GiB of the same series projected from its rate: far past half of a
+    20 s --timeout on gloo, so it is not started, the sweep ends clean and says why."""
+    reqs = [CommRequest("allreduce", "fp32", "sum", 1024, inplace=False),
+            CommRequest("allreduce", "fp32", "sum", 1 << 30, inplace=False)]
+    skipped, done = [], []
+    t0 = time.monotonic()
+    sweep = tb.run_sweep(reqs, nproc=2, device="cpu", timeout_s=20.0, timing=TimingOptions(),
+                         on_result=lambda i, raw: done.append(i), on_skip=lambda i, why: skipped.append((i, why)))
+    assert sweep.error is None and not sweep.interrupted
+    assert done == [0] and [i for i, _ in skipped] == [1]
+    assert "past half of --timeout 20 s" in skipped[0][1]
+    (note,) = sized_out_notes(reqs, skipped)
+    assert note.startswith("allreduce (fp32 sum, out-of-place): 1 GiB not run on these CPU processes (gloo)")
+    assert note.endswith("a longer --timeout runs them")
+    assert time.monotonic() - t0 < 60  # no 1 GiB allreduce was started
+
+
+def _one_line_exit_2(args: list[str], env: dict | None = None) -> str:
+    r = CliRunner().invoke(cli, args, env=env)
+    lines = [x for x in r.output.strip().splitlines() if x.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    return lines[0]
+
+
+@cpu_only
+@pytest.mark.parametrize("command", ["gemm", "memory", "links", "sdc"])
+def test_a_gpu_only_command_without_a_gpu_names_what_runs_here(command):
+    line = _one_line_exit_2([command])
+    assert f"{command} needs NVIDIA GPUs" in line and "comm, model and suite run on CPU processes" in line
+
+
+@cpu_only
+@pytest.mark.parametrize("command", ["comm", "model"])
+def test_gpus_without_a_gpu_says_the_same_for_every_command(command):
+    line = _one_line_exit_2([command, "--gpus", "0,1"])
+    assert line.endswith("drop --gpus; on CPU processes give their number with --nproc"), line
+
+
+def test_report_takes_a_stored_run_and_says_what_a_topo_snapshot_is(tmp_path):
+    db = tmp_path / "h.db"
+    r = CliRunner().invoke(cli, ["history", "add", str(FIX / "comm_2x_h200.json"), "--db", str(db)])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "again"
+    r = CliRunner().invoke(cli, ["report", "r1", "--db", str(db), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert (out / "report.html").exists() and "allreduce" in (out / "summary.md").read_text()
+    line = _one_line_exit_2(["report", "r7", "--db", str(db), "--out", str(tmp_path / "x")])
+    assert "no run r7" in line
+    line = _one_line_exit_2(["report", str(FIX / "topo_2x_h200.json"), "--out", str(tmp_path / "t")])
+    assert "is a `mgpu-bench topo` snapshot" in line and "not an mgpu-bench result" not in line
+    line = _one_line_exit_2(["report", str(tmp_path / "nothing.json")])
+    assert "or a stored run id such as r12" in line
+
+
+def test_the_estimate_is_not_said_before_bad_input_is_refused():
+    line = _one_line_exit_2(["comm", "--timeout", "0"], env={"CUDA_VISIBLE_DEVICES": ""})
+    assert "--timeout" in line and "about" not in line
+
+
+def test_derived_model_metrics_carry_per_step_samples_and_so_a_noise_estimate():
+    """Scaling efficiency and exposed communication were compared without noise ("-"), so two
+    runs of a noisy host read as regressions; now each has per-step-pair samples."""
+    suite = json.loads((FIX / "suite" / "suite.json").read_text())
+    doc = next(p["document"] for p in suite["probes"] if p["name"] == "model-scaling")
+    metrics = {m.quantity: m for m in model_headline(doc) if m.quantity in ("exposed_comm", "scaling_efficiency")}
+    eff, exposed = metrics["scaling_efficiency"], metrics["exposed_comm"]
+    assert len(eff.samples) >= 5 and len(exposed.samples) >= 5
+    assert min(eff.samples) <= eff.value <= max(eff.samples)
+    assert all(0.0 <= s < 1.0 for s in exposed.samples)
+    assert noise(eff.samples, absolute=True) > 0 and noise(exposed.samples, absolute=True) is not None
+
+
+@cpu_only
+def test_a_plain_progress_line_off_a_terminal():
+    """stderr a pipe: the estimate, then '<name>: <what> [i/n], N s elapsed' lines, no bar."""
+    proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--ops", "allreduce", "--sizes", "1K,2K",
+                           "--no-store"], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("comm: about ") and "a guess from the sizes" in lines[0]
+    assert any(x.startswith("comm: allreduce 1 KiB") and "[0/4]" in x and "s elapsed" in x for x in lines), lines
+    assert "\r" not in proc.stderr and "\x1b[" not in proc.stderr

@@ -1,0 +1,308 @@
+"""Signals from outside, on real processes: repeated Ctrl-C keeps what was measured, SIGKILL of
+the tool leaves no process of it behind, and the temporary folders of killed runs are removed.
+
+Each run is started in a session of its own and signalled as a terminal does: the whole process
+group (the tool and every child it started) gets each SIGINT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import AS_A_TERMINAL, DEADLINE_S, FIRST_SIZE, plain, wait_for_output
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+
+
+def _cpu_only():
+    from mgpu_bench.selection import visible_gpu_count
+
+    if visible_gpu_count() > 0:
+        pytest.skip("CPU only (the gloo ranks)")
+
+
+def _start(args: list[str], cwd, env: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, **AS_A_TERMINAL, "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc/PID/task/*/children."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, dead and not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _orphans_after(pids: list[int], deadline_s: float) -> list[int]:
+    """The processes of `pids` still running after `deadline_s` (at once when none is); they
+    are killed, so that a failing test leaves nothing behind."""
+    end = time.monotonic() + deadline_s
+    left = [p for p in pids if _alive(p)]
+    while left and time.monotonic() < end:
+        time.sleep(0.1)
+        left = [p for p in left if _alive(p)]
+    for p in left:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    return left
+
+
+@linux
+@pytest.mark.parametrize("presses, gap_s", [(2, 0.3), (20, 0.05)], ids=["twice-0.3s-apart", "20-in-a-second"])
+def test_repeated_ctrl_c_writes_what_was_measured(tmp_path, presses, gap_s):
+    """The first Ctrl-C stops the sweep; the later ones, to the whole process group as from a
+    terminal, are noted and change nothing: exit 130, the JSON with the sizes measured, the
+    history row, the report, no traceback from the tool or its gloo ranks."""
+    _cpu_only()
+    j, db, rep = tmp_path / "r.json", tmp_path / "h.sqlite3", tmp_path / "rep"
+    rep.mkdir()
+    proc = _start(["comm", "--backend", "torch", "--progress", "--sizes", "1M-64M", "--json", str(j), "--db", str(db),
+                   "--report", str(rep)], tmp_path)
+    try:
+        seen = wait_for_output(proc, FIRST_SIZE)
+        sent = 0
+        for _ in range(presses):
+            if proc.poll() is not None:
+                break
+            os.killpg(proc.pid, signal.SIGINT)
+            sent += 1
+            time.sleep(gap_s)
+        _out, rest = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    err = plain((seen + rest).decode(errors="replace"))
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    if sent > 1:
+        assert "mgpu-bench: already stopping: writing what was measured" in err
+    assert "abandoned" not in err
+    doc = json.loads(j.read_text())
+    assert doc["status"]["stopped"] == "interrupted" and doc["measurements"]
+    from mgpu_bench.history import History
+
+    with History.open(db) as h:
+        assert [r.kind for r in h.list()] == ["comm"]
+    assert (rep / "report.html").exists()
+
+
+@linux
+def test_ctrl_c_four_times_abandons_a_stop_that_hangs(tmp_path):
+    """A stop that does not end (here: it sleeps) is abandoned by Ctrl-C pressed three more
+    times, a second apart: one line, exit 130, and the child it started is killed with it."""
+    script = (
+        "import subprocess, sys, time\n"
+        "from mgpu_bench import children, errors\n"
+        "errors.handle_stop_signals()\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], env=children.child_env())\n"
+        "print(child.pid, flush=True)\n"
+        "try:\n"
+        "    time.sleep(300)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('stopping', flush=True)\n"
+        "    time.sleep(300)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=tmp_path, start_new_session=True)
+    try:
+        child = int(proc.stdout.readline())
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline().strip() == b"stopping"
+        t0 = time.monotonic()
+        for _ in range(6):  # the third press counted after the first, each a second after the last, abandons
+            if proc.poll() is not None:
+                break
+            proc.send_signal(signal.SIGINT)
+            time.sleep(1.1)
+        _out, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 130, lines
+    assert 2.0 <= time.monotonic() - t0 < 10.0  # three presses counted, each a second after the last
+    assert lines[-1] == "mgpu-bench: abandoned after repeated Ctrl-C: what was measured is not written"
+    assert lines[-2] == "mgpu-bench: already stopping: writing what was measured (Ctrl-C 1 more time, a second " \
+                        "apart, abandons it)"
+    assert all(line.startswith("mgpu-bench: already stopping") for line in lines[:-1])
+    assert _orphans_after([child], 10.0) == []
+
+
+@linux
+def test_sigkill_of_comm_leaves_no_gloo_rank_running(tmp_path):
+    """SIGKILL (the OOM killer, a launcher's last word) of `comm` mid-sweep: its gloo ranks, and
+    multiprocessing's helper, are gone within seconds, not left spinning."""
+    _cpu_only()
+    proc = _start(["comm", "--backend", "torch", "--progress", "--sizes", "1M-64M", "--no-store"], tmp_path)
+    try:
+        wait_for_output(proc, FIRST_SIZE)
+        below = _descendants(proc.pid)
+        assert len(below) >= 2, below  # the two ranks
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    left = _orphans_after(below, 20.0)
+    assert left == [], f"still running 20 s after their parent was killed: {left}"
+
+
+@linux
+def test_sigkill_of_suite_ends_its_probe_and_a_later_run_removes_its_folder(tmp_path):
+    """SIGKILL of `suite` as soon as it has started its first probe (a child still starting up,
+    before it could bind itself to its parent: the race the child closes by checking its
+    parent): the probe ends too; the suite's temporary folder, named with its pid, stays and
+    is removed by a later run once it is stale."""
+    from mgpu_bench import children
+
+    proc = _start(["suite", "--quick", "--rounds", "2", "--no-store", "--no-progress", "--report",
+                   str(tmp_path)], tmp_path, env={"TMPDIR": str(tmp_path)})
+    try:
+        end = time.monotonic() + DEADLINE_S
+        probes: list[int] = []
+        while not probes and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.05)
+            probes = [p for p in _descendants(proc.pid) if "mgpu_bench.cli" in _cmdline(p)]
+        assert probes, plain(proc.stderr.read().decode(errors="replace")) if proc.poll() is not None else "no probe"
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    left = _orphans_after(probes, 30.0)
+    assert left == [], f"the suite's probe still running 30 s after the suite was killed: {left}"
+    (folder,) = [p for p in tmp_path.iterdir() if p.name.startswith("mgpu-bench-suite-")]
+    # it ended with the suite, not after its sweep (which takes seconds, and writes this file)
+    assert not (folder / "2-comm.json").exists()
+    assert folder.name.startswith(f"mgpu-bench-suite-pid{proc.pid}-")
+    assert children.clean_stale("mgpu-bench-suite-", str(tmp_path)) == []  # not stale yet
+    later = time.time() + children.STALE_S + 1
+    assert children.clean_stale("mgpu-bench-suite-", str(tmp_path), now=later) == [str(folder)]
+
+
+def test_stale_temporary_folders_of_dead_runs_are_removed_never_a_live_ones(tmp_path):
+    from mgpu_bench import children
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    gone, me = int(dead.stdout), os.getpid()
+    old = time.time() - children.STALE_S - 60
+    very_old = time.time() - children.STALE_UNNAMED_S - 60
+
+    def make(name: str, when: float, file: bool = False):
+        p = tmp_path / name
+        if file:
+            p.write_text("log")
+        else:
+            p.mkdir()
+            (p / "1-model.log").write_text("log")
+            os.utime(p / "1-model.log", (when, when))
+        os.utime(p, (when, when))
+        return p
+
+    removed = {
+        make(f"mgpu-bench-suite-pid{gone}-abcd_123", old),  # owner gone, unchanged for long
+        make("mgpu-bench-suite-k2j4h5g6", very_old),  # an older release's name: no pid, a day old
+    }
+    kept = {
+        make(f"mgpu-bench-suite-pid{me}-abcd_124", old),  # owner alive
+        make(f"mgpu-bench-suite-pid{gone}-abcd_125", time.time()),  # owner gone, but changed just now
+        make("mgpu-bench-suite-k2j4h5g7", old),  # no pid, not a day old
+        make("mgpu-bench-suite-20240101-120000", very_old),  # a report folder's name, not ours
+        make(f"mgpu-bench-nccl-pid{gone}-abcd_126.log", old, file=True),  # another prefix
+    }
+    busy = make(f"mgpu-bench-suite-pid{gone}-abcd_127", old)  # a file in it written just now
+    os.utime(busy / "1-model.log")
+    kept.add(busy)
+    target = make("elsewhere", old)
+    link = tmp_path / f"mgpu-bench-suite-pid{gone}-abcd_128"
+    link.symlink_to(target)
+    kept |= {link, target}
+
+    got = children.clean_stale("mgpu-bench-suite-", str(tmp_path))
+    assert sorted(got) == sorted(str(p) for p in removed)
+    assert all(not os.path.lexists(p) for p in removed)
+    assert all(os.path.lexists(p) for p in kept) and (target / "1-model.log").exists()
+    assert children.clean_stale("mgpu-bench-nccl-", str(tmp_path)) == [str(tmp_path / f"mgpu-bench-nccl-pid{gone}-abcd_126.log")]
+
+
+def test_every_child_process_and_temporary_folder_of_the_tool_is_bound_to_its_run():
+    """The class, not the examples: wherever mgpu_bench starts a process it binds it to itself
+    (children.child_env for a subprocess, children.spawning around multiprocessing, torch's
+    elastic agent only through launch.run_elastic), and it makes temporary folders and files in
+    the temporary directory only with its pid in their names (children.temp_folder, temp_name)."""
+    import ast
+    from pathlib import Path
+
+    import mgpu_bench
+
+    root = Path(mgpu_bench.__file__).parent
+    wrong: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        text = path.read_text()
+        tree = ast.parse(text)
+        spawns_mp = False
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            name = ast.unparse(node.func)
+            where = f"{rel}:{node.lineno} {name}()"
+            keywords = {k.arg: ast.unparse(k.value) for k in node.keywords}
+            if name in ("subprocess.Popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
+                        "subprocess.check_output") and "child_env(" not in keywords.get("env", ""):
+                wrong.append(f"{where}: give env=children.child_env(...)")
+            elif name.endswith("elastic_launch") and rel != "mgpu_bench/launch.py":
+                wrong.append(f"{where}: use launch.run_elastic")
+            elif name.endswith(("get_context", "mp.spawn", "start_processes")):
+                spawns_mp = True
+            elif name in ("tempfile.mkdtemp", "tempfile.TemporaryDirectory", "tempfile.mkstemp") \
+                    and rel != "mgpu_bench/children.py" and "dir" not in keywords \
+                    and "temp_name(" not in keywords.get("prefix", ""):
+                wrong.append(f"{where}: use children.temp_folder, or prefix=children.temp_name(...)")
+        if spawns_mp and "children.spawning(" not in text:
+            wrong.append(f"{rel}: starts processes with multiprocessing outside children.spawning()")
+    assert wrong == [], "\n".join(wrong)
