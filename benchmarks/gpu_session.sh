@@ -26,7 +26,7 @@ build() {
   $PY -c "import mgpu_bench._native as n, torch; print('native NCCL', n.nccl_version(), 'torch', torch.__version__)"
 }
 
-pytest1() { run pytest-gpu 420 $PY -m pytest -m gpu -q -x -p no:cacheprovider tests/; }
+pytest1() { run pytest-gpu 480 $PY -m pytest -m gpu -q -p no:cacheprovider tests/; }
 
 diagnose() {
   # healthy: gemm and a 350m step on one GPU, nobody else on it

@@ -25,6 +25,10 @@ class GpuProcess:
     name: str | None  # from /proc/PID/comm, or NVML, where visible
     used_bytes: int | None  # the GPU memory NVML says the process holds
     owner: str  # "ours", "foreign" or "unknown" (the pid is not visible from this process)
+    # Whether the GPU ran kernels when the run started, before any of ours (NVML utilisation above
+    # 0%): False is a process that only holds memory (an idle notebook, a test harness), which
+    # lowers what fits but not the figures; None: not known (it came during the run).
+    busy: bool | None = None
 
     def describe(self) -> str:
         held = f", {self.used_bytes / 2**30:.1f} GiB" if self.used_bytes else ""
@@ -151,9 +155,11 @@ def foreign(before: Mapping, after: Mapping | None = None) -> list[GpuProcess]:
     out: dict[tuple[int, int], GpuProcess] = {}
     for snap, strict in ((before, False), (after or {}, True)):
         for g in (snap.get("gpus") or {}).values():
+            util = g.get("utilization")
+            busy = None if strict or not isinstance(util, (int, float)) else util > 0
             for p in g.get("processes") or []:
                 if p["owner"] == "foreign" or (p["owner"] == "unknown" and not strict):
-                    out.setdefault((p["gpu"], p["pid"]), GpuProcess(**p))
+                    out.setdefault((p["gpu"], p["pid"]), GpuProcess(**{**p, "busy": busy}))
     return sorted(out.values(), key=lambda p: (p.gpu, p.pid))
 
 
@@ -179,14 +185,25 @@ def findings_text(found: list[GpuProcess], snap: Mapping | None = None) -> list[
         total = ((snap or {}).get("gpus") or {}).get(str(gpu), {}).get("memory_total")
         held = sum(p.used_bytes or 0 for p in procs)
         share = f"; they hold {held / 2**30:.1f} of {total / 2**30:.0f} GiB" if total and held else ""
+        if all(p.busy is False for p in procs):
+            lines.append(f"GPU {gpu} holds memory of {', '.join(p.describe() for p in procs)}{share}, which ran no "
+                         "kernels when the run started (0% utilisation): it lowers what fits; the figures are this "
+                         "GPU's")
+            continue
         lines.append(f"GPU {gpu} shared with {', '.join(p.describe() for p in procs)}{share}: its figures are not "
                      "this GPU's alone, and another job's memory lowers what fits")
     return lines
 
 
+def competing(found: list[GpuProcess]) -> list[GpuProcess]:
+    """The foreign processes that may have run kernels beside ours (not known to be idle)."""
+    return [p for p in found if p.busy is not False]
+
+
 def cause(gpu: int, found: list[GpuProcess]) -> str | None:
-    """The words that name another process as the cause of GPU `gpu`'s result, or None."""
-    procs = [p for p in found if p.gpu == gpu]
+    """The words that name another process as the cause of GPU `gpu`'s result, or None (none,
+    or only processes that ran nothing when the run started)."""
+    procs = [p for p in competing(found) if p.gpu == gpu]
     if not procs:
         return None
     return f"GPU {gpu} shared with {', '.join(p.describe() for p in procs)}"

@@ -371,7 +371,8 @@ ENVIRONMENT = Obj({
 }, what="an environment", null=True)
 OCCUPANCY = Obj({
     "foreign": List(Obj({"gpu": Int(0, MAX_GPU_INDEX), "pid": Int(0), "name": Str(null=True),
-                         "used_bytes": Int(0, null=True), "owner": Str(("ours", "foreign", "unknown"))},
+                         "used_bytes": Int(0, null=True), "owner": Str(("ours", "foreign", "unknown")),
+                         "busy": Bool(null=True)},
                         required=("gpu", "pid", "owner"), what="a process", closed=True), null=True),
     "before": Obj({"gpus": Map(Obj({"memory_total": Num(0, null=True)}, what="a GPU"), null=True)},
                   what="a snapshot", null=True),

@@ -105,6 +105,27 @@ def test_watch_reports_the_foreign_before_and_the_visibly_foreign_after(orphan):
                            "they hold 4.0 of 141 GiB")
 
 
+def test_a_process_that_only_holds_memory_is_not_the_cause(orphan):
+    """Seen on one H200: the pytest process that launched `model` held 3.1 GiB and ran nothing,
+    and the verdict said "shared GPU". Idle when the run started (0% utilisation): it lowers
+    what fits, but the figures are the GPU's own, so it is named as such and never the cause."""
+
+    class Idle(FakeNvml):
+        def nvmlDeviceGetUtilizationRates(self, h):
+            return SimpleNamespace(gpu=0, memory=0)
+
+    w = occupancy.Watch({0: BUS}, nvml=Idle([orphan]))
+    (p,) = w.check()
+    assert p.pid == orphan and p.busy is False
+    assert occupancy.cause(0, [p]) is None and occupancy.competing([p]) == []
+    (line,) = occupancy.findings_text([p])
+    assert line.startswith(f"GPU 0 holds memory of pid {orphan} (sleep, 2.0 GiB), which ran no kernels")
+    busy = occupancy.Watch({0: BUS}, nvml=FakeNvml([orphan])).check()  # 97% utilisation before the run
+    assert busy[0].busy is True and occupancy.cause(0, busy) == f"GPU 0 shared with pid {orphan} (sleep, 2.0 GiB)"
+    doc = {"occupancy": w.to_dict()}
+    assert occupancy.from_document(doc)[0].busy is False  # stored and read back
+
+
 def test_without_nvml_there_is_nothing_to_report():
     class Broken(FakeNvml):
         def nvmlInit(self):

@@ -390,8 +390,9 @@ def noisy_host(run, metrics: Sequence[Metric]) -> list[str]:
 
 
 def shared_gpus(run) -> list[str]:
-    """Lines for a stored run that ran beside another process on its GPUs (occupancy)."""
-    from mgpu_bench.occupancy import findings_text, from_document
+    """Lines for a stored run that ran beside another process on its GPUs (occupancy); one that
+    only held memory, running nothing, leaves the figures comparable."""
+    from mgpu_bench.occupancy import competing, findings_text, from_document
 
     doc = run.document if isinstance(run.document, Mapping) else {}
-    return [f"{run.run_id}: {line}" for line in findings_text(from_document(doc))]
+    return [f"{run.run_id}: {line}" for line in findings_text(competing(from_document(doc)))]
