@@ -14,10 +14,8 @@ checked on every read.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 RESULT_SCHEMA = "mgpu-bench/result"
@@ -79,8 +77,8 @@ def document_kind(doc: Mapping) -> str | None:
 
 
 def write_json(path: str | os.PathLike, document: Mapping) -> None:
-    """Writes atomically (a temporary file, then a rename) into an existing folder."""
-    p = Path(path)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(document, indent=1))
-    tmp.replace(p)
+    """Writes atomically into an existing folder, as every output is written (paths.write_json:
+    through a symbolic link, never over a FIFO or a device)."""
+    from .paths import write_json as write
+
+    write(path, document)

@@ -276,6 +276,7 @@ def render_again(result: str, out_dir: str | None, db: str | None = None) -> int
     import json
     import os
     import re
+    import stat
 
     from . import probe as registry
     from .document import RESULT_SCHEMA, document_kind
@@ -293,13 +294,20 @@ def render_again(result: str, out_dir: str | None, db: str | None = None) -> int
         if Path(result).name:  # "", "." and "/" have no name to put -report after: they fail as files below
             out_dir = out_dir or str(Path(result).with_name(Path(result).stem + "-report"))
         try:
+            mode = os.stat(result).st_mode
+        except OSError:
+            mode = None  # read below, which names why
+        if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            raise InputError(f"{result} is not a regular file (a FIFO or a device would be read without end): give a "
+                             "result file written by a command's --json")
+        try:
             doc = json.loads(Path(result).read_text())
         except IsADirectoryError:
             raise InputError(f"{result} is a folder: give a result file written by a command's --json, or a "
                              "stored run id such as r12 (mgpu-bench history list shows them)") from None
         except OSError as exc:
             raise InputError(f"cannot read {result}: {exc.strerror or exc}; give a result file written by a "
-                             "command's --json, or a stored run id such as r12 (mgpu-bench history show lists "
+                             "command's --json, or a stored run id such as r12 (mgpu-bench history list shows "
                              "them)") from None
         except (ValueError, RecursionError):
             raise InputError(f"{result} is not JSON: give a file written by a command's --json") from None

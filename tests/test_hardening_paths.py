@@ -352,3 +352,13 @@ def test_no_range_check_names_only_its_lower_bound():
                 if "<=" in check and check.count("<=") >= 2:
                     offenders.append(f"{path.relative_to(root)}:{i + 1}")
     assert offenders == []
+
+
+def test_markdown_of_stored_text_carries_no_control_character():
+    """summary.md is read with `cat` too: a host name holding escape sequences is written as
+    their escapes, never as the bytes a terminal obeys."""
+    from mgpu_bench.output.html_page import md
+
+    out = md("gpu-node\x1b[2J\x1b]0;pwn\x07 | <b>")
+    assert not any(ord(c) < 32 or ord(c) == 127 for c in out)
+    assert "x1b" in out and "\\|" in out and "\\<b>" in out

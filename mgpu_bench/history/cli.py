@@ -177,15 +177,18 @@ def history_add(files, db_path) -> int:
 @click.option(
     "--kind",
     default=None,
-    help="Only runs of this kind (comm, gemm, memory, model, links, suite).",
+    help="Only runs of this kind (a command's name: comm, gemm, memory, model, links, fleet, sdc, overlap, suite).",
 )
 @_db_option
 def history_list(limit, kind, db_path) -> int:
     """The last runs, newest first; * marks the baseline of its kind."""
     from rich.table import Table
 
+    from mgpu_bench import probe as registry
     from mgpu_bench.output.tables import print_table
 
+    if kind is not None and kind not in registry.names():
+        raise InputError(f"--kind {safe_text(kind)!s}: not a kind of run; choose from {', '.join(registry.names())}")
     out = _out()
     with _open(db_path) as h:
         runs = h.list(limit, kind)

@@ -157,8 +157,11 @@ _MD_SPECIAL = re.compile(r"([\\`\[\]<|])")
 
 def md(text: object) -> str:
     """An outside string for Markdown: one line, with a backslash before what would start a
-    link, an image, a code span or raw HTML, and before table pipes."""
-    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+    link, an image, a code span or raw HTML, and before table pipes; control characters shown as
+    their escapes (console.safe_text), so `cat summary.md` never obeys one."""
+    from .console import safe_text
+
+    return _MD_SPECIAL.sub(r"\\\1", safe_text(" ".join(str(text).split())))
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:

@@ -238,14 +238,6 @@ def default_report_dir(now: _dt.datetime | None = None) -> str:
     return f"mgpu-bench-suite-{now:%Y%m%d-%H%M%S}"
 
 
-def write_document(path: Path, doc: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    tmp.replace(path)
-
-
 # The headline metrics whose history the report plots, by the start of their names.
 TREND_PREFIXES = ("gemm.", "comm.allreduce.", "memory.", "model.")
 

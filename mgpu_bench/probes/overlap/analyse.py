@@ -398,6 +398,9 @@ def check_reference(ref: Any) -> str | None:
     missing = [k for k in REFERENCE_KEYS if k not in ref]
     if missing:
         return f"lacks {', '.join(missing)}"
+    if not all(isinstance(ref[k], (int, float)) and not isinstance(ref[k], bool)
+               for k in ("step_s", "exposed_comm_share", "world")):
+        return "holds a figure that is not a number"
     try:
         if not (float(ref["step_s"]) > 0 and 0 <= float(ref["exposed_comm_share"]) < 1 and int(ref["world"]) >= 2):
             return "needs step_s > 0, exposed_comm_share in [0, 1) and world >= 2"
