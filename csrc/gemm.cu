@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "cublaslt_algo.hpp"
 #include "cuda_util.hpp"
 #include "errors.hpp"
 
@@ -151,16 +152,6 @@ struct LtDescs {
   }
 };
 
-template <typename T>
-T algo_attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  T v{};
-  size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) !=
-      CUBLAS_STATUS_SUCCESS) {
-    return T{};
-  }
-  return v;
-}
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -424,14 +415,7 @@ GemmMeasurement GemmProbe::measure(const GemmMeasureArgs& args) {
     const cublasLtMatmulAlgo_t& algo = heur[ci].algo;
     GemmCandidate c;
     c.index = static_cast<int>(ci);
-    c.algo_id = algo_attr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID);
-    c.tile = static_cast<int>(algo_attr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
-    c.stages = static_cast<int>(algo_attr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID));
-    c.split_k = algo_attr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
-    c.reduction = static_cast<int>(algo_attr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
-    c.swizzle = static_cast<int>(algo_attr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
-    c.custom = static_cast<int>(algo_attr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
-    c.cluster = static_cast<int>(algo_attr<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+    name_algo(algo, c);
     c.workspace = heur[ci].workspaceSize;
     c.waves = heur[ci].wavesCount;
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "cublaslt_algo.hpp"
 #include "cuda_util.hpp"
 #include "errors.hpp"
 
@@ -130,28 +131,11 @@ __global__ void hbm_describe_kernel(const uint64_t* w, uint64_t key, unsigned lo
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-template <typename T>
-T algo_attr(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  T v{};
-  size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) !=
-      CUBLAS_STATUS_SUCCESS) {
-    return T{};
-  }
-  return v;
-}
 
 SdcAlgo describe(const cublasLtMatmulAlgo_t& algo, size_t workspace) {
   SdcAlgo a;
   a.blob.assign(reinterpret_cast<const char*>(&algo), sizeof(algo));
-  a.algo_id = algo_attr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID);
-  a.tile = static_cast<int>(algo_attr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
-  a.stages = static_cast<int>(algo_attr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID));
-  a.split_k = algo_attr<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
-  a.reduction = static_cast<int>(algo_attr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
-  a.swizzle = static_cast<int>(algo_attr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
-  a.custom = static_cast<int>(algo_attr<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
-  a.cluster = static_cast<int>(algo_attr<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID));
+  name_algo(algo, a);
   a.workspace = workspace;
   return a;
 }

@@ -93,7 +93,7 @@ def test_no_import_cycles():
 
 
 SHARED = {"errors", "sizes", "paths", "hardware", "measurement", "ops", "theory", "topo", "telemetry", "env",
-          "launch", "models", "selection", "metrics", "document", "nccl_log", "_libs", "children", "schema"}
+          "launch", "models", "selection", "metrics", "document", "nccl_log", "_libs", "children", "schema", "per_gpu"}
 
 
 def _layer(module: str) -> str:

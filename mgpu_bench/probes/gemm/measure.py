@@ -15,7 +15,6 @@ import gc
 import itertools
 import re
 import statistics
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 
 from mgpu_bench import hardware
 from mgpu_bench.errors import InputError, MgpuError, OutOfMemoryError, interruption
+from mgpu_bench.per_gpu import on_gpus
 
 from .shape import GEMM_DTYPES, INITS, LAYOUTS, MAX_DIM  # the document's names and bounds, defined once there
 
@@ -385,7 +385,7 @@ def run_gemm(cfg: GemmConfig, devices: list[dict], progress: Callable[[str], Non
                         dev["index"], dtype, layout, largest.m, largest.n, largest.k, cfg.workspace,
                         cfg.seed, cfg.fp8_fast_accum, INITS[cfg.init])
 
-                _on_gpus(devices, make, cfg.one_at_a_time, probes)
+                on_gpus(devices, make, probes, cfg.one_at_a_time)
                 if progress:
                     progress(f"{dtype}: probes ready")
                 shapes = list(cfg.shapes)
@@ -430,46 +430,6 @@ def _largest(cfg: GemmConfig) -> Shape:
     return Shape(max(s.m for s in shapes), max(s.n for s in shapes), max(s.k for s in shapes))
 
 
-def _on_gpus(devices: Sequence[dict], fn: Callable[[dict], Any], one_at_a_time: bool,
-             probes: Mapping[int, Any]) -> dict[int, Any]:
-    """fn(device) for every GPU, each in its own thread: all at once, or one after another.
-    The main thread waits in 0.1 s slices so that Ctrl-C reaches it while a GPU works in native
-    code; it then stops every probe, lets the threads return what they have, and re-raises.
-    The first exception of a worker is raised here."""
-    results: dict[int, Any] = {}
-    errors: list[BaseException] = []
-
-    def work(dev: dict, done: threading.Event) -> None:
-        try:
-            results[dev["index"]] = fn(dev)
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
-            errors.append(exc)
-            for p in list(probes.values()):
-                p.stop()
-        finally:
-            done.set()
-
-    # Completion is awaited on Events, not Thread.join: on Python <= 3.12 a KeyboardInterrupt
-    # inside join() can mark a still-running thread as finished (bpo-45274's clean-up), and a
-    # later join() would then return while the GPU is still working.
-    batches = [[d] for d in devices] if one_at_a_time else [list(devices)]
-    for batch in batches:
-        events = [threading.Event() for _ in batch]
-        for d, ev in zip(batch, events, strict=True):
-            threading.Thread(target=work, args=(d, ev), daemon=True).start()
-        try:
-            for ev in events:
-                while not ev.wait(0.1):
-                    pass
-        except KeyboardInterrupt:
-            for p in list(probes.values()):
-                p.stop()
-            for ev in events:
-                ev.wait()
-            raise
-        if errors:
-            raise errors[0]
-    return results
 
 
 def _measure_all(cfg, run, devices, probes, dtype, layout, shape, sampler, phase, candidates, samples,
@@ -489,7 +449,7 @@ def _measure_all(cfg, run, devices, probes, dtype, layout, shape, sampler, phase
             telemetry=_window(sampler, dev["index"], t0, t1), phase=phase,
             fast_accum=dtype == "fp8" and cfg.fp8_fast_accum)
 
-    out = _on_gpus(devices, one, cfg.one_at_a_time, probes)
+    out = on_gpus(devices, one, probes, cfg.one_at_a_time)
     results = [out[d["index"]] for d in devices]
     run.results.extend(results)
     return results
@@ -549,4 +509,4 @@ def _sustain_all(cfg, run, devices, probes, dtype, sampler) -> None:
             raise _Stop()
 
     # Sustained runs are the hot case: all GPUs together unless asked otherwise.
-    _on_gpus(devices, one, cfg.one_at_a_time, probes)
+    on_gpus(devices, one, probes, cfg.one_at_a_time)

@@ -13,12 +13,12 @@ config, checks and run it fills are result.py's (also importable from here).
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mgpu_bench.errors import MgpuError, OutOfMemoryError, interruption
+from mgpu_bench.per_gpu import on_gpus
 
 from .analyse import locate_element, locate_gemm, locate_word, peer_groups, peer_mismatches
 from .result import (
@@ -85,7 +85,7 @@ def run_sdc(cfg: SdcConfig, devices: Sequence[dict], progress: Callable[[str], N
         def make(dev: dict) -> None:
             probes[dev["index"]] = _native.SdcProbe(dev["index"], cfg.dtype, m, n, k, cfg.seed)
 
-        _on_gpus(devices, make, probes)
+        on_gpus(devices, make, probes)
         _pin_algorithms(run, probes)
         if cfg.comm_bytes:
             gpus = [d["index"] for d in devices]
@@ -172,7 +172,7 @@ def _repetition(run: SdcRun, cfg: SdcConfig, devices: Sequence[dict], probes: Ma
             raise _Stop()
         return check
 
-    _keep(run, devices, _on_gpus(devices, gemm, probes))
+    _keep(run, devices, on_gpus(devices, gemm, probes))
 
     if session is not None:
         say(f"{where}: {COMM_DTYPE} allreduce of exact integers")
@@ -196,7 +196,7 @@ def _repetition(run: SdcRun, cfg: SdcConfig, devices: Sequence[dict], probes: Ma
             raise _Stop()
         return check
 
-    _keep(run, devices, _on_gpus(devices, hbm, probes))
+    _keep(run, devices, on_gpus(devices, hbm, probes))
 
 
 def _keep(run: SdcRun, devices: Sequence[dict], checks: Mapping[int, Check]) -> None:
@@ -260,39 +260,3 @@ def _compare_peers(run: SdcRun, probes: Mapping[int, Any]) -> None:
         run.peer_differences.append({"gpu": pm["gpu"], "against": pm["against"], "work": "gemm", "first": first})
 
 
-def _on_gpus(devices: Sequence[dict], fn: Callable[[dict], Any], probes: Mapping[int, Any]) -> dict[int, Any]:
-    """fn(device) for every GPU at once, each in its own thread; {GPU: its result}. The main
-    thread waits in 0.1 s slices so that Ctrl-C reaches it while the GPUs work in native code;
-    it then stops every probe, waits for the threads and re-raises. A worker's first exception
-    is raised here after all have returned."""
-    results: dict[int, Any] = {}
-    errors: list[BaseException] = []
-
-    def work(dev: dict, done: threading.Event) -> None:
-        try:
-            results[dev["index"]] = fn(dev)
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
-            errors.append(exc)
-            for p in list(probes.values()):
-                p.stop()
-        finally:
-            done.set()
-
-    # Events, not Thread.join: on Python <= 3.12 a KeyboardInterrupt inside join() can mark a
-    # running thread as finished (bpo-45274), and a later join() would return while it works.
-    events = [threading.Event() for _ in devices]
-    for d, ev in zip(devices, events, strict=True):
-        threading.Thread(target=work, args=(d, ev), daemon=True).start()
-    try:
-        for ev in events:
-            while not ev.wait(0.1):
-                pass
-    except KeyboardInterrupt:
-        for p in list(probes.values()):
-            p.stop()
-        for ev in events:
-            ev.wait()
-        raise
-    if errors:
-        raise errors[0]
-    return results
