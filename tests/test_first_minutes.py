@@ -100,11 +100,16 @@ def test_derived_model_metrics_carry_per_step_samples_and_so_a_noise_estimate():
 
 
 @cpu_only
-def test_a_plain_progress_line_off_a_terminal():
-    """stderr a pipe: the estimate, then '<name>: <what> [i/n], N s elapsed' lines, no bar."""
+def test_a_plain_progress_line_off_a_terminal_and_the_whole_process_wall(tmp_path):
+    """stderr a pipe: the estimate, then '<name>: <what> [i/n], N s elapsed' lines, no bar; the
+    closing line counts the whole process too, start-up included."""
+    out = tmp_path / "c.json"
     proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--ops", "allreduce", "--sizes", "1K,2K",
-                           "--no-store"], capture_output=True, text=True, timeout=300, check=False)
+                           "--no-store", "--json", str(out)], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["process_seconds"] > doc["wall_seconds"] > 0
+    assert f"{doc['process_seconds']:.2f} s since the process started" in proc.stdout
     lines = proc.stderr.splitlines()
     assert lines[0].startswith("comm: about ") and "a guess from the sizes" in lines[0]
     assert any(x.startswith("comm: allreduce 1 KiB") and "[0/4]" in x and "s elapsed" in x for x in lines), lines

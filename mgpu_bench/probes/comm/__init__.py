@@ -273,7 +273,7 @@ class CommProbe(Probe):
             render_terminal(run, console)
             for line in summary_lines(run):
                 console.print(line, highlight=False, soft_wrap=True)  # one line each, for grep
-        whole = (f"; {run.process_seconds:.2f} s since the process started (Python, torch and CUDA start-up "
+        whole = (f"; {run.process_seconds:.2f} s since the process started (Python and torch imports "
                  "included)" if run.process_seconds else "")
         console.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s wall, "
                       f"communicator set-up included{whole}", highlight=False)
