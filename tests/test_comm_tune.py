@@ -278,6 +278,31 @@ def test_the_document_round_trip_and_the_paste_lines_on_the_terminal():
     assert "NVLS: NCCL_NVLS_ENABLE=0 in this environment" in text
 
 
+def test_the_report_page_summary_and_csv_carry_the_tuning(tmp_path):
+    """`comm --tune --report/--csv`: the settings per band and the lines to paste on the page and in
+    summary.md, every setting's measurements in the CSV."""
+    import csv as csvmod
+
+    from mgpu_bench.probes.comm import PROBE
+    from mgpu_bench.probes.comm.document import result_document
+
+    t = trial({"NCCL_PROTO": "allreduce:LL128"}, {1 * MIB: 112e9, 4 * MIB: 112e9, 256 * MIB: 300e9,
+                                                  1024 * MIB: 300e9})
+    tu = Tuning(("allreduce",), (SMALL, LARGE), 22809, NVLS_OFF, defaults() + [t])
+    run = CommRun("native", ["cuda:0", "cuda:1"], [], measurements=list(tu.trials[0].measurements))
+    doc = json.loads(json.dumps(result_document(run, {}, ["mgpu-bench"], tu.to_dict())))
+    paths = PROBE.report(doc, tmp_path / "rep")
+    page = (tmp_path / "rep" / "report.html").read_text()
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert any(p.name == "report.html" for p in paths)
+    for text in (page, md):
+        assert "NCCL settings (comm --tune)" in text and "export NCCL_PROTO=allreduce:LL128" in text
+    assert "| allreduce | small 1 MiB-4 MiB |" in md
+    rows = list(csvmod.DictReader(io.StringIO(PROBE.csv(doc))))
+    assert {r["setting"] for r in rows} == {tu.trials[0].candidate.label, "NCCL_PROTO=allreduce:LL128"}
+    assert len(rows) == sum(len(x.measurements) for x in tu.trials) and all(float(r["busbw_Bps"]) > 0 for r in rows)
+
+
 def test_the_probe_fails_a_run_where_a_setting_gave_wrong_data():
     from mgpu_bench.probes.comm import PROBE
     from mgpu_bench.probes.comm.document import result_document

@@ -279,9 +279,9 @@ class CommProbe(Probe):
                       f"communicator set-up included{whole}", highlight=False)
 
     def csv(self, doc: Mapping) -> str:
-        from .render import render_csv
+        from .render import render_csv, tuning_csv
 
-        return render_csv(self.load(doc))
+        return tuning_csv(doc["tuning"]) if doc.get("tuning") else render_csv(self.load(doc))
 
     def images(self, doc: Mapping) -> dict[str, bytes]:
         from .report import images
@@ -296,7 +296,7 @@ class CommProbe(Probe):
     def report(self, doc: Mapping, out_dir, history=None):
         from .report import write_report
 
-        return write_report(self.load(doc), out_dir, doc.get("environment") or {})
+        return write_report(self.load(doc), out_dir, doc.get("environment") or {}, doc.get("tuning"))
 
     def suite_steps(self, plan: PlanContext) -> list[Step]:
         if plan.ngpu:

@@ -242,3 +242,50 @@ def render_tuning(tuning: dict, console, run: CommRun) -> None:
             console.print(line, highlight=False, soft_wrap=True)
     console.print(f"{len(tu.trials)} NCCL setting run(s) in {run.wall_seconds:.1f} s wall, each in a fresh process "
                   "(start-up included)", highlight=False)
+
+
+TUNING_HEADERS = ("op", "band", "at", "default GB/s", "best setting", "busbw GB/s", "gain %", "noise %",
+                  "recommended", "why")
+
+
+def tuning_rows(tuning: dict) -> tuple[list[list[str]], list[str]]:
+    """`comm --tune` as rows (TUNING_HEADERS, one per collective and size band, figures at the
+    band's deciding size) and the lines to paste (or the sentence that the defaults stand), for
+    the report page and summary.md; the terminal draws the same choices (render_tuning)."""
+    from mgpu_bench.sizes import format_gbs
+
+    from .tune import Tuning
+
+    tu = Tuning.from_dict(tuning)
+    rows = []
+    for c in tu.choices():
+        a = c.at
+        rows.append([c.op, f"{c.band.name} {c.band.label}", format_bytes(a.size) if a else "-",
+                     format_gbs(a.default_busbw) if a else "-", c.setting or "-", format_gbs(a.busbw) if a else "-",
+                     f"{100 * a.gain:+.1f}" if a else "-", f"{100 * a.noise:.1f}" if a and a.noise is not None else "n/a",
+                     "yes" if c.recommended else "no", c.reason])
+    advice = tu.advice()
+    keep = ("no NCCL setting beat the default by more than max(2%, 3 x noise) at every size of a band without "
+            "losing elsewhere: keep the defaults")
+    lines = list(advice.lines) or [keep]
+    for only, where, costs in advice.only_for:
+        lines += [f"only where the job's messages are all within {where} (elsewhere {', '.join(costs)}):", *only]
+    return rows, lines
+
+
+def tuning_csv(tuning: dict) -> str:
+    """Every setting's measurements, one row each: the setting's environment, then the figures in
+    base units (bytes, seconds, bytes/s) as render_csv writes them."""
+    from .tune import Tuning
+
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["setting", "run", "op", "bytes", "busbw_Bps", "time_s", "cov", "nsamples", "wrong", "status"])
+    tu = Tuning.from_dict(tuning)
+    for t in tu.trials:
+        for m in t.measurements:
+            w.writerow([t.candidate.label, t.run, m.spec.op, m.spec.bytes, f"{m.busbw:.6g}", f"{m.time_s:.9g}",
+                        "" if m.cov is None else f"{m.cov:.4g}", m.nsamples, m.total_wrong,
+                        t.error or t.stopped or "ok"])
+    return buf.getvalue()
+

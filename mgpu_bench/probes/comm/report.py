@@ -20,7 +20,7 @@ from mgpu_bench.sizes import format_bytes, format_gbs
 
 from .analyse import judge, key_figure, series, summary, theory_dict, theory_for
 from .plan import CommRun
-from .render import COLUMNS, format_cell, row
+from .render import COLUMNS, TUNING_HEADERS, format_cell, row, tuning_rows
 
 
 def _theory(run: CommRun) -> dict | None:
@@ -139,7 +139,7 @@ def summary_html(run: CommRun) -> str:
     return "".join(parts)
 
 
-def markdown(run: CommRun, environment: dict) -> str:
+def markdown(run: CommRun, environment: dict, tuning: dict | None = None) -> str:
     md = html_page.md  # outside text: one line, table pipes escaped
     lines = [f"# mgpu-bench comm: {run.nranks} ranks ({md(run.backend)})", "",
              html_page.environment_markdown(environment, ENV_KEYS, _cpu(run, environment))]
@@ -159,6 +159,10 @@ def markdown(run: CommRun, environment: dict) -> str:
         what = s["op"] if s["scope"] == "world" else f"{s['op']} {s['scope']} {md(s['group'])}"
         lines.append(f"| {what} | {s['placement']} | {s['busbw_at_largest'] / 1e9:.1f} GB/s at "
                      f"{format_bytes(s['largest_bytes'])} | {mean} | {pct} | {s['wrong']} |")
+    if tuning:
+        rows, paste = tuning_rows(tuning)
+        lines += ["", "## NCCL settings (comm --tune)", "", *html_page.md_table(TUNING_HEADERS, rows), "", "```",
+                  *paste, "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -172,8 +176,9 @@ def _series_table(run: CommRun, sr) -> str:
     return html_page.wide("".join(out))
 
 
-def page(run: CommRun, environment: dict, images: dict[str, bytes]) -> str:
-    """The summary first (summary_html), the environment, then per op its plot and tables."""
+def page(run: CommRun, environment: dict, images: dict[str, bytes], tuning: dict | None = None) -> str:
+    """The summary first (summary_html), the environment, then per op its plot and tables, and
+    for `comm --tune` the settings per size band with the lines to paste."""
     e = html.escape
     all_series = series(run)
     sections = []
@@ -183,16 +188,21 @@ def page(run: CommRun, environment: dict, images: dict[str, bytes]) -> str:
         for sr in (x for x in all_series if x.op == op):
             parts.append(("" if sr.scope == "world" else f"<h3>{e(sr.title)}</h3>") + _series_table(run, sr))
         sections.append((op, "".join(parts)))
+    if tuning:
+        rows, paste = tuning_rows(tuning)
+        sections.append(("NCCL settings (comm --tune)", html_page.wide(html_page.table(TUNING_HEADERS, rows, left=(0, 1, 4, 9)))
+                         + "<pre>" + e("\n".join(paste)) + "</pre>"))
     return html_page.page(f"mgpu-bench comm: {run.nranks} ranks ({run.backend})", environment, [], sections,
                           run.notes, summary=summary_html(run), keys=ENV_KEYS,
                           cpu=_cpu(run, environment))
 
 
-def write_report(run: CommRun, out_dir: str | Path, environment: dict) -> list[Path]:
+def write_report(run: CommRun, out_dir: str | Path, environment: dict, tuning: dict | None = None) -> list[Path]:
     """Writes busbw_<op>.png per op, report.html and summary.md into out_dir (created if its
-    parent exists); returns the paths."""
+    parent exists); returns the paths. `tuning`: a `comm --tune` document's tuning."""
     pngs = images(run)
-    return html_page.write_bundle(out_dir, pngs, page(run, environment, pngs), markdown(run, environment))
+    return html_page.write_bundle(out_dir, pngs, page(run, environment, pngs, tuning),
+                                  markdown(run, environment, tuning))
 
 
 def images(run: CommRun) -> dict[str, bytes]:
