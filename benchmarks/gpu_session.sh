@@ -2,7 +2,8 @@
 # One call on the lent GPU machine: build, then the named steps, each with its own time limit and
 # log under $OUT/logs (tarred at the end: only 8 files come back). Usage:
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]
-# Steps: build pytest1 diagnose fleetnode compile1 sdc1 overlap1 suite1 (one GPU); model2 (two GPUs).
+# Steps: build pytest1 diagnose fleetnode compile1 sdc1 overlap1 suite1 (one GPU); model2 two18 wall16 fleet2
+# (two GPUs: prepared for a session that is lent the two-GPU kind; not run yet).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -76,6 +77,28 @@ suite1() { run suite-quick 420 $MB suite --quick --report "$L/suite" --no-store;
 model2() {
   run model-ddp 420 $MB model --model 350m --scaling 1,2 --steps 20 --warmup-steps 5 --json "$L/model-ddp.json" --no-store
   run model-fsdp 420 $MB model --model 350m --scaling 1,2 --parallel fsdp --steps 20 --warmup-steps 5 --json "$L/model-fsdp.json" --no-store
+}
+
+two18() {  # issue 18 on two GPUs: sdc across GPUs, overlap against a real allreduce, comm --tune's target
+  run sdc-determinism2 300 $PY benchmarks/sdc_determinism.py --repetitions 100
+  run overlap2 200 $MB overlap --json "$L/overlap2.json" --no-store
+  run tune2 200 $MB comm --tune --sizes 1M-1G --json "$L/tune2.json" --no-store
+  run pytest-two 480 $PY -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_sdc.py tests/test_gpu_overlap.py tests/test_gpu_comm_tune.py
+}
+
+wall16() {  # issue 16: comm's whole process against the same sweep without it (2 GPUs), wall clock each
+  run comm-wall 120 bash -c "for i in 1 2 3; do /usr/bin/time -f 'comm process %e s' $MB comm --ops allreduce --sizes 1M-1G --no-store > /dev/null; done"
+}
+
+fleet2() {  # issue 15: two torchrun agents, one GPU each, NCCL forced onto sockets between them
+  local port=29611
+  for rank in 0 1; do
+    CUDA_VISIBLE_DEVICES=$rank NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 timeout 300 $PY -m torch.distributed.run \
+      --nnodes 2 --node-rank $rank --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $port \
+      -m mgpu_bench.cli fleet --timeout 60 --json "$L/fleet2-$rank.json" --no-store > "$L/fleet2-$rank.log" 2>&1 &
+  done
+  wait
+  tail -n 30 "$L/fleet2-0.log"
 }
 
 for step in "$@"; do "$step"; done

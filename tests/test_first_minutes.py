@@ -114,3 +114,30 @@ def test_a_plain_progress_line_off_a_terminal_and_the_whole_process_wall(tmp_pat
     assert lines[0].startswith("comm: about ") and "a guess from the sizes" in lines[0]
     assert any(x.startswith("comm: allreduce 1 KiB") and "[0/4]" in x and "s elapsed" in x for x in lines), lines
     assert "\r" not in proc.stderr and "\x1b[" not in proc.stderr
+
+
+def test_compare_says_when_a_host_is_too_noisy_to_compare(tmp_path):
+    """Two CPU runs a minute apart gave "regressions" of 19 and 27 points: a run that started on a
+    busy host, or whose figures spread over 10% within the run, is said to be too noisy; the
+    changes keep their own noise-aware status."""
+    from mgpu_bench.history import History, compare_runs
+    from mgpu_bench.metrics import Metric
+
+    suite = json.loads((FIX / "suite" / "suite.json").read_text())
+    doc = next(p["document"] for p in suite["probes"] if p["name"] == "model-scaling")
+    quiet = {**doc, "environment": {**doc["environment"], "host_load": {"load_1m": 0.2, "cpus": 2}}}
+    busy = {**doc, "environment": {**doc["environment"], "host_load": {"load_1m": 3.4, "cpus": 2}}}
+    with History.open(tmp_path / "h.db") as h:
+        a, b = h.save(quiet), h.save(busy)
+        c = compare_runs(h, a, b)
+        busy_line = (f"{b}: the host was busy when it started (load average 3.4 on 2 CPU(s)) and it ran on CPU "
+                     "processes: its figures drift between runs more than its own samples show; run both on an idle "
+                     "host")
+        assert c.warnings == (busy_line,)
+        assert not compare_runs(h, a, a).warnings
+        # three figures whose samples spread 30% within the run
+        spread = [Metric(f"model.tiny.ddp.{n}gpu.synthetic.tokens_per_s", 1000.0, "tokens/s", "higher",
+                         tuple(1000.0 * (1 + 0.3 * ((i % 3) - 1)) for i in range(9))) for n in (1, 2, 4)]
+        noisy = h.save(quiet, spread)
+        (line,) = compare_runs(h, a, noisy).warnings
+        assert line.startswith(f"{noisy}: its figures spread ") and "the host is too noisy to compare" in line
