@@ -7,7 +7,10 @@
     render.py         terminal table and CSV
     report.py         busbw-vs-size plots, HTML page, Markdown, the suite section
     document.py       the result document, written and read back
+    shape.py          its declared shape, checked on every read (no backend imported)
     headline.py       the metrics history compares
+    tune.py           `--tune`: the settings tried per size band and the rule that recommends (pure)
+    tune_run.py       `--tune`: each setting measured in a fresh process, and the whole tuning run
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ halves; each figure judged against the fleet's median, per GPU model.
     render.py      terminal tables
     report.py      heatmap, HTML page, Markdown
     document.py    the fleet document and one per node for the history
+    shape.py       its declared shape, checked on every read (no backend imported)
     headline.py    the metrics history compares, per node
 """
 

@@ -6,6 +6,7 @@ against the datasheet peak, with the clocks, power and throttle reasons seen whi
     render.py      terminal table and CSV
     report.py      plots, HTML page, Markdown, the suite section
     document.py    the result document, written and read back
+    shape.py       its declared shape, checked on every read (no backend imported)
     headline.py    the metrics history compares
 """
 

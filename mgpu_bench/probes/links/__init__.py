@@ -6,6 +6,7 @@ per GPU, and the slow pair or GPU named.
     render.py      terminal matrices
     report.py      heatmaps and the suite section
     document.py    the result document, written and read back
+    shape.py       its declared shape, checked on every read (no backend imported)
     headline.py    the metrics history compares
 """
 

@@ -7,6 +7,7 @@ allocator under several settings, the largest batch that fits.
     render.py         terminal tables
     report.py         plots, HTML page, Markdown, the suite section
     document.py       the result document, written and read back
+    shape.py          its declared shape, checked on every read (no backend imported)
     headline.py       the metrics history compares
 """
 

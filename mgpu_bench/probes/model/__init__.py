@@ -6,6 +6,7 @@ tokens/s gross and effective, MFU, the step's phases, exposed communication, sca
     render.py      terminal table
     report.py      plots, HTML page, Markdown, the suite section
     document.py    the result document, written and read back
+    shape.py       its declared shape, checked on every read (no backend imported)
     headline.py    the metrics history compares
 """
 

@@ -8,6 +8,7 @@ SMs NCCL holds, clocks and power in each phase, and what that costs a training s
     render.py      terminal tables and CSV
     report.py      plots, HTML page, Markdown, the suite section
     document.py    the result document, written and read back
+    shape.py       its declared shape, checked on every read (no backend imported)
     headline.py    the metrics history compares
 """
 

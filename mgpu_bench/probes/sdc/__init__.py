@@ -6,6 +6,7 @@ GPU and compared across the GPUs of a model, across repetitions and against know
     render.py      terminal table and CSV
     report.py      plot, HTML page, Markdown, the suite section
     document.py    the result document, written and read back
+    shape.py       its declared shape, checked on every read (no backend imported)
     headline.py    the metrics history compares
 """
 
