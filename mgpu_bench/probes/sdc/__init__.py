@@ -159,7 +159,7 @@ class SdcProbe(Probe):
         return findings(self.load(doc))
 
     def finding_label(self, finding: Finding) -> str:
-        return "finding" if finding.severity == "problem" else "warning"
+        return {"problem": "finding", "warning": "warning"}.get(finding.severity, "note")
 
     def judge(self, doc: Mapping) -> list[Finding]:
         from .analyse import judge

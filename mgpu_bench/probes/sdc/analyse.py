@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding
+from mgpu_bench.probe import OK, PROBLEM, Finding
 
 from .result import COMM_DTYPE, Check, SdcRun, shape_text
 
@@ -260,9 +260,11 @@ def findings(run: SdcRun) -> list[Finding]:
                 out.append(Finding(PROBLEM, _wrong(run, g, work, bad)))
     alone = [gs[0] for gs in peer_groups(run.devices).values() if len(gs) == 1]
     if run.references and alone:
-        out.append(Finding(WARNING, f"{_gpus(alone)} had no peer of its model here: its GEMM hash was compared "
-                                    "with its own repetitions only; compare it with another node's (the same "
-                                    "--dtype, --shape, --seed and cuBLASLt version)"))
+        # Information, not a warning: a one-GPU node (or a model alone in a node) is healthy as such;
+        # across nodes `fleet` compares the hashes.
+        out.append(Finding(OK, f"{_gpus(alone)} had no peer of its model here: its GEMM hash was compared "
+                               "with its own repetitions only; compare it with another node's (the same "
+                               "--dtype, --shape, --seed and cuBLASLt version)"))
     return out
 
 
@@ -286,11 +288,11 @@ def summary(run: SdcRun) -> str:
 
 
 def judge(run: SdcRun) -> list[Finding]:
-    """The findings, or one ok line saying what agreed."""
-    found = findings(run)
-    if not any(f.severity == PROBLEM for f in found) and run.checks:
-        found.append(Finding(OK, f"no silent data corruption: every check agreed bit for bit ({summary(run)})"))
-    return found
+    """What the suite adds to the findings: one ok line saying what agreed, when nothing failed
+    (the findings themselves the suite takes from findings(): not repeated here)."""
+    if any(f.severity == PROBLEM for f in findings(run)) or not run.checks:
+        return []
+    return [Finding(OK, f"no silent data corruption: every check agreed bit for bit ({summary(run)})")]
 
 
 def failure(run: SdcRun) -> str | None:
