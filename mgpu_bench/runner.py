@@ -137,10 +137,14 @@ def run(probe: Probe, opts: dict) -> int:
     if watch is not None and "occupancy" not in doc:
         doc["occupancy"] = watch.to_dict()
     shared = occupancy.from_document(doc)
-    for line in occupancy.findings_text(shared, (doc.get("occupancy") or {}).get("before")):
+    before = (doc.get("occupancy") or {}).get("before")
+    for line in occupancy.findings_text(occupancy.competing(shared), before):
         out.print(f"finding: {line}", highlight=False, soft_wrap=True, style="bold red")  # first: it colours the rest
+    for line in occupancy.findings_text([p for p in shared if p.busy is False], before):
+        out.print(f"note: {line}", highlight=False, soft_wrap=True)  # memory held, nothing run: not a cause
     for f in probe.findings(doc):
-        out.print(f"{probe.finding_label(f)}: {f.text}", highlight=False, soft_wrap=True, style="bold yellow")
+        out.print(f"{probe.finding_label(f)}: {f.text}", highlight=False, soft_wrap=True,
+                  style=None if f.severity == "ok" else "bold yellow")
     for note in dict.fromkeys(probe.notes(doc)):
         err.print(f"note: {note}", highlight=False)
     probe.render(doc, out)
