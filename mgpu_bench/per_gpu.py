@@ -4,14 +4,40 @@ The probes that drive the native module per GPU (gemm, sdc) run each GPU's work 
 thread while the main thread waits in 0.1 s slices: a blocking native call holds no Python
 frame of the main thread, so a KeyboardInterrupt reaches it; it then stops every probe object
 (their stop() makes the native loops return what they have), waits for the threads and
-re-raises.
+re-raises. faults_end_the_run() turns what stops such a run into its status, the same for
+every such probe.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
+
+from .errors import MgpuError, OutOfMemoryError, interruption
+
+
+class Stopped(Exception):
+    """A probe's native loop returned early because stop() was called: the run was asked to end."""
+
+
+@contextlib.contextmanager
+def faults_end_the_run(run: Any, probes: Mapping[int, Any], kept: str) -> Iterator[None]:
+    """Around a run's measurements: Ctrl-C (or Stopped) stops every probe and ends the run as
+    "interrupted"; out of memory and any other native error end it as "failed"; `run.stopped`
+    and `run.stop_message` say so, and what was measured stays in `run` (`kept` says what that
+    is, in the message). Nothing is raised."""
+    try:
+        yield
+    except (KeyboardInterrupt, Stopped) as exc:
+        for p in list(probes.values()):
+            p.stop()
+        run.stopped, run.stop_message = "interrupted", f"{interruption(exc)}: {kept}"
+    except OutOfMemoryError as exc:
+        run.stopped, run.stop_message = "failed", f"out of memory: {str(exc).split(' [', 1)[0]}"
+    except MgpuError as exc:
+        run.stopped, run.stop_message = "failed", str(exc)
 
 
 def on_gpus(devices: Sequence[dict], fn: Callable[[dict], Any], probes: Mapping[int, Any],

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mgpu_bench import hardware
-from mgpu_bench.errors import InputError, MgpuError, OutOfMemoryError, interruption
-from mgpu_bench.per_gpu import on_gpus
+from mgpu_bench.errors import InputError
+from mgpu_bench.per_gpu import Stopped, faults_end_the_run, on_gpus
 
 from .shape import GEMM_DTYPES, INITS, LAYOUTS, MAX_DIM  # the document's names and bounds, defined once there
 
@@ -357,10 +357,6 @@ def peak_for(device_name: str, dtype: str, overrides: Mapping[str, float]) -> ha
 
 # ------------------------------------------------------------------------------------ running
 
-class _Stop(Exception):
-    pass
-
-
 def run_gemm(cfg: GemmConfig, devices: list[dict], progress: Callable[[str], None] | None = None,
              telemetry_factory: Callable[..., Any] | None = None) -> GemmRun:
     """Measures every (dtype, shape) on every GPU; Ctrl-C stops at the next burst and keeps the
@@ -375,44 +371,34 @@ def run_gemm(cfg: GemmConfig, devices: list[dict], progress: Callable[[str], Non
     with sampler_cls(bus_ids, interval_s=0.1) as sampler:
         run.telemetry_error = sampler.error
         try:
-            for dtype in cfg.dtypes:
-                layout = layout_for(dtype, cfg.layout)
-                largest = _largest(cfg)
-                probes.clear()
+            with faults_end_the_run(run, probes, "the results gathered so far are kept"):
+                for dtype in cfg.dtypes:
+                    layout = layout_for(dtype, cfg.layout)
+                    largest = _largest(cfg)
+                    probes.clear()
 
-                def make(dev: dict, dtype=dtype, layout=layout, largest=largest) -> None:
-                    probes[dev["index"]] = _native.GemmProbe(
-                        dev["index"], dtype, layout, largest.m, largest.n, largest.k, cfg.workspace,
-                        cfg.seed, cfg.fp8_fast_accum, INITS[cfg.init])
+                    def make(dev: dict, dtype=dtype, layout=layout, largest=largest) -> None:
+                        probes[dev["index"]] = _native.GemmProbe(
+                            dev["index"], dtype, layout, largest.m, largest.n, largest.k, cfg.workspace,
+                            cfg.seed, cfg.fp8_fast_accum, INITS[cfg.init])
 
-                on_gpus(devices, make, probes, cfg.one_at_a_time)
-                if progress:
-                    progress(f"{dtype}: probes ready")
-                shapes = list(cfg.shapes)
-                if cfg.search:
-                    shapes = _search(cfg, run, devices, probes, dtype, layout, sampler, progress)
-                for shape in shapes:
+                    on_gpus(devices, make, probes, cfg.one_at_a_time)
                     if progress:
-                        progress(f"{dtype} {shape}")
-                    phase = "search-best" if cfg.search else "shape"
-                    _measure_all(cfg, run, devices, probes, dtype, layout, shape, sampler, phase,
-                                 cfg.candidates, cfg.samples, cfg.sample_s, cfg.warmup, cfg.check)
-                if cfg.duration_s > 0:
-                    if progress:
-                        progress(f"{dtype}: sustained {cfg.duration_s:g} s")
-                    _sustain_all(cfg, run, devices, probes, dtype, sampler)
-                probes.clear()
-        except (KeyboardInterrupt, _Stop) as exc:
-            for p in list(probes.values()):
-                p.stop()
-            run.stopped = "interrupted"
-            run.stop_message = f"{interruption(exc)}: the results gathered so far are kept"
-        except OutOfMemoryError as exc:
-            run.stopped = "failed"
-            run.stop_message = f"out of memory: {str(exc).split(' [', 1)[0]}"
-        except MgpuError as exc:
-            run.stopped = "failed"
-            run.stop_message = str(exc)
+                        progress(f"{dtype}: probes ready")
+                    shapes = list(cfg.shapes)
+                    if cfg.search:
+                        shapes = _search(cfg, run, devices, probes, dtype, layout, sampler, progress)
+                    for shape in shapes:
+                        if progress:
+                            progress(f"{dtype} {shape}")
+                        phase = "search-best" if cfg.search else "shape"
+                        _measure_all(cfg, run, devices, probes, dtype, layout, shape, sampler, phase,
+                                     cfg.candidates, cfg.samples, cfg.sample_s, cfg.warmup, cfg.check)
+                    if cfg.duration_s > 0:
+                        if progress:
+                            progress(f"{dtype}: sustained {cfg.duration_s:g} s")
+                        _sustain_all(cfg, run, devices, probes, dtype, sampler)
+                    probes.clear()
         finally:
             # Free the GPU memory now: a stopped worker's traceback can hold a probe in a
             # reference cycle, and a probe freed at interpreter exit outlives the CUDA runtime.
@@ -440,7 +426,7 @@ def _measure_all(cfg, run, devices, probes, dtype, layout, shape, sampler, phase
         raw = probe.measure(shape.m, shape.n, shape.k, candidates, samples, sample_s, warmup, check)
         t1 = time.monotonic()
         if probe.stopped:
-            raise _Stop()
+            raise Stopped()
         return GemmResult(
             gpu=dev["index"], gpu_name=dev["name"], dtype=dtype, shape=shape, layout=layout,
             candidates=[Candidate.from_native(c) for c in raw["candidates"]],
@@ -506,7 +492,7 @@ def _sustain_all(cfg, run, devices, probes, dtype, sampler) -> None:
             r.series_telemetry = {"summary": telemetry.summarize(samples, sampler.static.get(dev["index"])),
                                   **telemetry.series(samples, t0)}
         if probe.stopped:
-            raise _Stop()
+            raise Stopped()
 
     # Sustained runs are the hot case: all GPUs together unless asked otherwise.
     on_gpus(devices, one, probes, cfg.one_at_a_time)

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mgpu_bench.errors import MgpuError, OutOfMemoryError, interruption
-from mgpu_bench.per_gpu import on_gpus
+from mgpu_bench.errors import OutOfMemoryError
+from mgpu_bench.per_gpu import Stopped, faults_end_the_run, on_gpus
 
 from .analyse import locate_element, locate_gemm, locate_word, peer_groups, peer_mismatches
 from .result import (
@@ -50,10 +50,6 @@ HBM_GRANULE = 2 << 20  # the HBM buffer is a multiple of the driver's large page
 HBM_TRIES = 3  # allocation attempts, each 10% smaller, when another allocation raced ours
 
 
-class _Stop(Exception):
-    pass
-
-
 def hex64(value: int) -> str:
     return f"0x{value & (2**64 - 1):016x}"
 
@@ -79,40 +75,30 @@ def run_sdc(cfg: SdcConfig, devices: Sequence[dict], progress: Callable[[str], N
     session = None
     say = progress or (lambda _text: None)
     try:
-        say(f"{cfg.dtype} GEMM {shape_text(cfg.shape)}: inputs generated on every GPU")
-        m, n, k = cfg.shape
+        with faults_end_the_run(run, probes, "the checks gathered so far are kept"):
+            say(f"{cfg.dtype} GEMM {shape_text(cfg.shape)}: inputs generated on every GPU")
+            m, n, k = cfg.shape
 
-        def make(dev: dict) -> None:
-            probes[dev["index"]] = _native.SdcProbe(dev["index"], cfg.dtype, m, n, k, cfg.seed)
+            def make(dev: dict) -> None:
+                probes[dev["index"]] = _native.SdcProbe(dev["index"], cfg.dtype, m, n, k, cfg.seed)
 
-        on_gpus(devices, make, probes)
-        _pin_algorithms(run, probes)
-        if cfg.comm_bytes:
-            gpus = [d["index"] for d in devices]
-            session = _native.CommSession(gpus, len(gpus), 0, _native.nccl_unique_id(), cfg.timeout_s)
-        t_checks = time.monotonic()
-        rep = 0
-        while True:
-            rep += 1
-            _repetition(run, cfg, devices, probes, session, rep, inject, say)
-            run.repetitions = rep
-            if rep == 1:
-                _compare_peers(run, probes)
-            run.check_seconds = time.monotonic() - t_checks
-            if (cfg.duration_s > 0 and run.check_seconds >= cfg.duration_s) or \
-                    (cfg.duration_s <= 0 and rep >= cfg.repetitions):
-                break
-    except (KeyboardInterrupt, _Stop) as exc:
-        for p in list(probes.values()):
-            p.stop()
-        run.stopped = "interrupted"
-        run.stop_message = f"{interruption(exc)}: the checks gathered so far are kept"
-    except OutOfMemoryError as exc:
-        run.stopped = "failed"
-        run.stop_message = f"out of memory: {str(exc).split(' [', 1)[0]}"
-    except MgpuError as exc:
-        run.stopped = "failed"
-        run.stop_message = str(exc)
+            on_gpus(devices, make, probes)
+            _pin_algorithms(run, probes)
+            if cfg.comm_bytes:
+                gpus = [d["index"] for d in devices]
+                session = _native.CommSession(gpus, len(gpus), 0, _native.nccl_unique_id(), cfg.timeout_s)
+            t_checks = time.monotonic()
+            rep = 0
+            while True:
+                rep += 1
+                _repetition(run, cfg, devices, probes, session, rep, inject, say)
+                run.repetitions = rep
+                if rep == 1:
+                    _compare_peers(run, probes)
+                run.check_seconds = time.monotonic() - t_checks
+                if (cfg.duration_s > 0 and run.check_seconds >= cfg.duration_s) or \
+                        (cfg.duration_s <= 0 and rep >= cfg.repetitions):
+                    break
     finally:
         if not run.references:  # stopped in the first repetition: the hashes made so far still count
             run.references = {g: hex64(p.reference_hash) for g, p in probes.items() if p.has_reference}
@@ -169,7 +155,7 @@ def _repetition(run: SdcRun, cfg: SdcConfig, devices: Sequence[dict], probes: Ma
                                       "its own first result (repetition 1, GEMM 1)")
             check.first["gemm"] = len(hashes)
         if p.stopped:
-            raise _Stop()
+            raise Stopped()
         return check
 
     _keep(run, devices, on_gpus(devices, gemm, probes))
@@ -193,7 +179,7 @@ def _repetition(run: SdcRun, cfg: SdcConfig, devices: Sequence[dict], probes: Ma
         if check.wrong:
             check.first = locate_word(raw["first_word"], raw["first_got"], raw["first_want"], raw["bytes"])
         if p.stopped:
-            raise _Stop()
+            raise Stopped()
         return check
 
     _keep(run, devices, on_gpus(devices, hbm, probes))
