@@ -13,7 +13,9 @@ the history reads headline metrics and the CLI builds its options from it.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -33,6 +35,7 @@ REGISTRY: dict[str, str] = {
 }
 
 PROBLEM, WARNING, OK = "problem", "warning", "ok"
+_NO_DEFAULT = object()
 MAX_ITERS = 1_000_000  # iteration counts above this are typos
 GPUS_HELP = "N for the first N GPUs, or indices 0,1 [default: all visible]."
 SEVERITIES = (PROBLEM, WARNING, OK)  # the order findings are listed in
@@ -194,14 +197,7 @@ class Probe:
         """The declared shape of this probe's result document (a mgpu_bench.schema spec checked on
         every read, besides the envelope): SCHEMA in the probe's shape module (`<probe>.shape`,
         which imports no backend: the history validates through it); None: none."""
-        name = REGISTRY[self.name] + ".shape"
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:  # the module is there, something it imports is not
-                raise
-            return None
-        return getattr(module, "SCHEMA", None)
+        return self.role("shape", "SCHEMA")
 
     def load(self, doc: Mapping) -> Any:
         """The probe's run object for `doc`: the one it measured, or rebuilt from the JSON."""
@@ -209,7 +205,10 @@ class Probe:
         return run if run is not None else self.from_document(doc)
 
     def from_document(self, doc: Mapping) -> Any:
-        return doc
+        """The run rebuilt from its JSON: the probe's `document.run_from_document(doc)` where it
+        has one, else the document itself."""
+        build = self.role("document", "run_from_document")
+        return build(dict(doc)) if build is not None else doc
 
     def records(self, doc: Mapping) -> list[Mapping]:
         """The documents the history keeps for this run: the run itself, and for a probe that
@@ -222,12 +221,12 @@ class Probe:
 
     def failure(self, doc: Mapping) -> str | None:
         """A measurement that went wrong though the run completed (wrong elements, a failed
-        configuration): one line, and exit code 1."""
-        return None
+        configuration): one line, and exit code 1. By convention `analyse.failure(run)`."""
+        return self.call_role("analyse", "failure", doc, default=None)
 
     def findings(self, doc: Mapping) -> list[Finding]:
-        """What the command prints on top, each with its severity."""
-        return []
+        """What the command prints on top, each with its severity: `analyse.findings(run)`."""
+        return self.call_role("analyse", "findings", doc, default=[])
 
     def finding_label(self, finding: Finding) -> str:
         """How the command labels a finding on the terminal."""
@@ -235,8 +234,8 @@ class Probe:
 
     def judge(self, doc: Mapping) -> list[Finding]:
         """What the suite adds to the findings: figures against theory and what they should
-        be, the healthy ones as ok."""
-        return []
+        be, the healthy ones as ok: `analyse.judge(run)`."""
+        return self.call_role("analyse", "judge", doc, default=[])
 
     def verdict(self, doc: Mapping) -> Verdict | None:
         return None
@@ -250,33 +249,87 @@ class Probe:
         return [str(n) for n in doc.get("notes") or []]
 
     def headline(self, doc: Mapping) -> list:
-        """The metrics.Metric list history and compare use."""
-        return []
+        """The metrics.Metric list history and compare use: `headline.headline(doc)` (it reads
+        the document, never a backend)."""
+        build = self.role("headline", "headline")
+        return build(doc) if build is not None else []
 
     def key_figure(self, doc: Mapping) -> tuple[str, str]:
-        """(the figure, what it is judged against) for the suite's table."""
-        return "-", "-"
+        """(the figure, what it is judged against) for the suite's table: `analyse.key_figure(run)`."""
+        return self.call_role("analyse", "key_figure", doc, default=("-", "-"))
 
     # -- drawing ---------------------------------------------------------------------------------
 
     def render(self, doc: Mapping, console) -> None:
-        """Tables and the closing line on the terminal (rich console)."""
+        """Tables and the closing line on the terminal (rich console): `render.render_terminal(run,
+        console)`."""
+        self.call_role("render", "render_terminal", doc, console, default=None)
 
     def csv(self, doc: Mapping) -> str:
-        raise NotImplementedError
+        """One row per measurement, base units: `render.render_csv(run)` (a probe in whose outputs
+        "csv" is has one)."""
+        if self.role("render", "render_csv") is None:
+            raise NotImplementedError(f"{self.name} writes no CSV")
+        return self.call_role("render", "render_csv", doc)
 
     def images(self, doc: Mapping) -> dict[str, bytes]:
-        """PNGs keyed by file stem."""
-        return {}
+        """PNGs keyed by file stem, for the suite page: `report.images(run)`."""
+        return self.call_role("report", "images", doc, default={})
 
     def section(self, doc: Mapping, images: Mapping[str, bytes]) -> str:
-        """The probe's part of the suite page (HTML), given its images."""
-        return ""
+        """The probe's part of the suite page (HTML), given its images: `report.section(run, images)`."""
+        return self.call_role("report", "section", doc, dict(images), default="")
 
     def report(self, doc: Mapping, out_dir: str | Path, history=None) -> list[Path]:
-        """The probe's own report folder: PNGs, report.html, summary.md. `history`: the open
-        history.History the run was stored in, or None."""
-        raise NotImplementedError
+        """The probe's own report folder: PNGs, report.html, summary.md, from
+        `report.write_report(run, out_dir)`. `history`: the open history.History the run was stored
+        in, or None."""
+        if self.role("report", "write_report") is None:
+            raise NotImplementedError(f"{self.name} writes no report")
+        return self.call_role("report", "write_report", doc, out_dir, history=history)
+
+    # -- the roles, found by convention ------------------------------------------------------------
+
+    def role(self, module: str, function: str) -> Callable | None:
+        """The probe's own `<its package>.<module>.<function>` (analyse.findings, report.section,
+        ...), or None where the probe has no such module or function. Imported when first asked
+        for, so the CLI and the history never load a probe's backend to build a command or read a
+        headline."""
+        package = REGISTRY.get(self.name)
+        if package is None:
+            return None
+        name = f"{package}.{module}"
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # the module is there, something it imports is not
+                raise
+            return None
+        return getattr(mod, function, None)
+
+    def call_role(self, module: str, function: str, doc: Mapping, *args: Any, default: Any = _NO_DEFAULT,
+                  **named: Any) -> Any:
+        """Calls the role `module.function` with the run (load(doc)) and `args`, and by keyword
+        whichever of these the function's signature names: doc (the document), environment (its
+        fingerprint), shared (the other processes found on the GPUs, occupancy.Shared), plus
+        `named` (history for write_report). `default` where the probe has no such role."""
+        fn = self.role(module, function)
+        if fn is None:
+            if default is _NO_DEFAULT:
+                raise NotImplementedError(f"{self.name} has no {module}.{function}")
+            return default
+        wanted = _parameters(fn)
+        extras: dict[str, Any] = {}
+        if "doc" in wanted:
+            extras["doc"] = doc
+        if "environment" in wanted:
+            extras["environment"] = doc.get("environment") or {}
+        if "shared" in wanted:
+            from .occupancy import from_document
+
+            extras["shared"] = from_document(doc)
+        extras.update({k: v for k, v in named.items() if k in wanted})
+        return fn(self.load(doc), *args, **extras)
 
     # -- the suite -------------------------------------------------------------------------------
 
@@ -327,6 +380,12 @@ def within(flag: str, value: float, low: float, high: float, why: str = "", *, a
         raise InputError(f"{flag} {show(value)}: at most {show(high)}{tail}")
     if value < low or (above and value == low):
         raise InputError(f"{flag} {show(value)}: {'more than' if above else 'at least'} {show(low)}{tail}")
+
+
+@functools.cache
+def _parameters(fn: Callable) -> frozenset[str]:
+    """The names a role function takes by keyword (its parameters after the run)."""
+    return frozenset(list(inspect.signature(fn).parameters)[1:])
 
 
 def names() -> list[str]:

@@ -132,7 +132,7 @@ def test_fleet_tables_keep_every_figure(width, terminal):
 @pytest.mark.parametrize("terminal", [False, True])
 @pytest.mark.parametrize("width", WIDTHS)
 def test_eight_gpu_links_matrices_keep_every_figure(width, terminal):
-    from mgpu_bench.probes.links.render import render
+    from mgpu_bench.probes.links.render import render_terminal as render
     from mgpu_bench.probes.links.result import LinkMeasurement, LinkSpec, LinksRun
 
     run = LinksRun(gpus=list(range(8)))

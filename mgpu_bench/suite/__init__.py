@@ -124,11 +124,6 @@ class SuiteProbe(Probe):
         failed = (doc.get("status") or {}).get("failed") or []
         return f"{len(failed)} probe(s) failed: {', '.join(failed)}" if failed else None
 
-    def headline(self, doc: Mapping) -> list:
-        from .headline import headline
-
-        return headline(doc)
-
     def render(self, doc: Mapping, console) -> None:
         for p in doc.get("probes") or []:
             console.print(f"round {p['round']} {p['name']:<16} {p['status']:<11} {p['seconds']:7.1f} s"

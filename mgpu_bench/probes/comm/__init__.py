@@ -226,21 +226,11 @@ class CommProbe(Probe):
         return Document.of(result_document(run, environment, ctx.command,
                                            tuning.to_dict() if tuning is not None else None), run)
 
-    def from_document(self, doc: Mapping):
-        from .document import run_from_document
-
-        return run_from_document(dict(doc))
-
     def notes(self, doc: Mapping) -> list[str]:
         return list(self.load(doc).notes)
 
     def findings(self, doc: Mapping) -> list[Finding]:
         return [Finding(WARNING, f) for f in self.load(doc).findings]
-
-    def judge(self, doc: Mapping) -> list[Finding]:
-        from .analyse import judge
-
-        return judge(self.load(doc))
 
     def failure(self, doc: Mapping) -> str | None:
         wrong = self.load(doc).total_wrong
@@ -252,16 +242,6 @@ class CommProbe(Probe):
                 return (f"{sum(t.wrong for t in bad)} wrong element(s) with {', '.join(t.candidate.label for t in bad)}: "
                         "the data did not arrive intact")
         return f"{wrong} wrong element(s): the data did not arrive intact" if wrong else None
-
-    def headline(self, doc: Mapping) -> list:
-        from .headline import headline
-
-        return headline(doc)
-
-    def key_figure(self, doc: Mapping) -> tuple[str, str]:
-        from .analyse import key_figure
-
-        return key_figure(self.load(doc))
 
     def render(self, doc: Mapping, console) -> None:
         from .render import render_terminal, summary_lines
@@ -285,21 +265,6 @@ class CommProbe(Probe):
         from .render import render_csv, tuning_csv
 
         return tuning_csv(doc["tuning"]) if doc.get("tuning") else render_csv(self.load(doc))
-
-    def images(self, doc: Mapping) -> dict[str, bytes]:
-        from .report import images
-
-        return images(self.load(doc))
-
-    def section(self, doc: Mapping, images: Mapping[str, bytes]) -> str:
-        from .report import section
-
-        return section(self.load(doc), dict(images))
-
-    def report(self, doc: Mapping, out_dir, history=None):
-        from .report import write_report
-
-        return write_report(self.load(doc), out_dir, doc.get("environment") or {}, doc.get("tuning"))
 
     def suite_steps(self, plan: PlanContext) -> list[Step]:
         if plan.ngpu:

@@ -10,6 +10,7 @@ escaped. matplotlib is imported here only, with its non-interactive Agg backend.
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from pathlib import Path
 
 from mgpu_bench.output import html_page
@@ -197,9 +198,11 @@ def page(run: CommRun, environment: dict, images: dict[str, bytes], tuning: dict
                           cpu=_cpu(run, environment))
 
 
-def write_report(run: CommRun, out_dir: str | Path, environment: dict, tuning: dict | None = None) -> list[Path]:
+def write_report(run: CommRun, out_dir: str | Path, environment: dict, doc: Mapping | None = None) -> list[Path]:
     """Writes busbw_<op>.png per op, report.html and summary.md into out_dir (created if its
-    parent exists); returns the paths. `tuning`: a `comm --tune` document's tuning."""
+    parent exists); returns the paths. `doc`: the result document, whose tuning a `comm --tune`
+    run's page shows."""
+    tuning = (doc or {}).get("tuning")
     pngs = images(run)
     return html_page.write_bundle(out_dir, pngs, page(run, environment, pngs, tuning),
                                   markdown(run, environment, tuning))

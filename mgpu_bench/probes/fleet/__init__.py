@@ -191,32 +191,12 @@ class FleetProbe(Probe):
         names = {n["index"]: n["node"] for n in doc.get("nodes") or []}
         return f"{len(drain)} node(s) to drain: {compress_hostlist([names[i] for i in drain])}"
 
-    def headline(self, doc: Mapping) -> list:
-        from .headline import headline
-
-        return headline(doc)
-
     def render(self, doc: Mapping, console) -> None:
         from .render import render_terminal
 
         render_terminal(doc, console)
         secs = ", ".join(f"{k} {v:.1f} s" for k, v in (doc.get("phase_seconds") or {}).items())
         console.print(f"fleet: {doc.get('wall_seconds', 0.0):.1f} s wall ({secs})", highlight=False)
-
-    def images(self, doc: Mapping) -> dict[str, bytes]:
-        from .report import images
-
-        return images(doc)
-
-    def section(self, doc: Mapping, images: Mapping[str, bytes]) -> str:
-        from .report import section
-
-        return section(doc, dict(images))
-
-    def report(self, doc: Mapping, out_dir, history=None):
-        from .report import write_report
-
-        return write_report(doc, out_dir)
 
 
 def _expected(cfg, run) -> None:

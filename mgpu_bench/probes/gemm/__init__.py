@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, Finding, PlanContext, Probe, Step, option
+from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, PlanContext, Probe, Step, option
 
 HELP = """GEMM compute probe: achievable TFLOP/s per GPU and dtype, against the datasheet peak.
 
@@ -146,23 +146,6 @@ class GemmProbe(Probe):
         occupancy = ctx.occupancy.to_dict() if ctx.occupancy is not None else None  # before the findings
         return Document.of(document(run, ctx.environment, ctx.command, occupancy), run)
 
-    def from_document(self, doc: Mapping):
-        from .document import run_from_document
-
-        return run_from_document(dict(doc))
-
-    def findings(self, doc: Mapping) -> list[Finding]:
-        from mgpu_bench.occupancy import from_document
-
-        from .analyse import findings
-
-        return findings(self.load(doc), from_document(doc))
-
-    def judge(self, doc: Mapping) -> list[Finding]:
-        from .analyse import judge
-
-        return judge(self.load(doc))
-
     def failure(self, doc: Mapping) -> str | None:
         run = self.load(doc)
         if any(r.wrong for r in run.results):
@@ -170,16 +153,6 @@ class GemmProbe(Probe):
         if any(r.best is None for r in run.results):
             return "no algorithm ran for some GEMMs (see the findings)"
         return None
-
-    def headline(self, doc: Mapping) -> list:
-        from .headline import headline
-
-        return headline(doc)
-
-    def key_figure(self, doc: Mapping) -> tuple[str, str]:
-        from .analyse import key_figure
-
-        return key_figure(self.load(doc))
 
     def render(self, doc: Mapping, console) -> None:
         from .render import render_terminal
@@ -189,26 +162,6 @@ class GemmProbe(Probe):
             render_terminal(run, console)
         console.print(f"{len(run.results)} measurement(s) in {run.wall_seconds:.2f} s wall, probe set-up and "
                       "algorithm selection included", highlight=False)
-
-    def csv(self, doc: Mapping) -> str:
-        from .render import render_csv
-
-        return render_csv(self.load(doc))
-
-    def images(self, doc: Mapping) -> dict[str, bytes]:
-        from .report import suite_images
-
-        return suite_images(self.load(doc))
-
-    def section(self, doc: Mapping, images: Mapping[str, bytes]) -> str:
-        from .report import section
-
-        return section(self.load(doc), dict(images))
-
-    def report(self, doc: Mapping, out_dir, history=None):
-        from .report import write_report
-
-        return write_report(self.load(doc), out_dir, doc.get("environment") or {})
 
     def suite_steps(self, plan: PlanContext) -> list[Step]:
         if not plan.ngpu:

@@ -380,7 +380,7 @@ def page(run: GemmRun, environment: dict, images: dict[str, bytes]) -> str:
             f"{'<h2>notes</h2><ul>' + notes + '</ul>' if notes else ''}</body></html>")
 
 
-def images(run: GemmRun) -> dict[str, bytes]:
+def report_images(run: GemmRun) -> dict[str, bytes]:
     """Every PNG of the run keyed by file stem: gemm_<dtype> for dtypes with full measurements,
     sustained_<dtype> and search_<dtype> where those ran."""
     out: dict[str, bytes] = {}
@@ -398,7 +398,7 @@ def write_report(run: GemmRun, out_dir: str | Path, environment: dict) -> list[P
     """Writes gemm_<dtype>.png, sustained_<dtype>.png and search_<dtype>.png where present,
     report.html and summary.md into out_dir (created if its parent exists; FileNotFoundError
     otherwise); returns the paths."""
-    pngs = images(run)
+    pngs = report_images(run)
     return html_page.write_bundle(out_dir, pngs, page(run, environment, pngs), markdown(run, environment))
 
 
@@ -424,9 +424,10 @@ def plot_temperature(run: GemmRun, dtype: str) -> bytes | None:
     return _png(plt, fig)
 
 
-def suite_images(run: GemmRun) -> dict[str, bytes]:
-    """The report's PNGs and, for the sustained runs, the GPU temperature over time."""
-    out = images(run)
+def images(run: GemmRun) -> dict[str, bytes]:
+    """The suite page's PNGs: the report's and, for the sustained runs, the GPU temperature over
+    time."""
+    out = report_images(run)
     for dtype in dict.fromkeys(r.dtype for r in run.results if r.series):
         png = plot_temperature(run, dtype)
         if png:

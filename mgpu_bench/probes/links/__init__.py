@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, Finding, PlanContext, Probe, Step, option
+from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, PlanContext, Probe, Step, option
 
 HELP = """GPU-to-GPU copy bandwidth and latency for every ordered pair, host copies per GPU, and
 the slow pair or GPU named (each pair against the node's median: robust z-score below -3
@@ -90,55 +90,14 @@ class LinksProbe(Probe):
     def notes(self, doc: Mapping) -> list[str]:
         return []  # a pair without peer access is a finding here
 
-    def findings(self, doc: Mapping) -> list[Finding]:
-        from mgpu_bench import topo
-
-        from .analyse import findings
-
-        run = self.load(doc)
-        return findings(run, run.hops, topo.findings(run.topology) if run.topology else [])
-
-    def judge(self, doc: Mapping) -> list[Finding]:
-        from .analyse import judge
-
-        run = self.load(doc)
-        return judge(run, run.hops, self.findings(doc))
-
-    def headline(self, doc: Mapping) -> list:
-        from .headline import headline
-
-        return headline(doc)
-
-    def key_figure(self, doc: Mapping) -> tuple[str, str]:
-        from .analyse import key_figure
-
-        run = self.load(doc)
-        return key_figure(run, run.hops)
-
     def render(self, doc: Mapping, console) -> None:
-        from .render import render
+        from .render import render_terminal
 
         run = self.load(doc)
-        render(run, console, run.hops)
+        render_terminal(run, console)
         console.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s; one ordered pair took "
                       f"{run.per_pair_seconds:.2f} s, so 8 GPUs (56 pairs) would take about "
                       f"{run.estimate_seconds(8):.0f} s", highlight=False, soft_wrap=True)
-
-    def images(self, doc: Mapping) -> dict[str, bytes]:
-        from .report import images
-
-        return images(self.load(doc))
-
-    def section(self, doc: Mapping, images: Mapping[str, bytes]) -> str:
-        from .report import section
-
-        run = self.load(doc)
-        return section(run, run.hops, dict(images))
-
-    def report(self, doc: Mapping, out_dir, history=None):
-        from .report import write_report
-
-        return write_report(self.load(doc), out_dir)
 
     def suite_steps(self, plan: PlanContext) -> list[Step]:
         args = ("links", *(("--iters", "5") if plan.quick else ()), *plan.gpus_args()) if plan.ngpu else ("links",)

@@ -57,11 +57,16 @@ def _causes(gpu: int, topo_findings: list[dict]) -> list[str]:
 
 
 def findings(run: LinksRun, hops: dict | None = None, topo_findings: list[dict] | None = None) -> list[Finding]:
-    """Missing peer access (warnings); copies far below the link theory (given per-pair hops)
-    and slow pairs against the node's median, the GPU named when it is in most of them with
-    what the topology says about it (problems)."""
+    """Missing peer access (warnings); copies far below the link theory (per-pair hops: the
+    run's own unless given) and slow pairs against the node's median, the GPU named when it is in
+    most of them with what the topology (the run's snapshot unless given) says about it
+    (problems)."""
     out = [Finding(WARNING, n) for n in run.notes]
-    topo_findings = topo_findings or []
+    hops = run.hops if hops is None else hops
+    if topo_findings is None:
+        from mgpu_bench import topo
+
+        topo_findings = topo.findings(run.topology) if run.topology else []
     for (a, b), m in sorted(run.copies("ce", False).items()):
         h = (hops or {}).get((a, b))
         bw = getattr(h, "bandwidth", None)
@@ -87,9 +92,11 @@ def findings(run: LinksRun, hops: dict | None = None, topo_findings: list[dict] 
     return out
 
 
-def judge(run: LinksRun, hops: dict, found: list[Finding]) -> list[Finding]:
-    """The suite's ok line when nothing was found: the copy-engine median against the link
-    theory, and the slowest pair."""
+def judge(run: LinksRun, hops: dict | None = None, found: list[Finding] | None = None) -> list[Finding]:
+    """The suite's ok line when nothing was found (the run's own findings unless given): the
+    copy-engine median against the link theory (the run's hops unless given), and the slowest pair."""
+    hops = run.hops if hops is None else hops
+    found = findings(run, hops) if found is None else found
     ce = run.copies("ce", False)
     if not ce or found:
         return []
@@ -104,9 +111,10 @@ def judge(run: LinksRun, hops: dict, found: list[Finding]) -> list[Finding]:
                         f"{len(ce)} pair(s){of}; slowest GPU {a} -> GPU {b} {format_gbs(slowest.bandwidth)} GB/s")]
 
 
-def key_figure(run: LinksRun, hops: dict) -> tuple[str, str]:
-    """The copy-engine median and the slowest pair against the link theory (host copies when no
-    pair was measured)."""
+def key_figure(run: LinksRun, hops: dict | None = None) -> tuple[str, str]:
+    """The copy-engine median and the slowest pair against the link theory (the run's hops
+    unless given; host copies when no pair was measured)."""
+    hops = run.hops if hops is None else hops
     ce = run.copies("ce", False)
     if not ce:
         h2d = run.host("h2d")

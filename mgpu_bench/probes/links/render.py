@@ -5,9 +5,10 @@ from __future__ import annotations
 from .result import LinksRun
 
 
-def render(run: LinksRun, console, hops: dict | None = None) -> None:
-    """Matrices (rows: source GPU, columns: destination) of GB/s per direction, latency in us,
-    and the host copies."""
+def render_terminal(run: LinksRun, console, hops: dict | None = None) -> None:
+    """Matrices (rows: source GPU, columns: destination) of GB/s per direction, % of the link
+    theory (the run's hops unless given), latency in us, and the host copies."""
+    hops = run.hops if hops is None else hops
     from rich.table import Table
 
     from mgpu_bench.output.tables import print_table

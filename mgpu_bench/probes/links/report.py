@@ -80,8 +80,10 @@ def images(run: LinksRun) -> dict[str, bytes]:
     return out
 
 
-def section(run: LinksRun, hops: dict, pngs: dict[str, bytes]) -> str:
-    """The run's part of the suite page: the link theory, heatmaps, latency, host copies."""
+def section(run: LinksRun, pngs: dict[str, bytes], hops: dict | None = None) -> str:
+    """The run's part of the suite page: the link theory (the run's hops unless given), heatmaps,
+    latency, host copies."""
+    hops = run.hops if hops is None else hops
     parts = []
     details = sorted({h.detail for h in hops.values()})
     if details:

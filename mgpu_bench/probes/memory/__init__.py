@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, Finding, PlanContext, Probe, Step, option, within
+from mgpu_bench.probe import GPUS_HELP, PlanContext, Probe, Step, option, within
 
 SUITE_MODEL = "350m"  # round 3's max-batch search on GPUs (the model probe's 350m)
 
@@ -135,23 +135,8 @@ class MemoryProbe(Probe):
         run = run_memory(cfg, devices, ctx.progress.say_fn)
         return Document.of(document(run, ctx.environment, ctx.command), run)
 
-    def from_document(self, doc: Mapping):
-        from .document import run_from_document
-
-        return run_from_document(dict(doc))
-
     def measured(self, doc: Mapping) -> bool:
         return any(doc.get(k) for k in ("churn", "hbm", "torch", "max_batch"))
-
-    def findings(self, doc: Mapping) -> list[Finding]:
-        from .analyse import findings
-
-        return findings(self.load(doc))
-
-    def judge(self, doc: Mapping) -> list[Finding]:
-        from .analyse import judge
-
-        return judge(self.load(doc))
 
     def failure(self, doc: Mapping) -> str | None:
         run = self.load(doc)
@@ -160,37 +145,12 @@ class MemoryProbe(Probe):
             if m.get("error")]
         return f"failed: {', '.join(failed)} (see the findings)" if failed else None
 
-    def headline(self, doc: Mapping) -> list:
-        from .headline import headline
-
-        return headline(doc)
-
-    def key_figure(self, doc: Mapping) -> tuple[str, str]:
-        from .analyse import key_figure
-
-        return key_figure(self.load(doc))
-
     def render(self, doc: Mapping, console) -> None:
         from .render import render_terminal
 
         run = self.load(doc)
         render_terminal(run, console)
         console.print(f"memory: {run.wall_seconds:.1f} s wall", highlight=False)
-
-    def images(self, doc: Mapping) -> dict[str, bytes]:
-        from .report import images
-
-        return images(self.load(doc))
-
-    def section(self, doc: Mapping, images: Mapping[str, bytes]) -> str:
-        from .report import section
-
-        return section(self.load(doc), dict(images))
-
-    def report(self, doc: Mapping, out_dir, history=None):
-        from .report import write_report
-
-        return write_report(self.load(doc), out_dir, doc.get("environment") or {})
 
     def suite_steps(self, plan: PlanContext) -> list[Step]:
         if not plan.ngpu:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, Finding, PlanContext, Probe, Step, Verdict, option, within
+from mgpu_bench.probe import GPUS_HELP, PlanContext, Probe, Step, Verdict, option, within
 
 SUITE_MODEL = "350m"  # rounds 1 and 3 on GPUs (ANCHORS: 40% MFU on one H200)
 
@@ -186,18 +186,6 @@ class ModelProbe(Probe):
         occupancy = ctx.occupancy.to_dict() if ctx.occupancy is not None else None  # before the findings
         return Document.of(document(run, ctx.environment, ctx.command, occupancy), run)
 
-    def from_document(self, doc: Mapping):
-        from .document import run_from_document
-
-        return run_from_document(dict(doc))
-
-    def findings(self, doc: Mapping) -> list[Finding]:
-        from mgpu_bench.occupancy import from_document
-
-        from .analyse import findings
-
-        return findings(self.load(doc), from_document(doc))
-
     def verdict(self, doc: Mapping) -> Verdict | None:
         from mgpu_bench.occupancy import from_document
 
@@ -217,16 +205,6 @@ class ModelProbe(Probe):
         return (f"{len(failed)} configuration(s) failed: {failed[0].error}{hint}"
                 + (f" ({len(fit)} measured and kept)" if fit else ""))
 
-    def headline(self, doc: Mapping) -> list:
-        from .headline import headline
-
-        return headline(doc)
-
-    def key_figure(self, doc: Mapping) -> tuple[str, str]:
-        from .analyse import key_figure
-
-        return key_figure(self.load(doc))
-
     def render(self, doc: Mapping, console) -> None:
         from .render import render_terminal
 
@@ -234,21 +212,6 @@ class ModelProbe(Probe):
         if run.stats:
             render_terminal(run, console)
         console.print(f"model: {run.wall_seconds:.1f} s wall, process start-up included", highlight=False)
-
-    def images(self, doc: Mapping) -> dict[str, bytes]:
-        from .report import images
-
-        return images(self.load(doc))
-
-    def section(self, doc: Mapping, images: Mapping[str, bytes]) -> str:
-        from .report import section
-
-        return section(self.load(doc), dict(images))
-
-    def report(self, doc: Mapping, out_dir, history=None):
-        from .report import write_report
-
-        return write_report(self.load(doc), out_dir, doc.get("environment") or {})
 
     def suite_steps(self, plan: PlanContext) -> list[Step]:
         if plan.ngpu:

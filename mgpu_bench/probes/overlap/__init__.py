@@ -233,34 +233,12 @@ class OverlapProbe(Probe):
         occupancy = ctx.occupancy.to_dict() if ctx.occupancy is not None else None
         return Document.of(document(run, ctx.environment, ctx.command, occupancy), run)
 
-    def from_document(self, doc: Mapping):
-        from .document import run_from_document
-
-        return run_from_document(dict(doc))
-
-    def findings(self, doc: Mapping) -> list[Finding]:
-        from mgpu_bench.occupancy import from_document
-
-        from .analyse import findings
-
-        return findings(self.load(doc), from_document(doc))
-
     def finding_label(self, finding: Finding) -> str:
         return {"problem": "finding", "warning": "warning"}.get(finding.severity, "result")
 
     def failure(self, doc: Mapping) -> str | None:
         errors = [f"rank {r.get('rank')}: {r['error']}" for r in self.load(doc).ranks if r.get("error")]
         return f"{errors[0]} (the phases measured before it are kept)" if errors else None
-
-    def headline(self, doc: Mapping) -> list:
-        from .headline import headline
-
-        return headline(doc)
-
-    def key_figure(self, doc: Mapping) -> tuple[str, str]:
-        from .analyse import key_figure
-
-        return key_figure(self.load(doc))
 
     def render(self, doc: Mapping, console) -> None:
         from .render import render_terminal
@@ -269,26 +247,6 @@ class OverlapProbe(Probe):
         if run.ranks:
             render_terminal(run, console)
         console.print(f"overlap: {run.wall_seconds:.1f} s wall, process start-up included", highlight=False)
-
-    def csv(self, doc: Mapping) -> str:
-        from .render import render_csv
-
-        return render_csv(self.load(doc))
-
-    def images(self, doc: Mapping) -> dict[str, bytes]:
-        from .report import images
-
-        return images(self.load(doc))
-
-    def section(self, doc: Mapping, images: Mapping[str, bytes]) -> str:
-        from .report import section
-
-        return section(self.load(doc), images)
-
-    def report(self, doc: Mapping, out_dir, history=None):
-        from .report import write_report
-
-        return write_report(self.load(doc), out_dir, doc.get("environment") or {})
 
     def suite_steps(self, plan: PlanContext) -> list[Step]:
         args = ("overlap", "--duration", "3s" if plan.quick else "5s", *plan.gpus_args())

@@ -148,63 +148,8 @@ class SdcProbe(Probe):
         occupancy = ctx.occupancy.to_dict() if ctx.occupancy is not None else None
         return Document.of(document(run, ctx.environment, ctx.command, occupancy), run)
 
-    def from_document(self, doc: Mapping):
-        from .document import run_from_document
-
-        return run_from_document(dict(doc))
-
-    def findings(self, doc: Mapping) -> list[Finding]:
-        from .analyse import findings
-
-        return findings(self.load(doc))
-
     def finding_label(self, finding: Finding) -> str:
         return {"problem": "finding", "warning": "warning"}.get(finding.severity, "note")
-
-    def judge(self, doc: Mapping) -> list[Finding]:
-        from .analyse import judge
-
-        return judge(self.load(doc))
-
-    def failure(self, doc: Mapping) -> str | None:
-        from .analyse import failure
-
-        return failure(self.load(doc))
-
-    def headline(self, doc: Mapping) -> list:
-        from .headline import headline
-
-        return headline(doc)
-
-    def key_figure(self, doc: Mapping) -> tuple[str, str]:
-        from .analyse import key_figure
-
-        return key_figure(self.load(doc))
-
-    def render(self, doc: Mapping, console) -> None:
-        from .render import render_terminal
-
-        render_terminal(self.load(doc), console)
-
-    def csv(self, doc: Mapping) -> str:
-        from .render import render_csv
-
-        return render_csv(self.load(doc))
-
-    def images(self, doc: Mapping) -> dict[str, bytes]:
-        from .report import images
-
-        return images(self.load(doc))
-
-    def section(self, doc: Mapping, images: Mapping[str, bytes]) -> str:
-        from .report import section
-
-        return section(self.load(doc), dict(images))
-
-    def report(self, doc: Mapping, out_dir, history=None):
-        from .report import write_report
-
-        return write_report(self.load(doc), out_dir, doc.get("environment") or {})
 
     def suite_steps(self, plan: PlanContext) -> list[Step]:
         """Round 1 runs a short version: a few repetitions (a burn-in is `sdc --duration`)."""
