@@ -103,6 +103,12 @@ class Spec:
     def _wrong(self, value: Any, path: str) -> _Problem:
         return _Problem(path, f"is {_show(value)}, not {self.describe()}")
 
+    def takes(self, value: Any) -> bool:
+        """Whether `value` is of the JSON type this spec checks (an object, a list, a string, a
+        number, true or false), whatever its content: OneOf reports the problem of the option
+        that takes it."""
+        return True
+
 
 class AnyValue(Spec):
     """Any JSON value (a field kept as it was written, read by nothing that computes with it)."""
@@ -116,6 +122,9 @@ class AnyValue(Spec):
 
 class Bool(Spec):
     what = "true or false"
+
+    def takes(self, value: Any) -> bool:
+        return isinstance(value, bool)
 
     def _check(self, value: Any, path: str) -> None:
         if not isinstance(value, bool):
@@ -137,6 +146,9 @@ class Int(Spec):
         if self.hi is not None:
             return f"an integer of at most {self.hi}"
         return "an integer"
+
+    def takes(self, value: Any) -> bool:
+        return _number(value)
 
     def _check(self, value: Any, path: str) -> None:
         if (not isinstance(value, int) or isinstance(value, bool)
@@ -166,6 +178,9 @@ class Num(Spec):
             return f"{base} of at most {self.hi:g}"
         return base
 
+    def takes(self, value: Any) -> bool:
+        return _number(value)
+
     def _check(self, value: Any, path: str) -> None:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise self._wrong(value, path)
@@ -178,11 +193,19 @@ class Num(Spec):
             raise self._wrong(value, path)
 
 
+_LONG = 1 << 16  # a string's default bound: any text a document holds, not a name
+_LISTED = 6  # fields an object's description names before "..."
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class Str(Spec):
     """A string: one of `choices`, or matching `pattern` (whole) and passing `rule`, at most
     `max_len` characters."""
 
-    def __init__(self, choices: Sequence[str] | None = None, pattern: str | None = None, max_len: int = 1 << 16,
+    def __init__(self, choices: Sequence[str] | None = None, pattern: str | None = None, max_len: int = _LONG,
                  null: bool = False, what: str | None = None, rule: Callable[[str], bool] | None = None) -> None:
         super().__init__(null)
         self.choices = tuple(choices) if choices is not None else None
@@ -198,7 +221,10 @@ class Str(Spec):
             return "one of " + ", ".join(self.choices) if self.choices else "a known name"
         if self.pattern is not None:
             return "a name of letters, digits and - _ + . : (no / or spaces)"
-        return "a string"
+        return "a string" if self.max_len >= _LONG else f"a string of at most {self.max_len} characters"
+
+    def takes(self, value: Any) -> bool:
+        return isinstance(value, str)
 
     def _check(self, value: Any, path: str) -> None:
         if not isinstance(value, str) or len(value) > self.max_len:
@@ -225,6 +251,9 @@ class List(Spec):
             return f"a list of {self.min_len}"
         return "a non-empty list" if self.min_len else "a list"
 
+    def takes(self, value: Any) -> bool:
+        return isinstance(value, (list, tuple))
+
     def _check(self, value: Any, path: str) -> None:
         if not isinstance(value, (list, tuple)):  # a tuple: a document not yet written as JSON
             raise self._wrong(value, path)
@@ -242,18 +271,29 @@ class Obj(Spec):
     """An object with declared `fields`; those in `required` must be present. Undeclared keys are
     free unless `closed` (an object the reader unpacks into a dataclass). `what` names the object
     in the message for a missing field ("a gemm result"). `rule(value)` checks what ties fields
-    together: None, or (the field's path below this object, the problem)."""
+    together: None, or (the field's path below this object, the problem). A value that is no
+    object is told the fields expected: "an object with gpu, allocator and pattern"."""
 
     def __init__(self, fields: Mapping[str, Spec], required: Sequence[str] = (), what: str = "this object",
                  null: bool = False, closed: bool = False,
                  rule: Callable[[Mapping], tuple[str, str] | None] | None = None) -> None:
         super().__init__(null)
         self.fields, self.required, self.closed, self.rule = dict(fields), tuple(required), closed, rule
-        self.what = "an object"
         self.name = what
         unknown = set(self.required) - set(self.fields)
         if unknown:
             raise ValueError(f"required but not declared: {sorted(unknown)}")
+
+    def describe(self) -> str:
+        names = list(self.required or self.fields)
+        if not names:
+            return "an object"
+        if len(names) > _LISTED:
+            return f"an object with {', '.join(names[:_LISTED])}, ..."
+        return f"an object with {_words(names)}"
+
+    def takes(self, value: Any) -> bool:
+        return isinstance(value, Mapping)
 
     def _check(self, value: Any, path: str) -> None:
         if not isinstance(value, Mapping):
@@ -277,13 +317,20 @@ class Obj(Spec):
 
 class Map(Spec):
     """An object with any keys (matching `keys`, a whole-string pattern, where given), each value
-    of `value`."""
+    of `value`. `keys_what` names a key ("a GPU count"); `what` the whole map where the default
+    ("a map from a GPU count to a number") says less than the readers' terms do."""
 
     def __init__(self, value: Spec, keys: str | None = None, null: bool = False,
-                 keys_what: str = "a name") -> None:
+                 keys_what: str = "a name", what: str | None = None) -> None:
         super().__init__(null)
         self.value, self.keys, self.keys_what = value, re.compile(keys) if keys else None, keys_what
-        self.what = "an object"
+        self._what = what
+
+    def describe(self) -> str:
+        return self._what or f"a map from {self.keys_what} to {self.value.describe()}"
+
+    def takes(self, value: Any) -> bool:
+        return isinstance(value, Mapping)
 
     def _check(self, value: Any, path: str) -> None:
         if not isinstance(value, Mapping):
@@ -295,7 +342,10 @@ class Map(Spec):
 
 
 class OneOf(Spec):
-    """The first of `options` that accepts the value; the message names the last one's problem."""
+    """The first of `options` that accepts the value. When none does, the message is the problem
+    inside the option of the value's JSON type (an object against an object option: the field
+    that is wrong in it; of several such options, the problem found deepest), or, where no option
+    is of its type, the value against them all ("is true, not an integer or a string")."""
 
     def __init__(self, *options: Spec, null: bool = False) -> None:
         super().__init__(null)
@@ -304,13 +354,20 @@ class OneOf(Spec):
     def describe(self) -> str:
         return " or ".join(o.describe() for o in self.options)
 
+    def takes(self, value: Any) -> bool:
+        return any(o.takes(value) for o in self.options)
+
     def _check(self, value: Any, path: str) -> None:
+        typed: list[_Problem] = []
         for o in self.options:
             try:
                 o.check(value, path)
                 return
-            except _Problem:
-                continue
+            except _Problem as problem:
+                if o.takes(value):
+                    typed.append(problem)
+        if typed:  # the first of the deepest: the most specific account of what is wrong
+            raise max(typed, key=lambda p: len(p.path))
         raise self._wrong(value, path)
 
 
@@ -323,6 +380,9 @@ class Tagged(Spec):
     def __init__(self, key: str, cases: Mapping[str, Spec], other: Spec | None = None, null: bool = False) -> None:
         super().__init__(null)
         self.key, self.cases, self.other = key, dict(cases), other or Obj({})
+
+    def takes(self, value: Any) -> bool:
+        return isinstance(value, Mapping)
 
     def _check(self, value: Any, path: str) -> None:
         if not isinstance(value, Mapping):
@@ -341,6 +401,9 @@ class Doc(Spec):
     def __init__(self, check: Callable[[Mapping, str], None], null: bool = False) -> None:
         super().__init__(null)
         self._check_document = check
+
+    def takes(self, value: Any) -> bool:
+        return isinstance(value, Mapping)
 
     def _check(self, value: Any, path: str) -> None:
         if not isinstance(value, Mapping):

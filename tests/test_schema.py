@@ -217,3 +217,103 @@ def test_a_fleet_report_draws_a_node_lost_after_its_first_pairings():
     doc["pairings"].append({**copy.deepcopy(doc["pairings"][0]), "a": 0, "b": 2, "round": 1})
     validate(doc)
     assert plot_pairs(doc).startswith(b"\x89PNG")
+
+
+# -- what the messages say (issue 23: "is an object, not an object or a number") ---------------------
+
+def _problem(spec, value) -> str:
+    from mgpu_bench.schema import _Problem
+
+    try:
+        spec.check(value, "x")
+    except _Problem as p:
+        return f"{p.path}: {p.problem}"
+    raise AssertionError(f"{value!r} passed {spec.describe()}")
+
+
+def test_the_latency_shape_is_named_in_its_readers_terms():
+    from mgpu_bench.probes.memory.shape import LATENCY
+
+    assert _problem(LATENCY, {"alloc": 3}) == (
+        "x.alloc: is 3, not a map of size classes, each {count, p50, p99, max} in seconds")
+    assert _problem(LATENCY, {"alloc": {"<= 1 GiB": 5e-4}}) == (
+        "x.alloc.<= 1 GiB: is 0.0005, not an object with count, p50, p99 and max")
+    assert _problem(LATENCY, {"free": {"<= 4 MiB": {"count": 3, "p50": 1e-5, "max": 2e-5}}}) == (
+        "x.free.<= 4 MiB.p99: missing (a size class's latency needs count, p50, p99 and max)")
+    assert _problem(LATENCY, {"alloc": {"> 1 GiB": {"count": 1, "p50": None, "p99": 1e-3, "max": 1e-3}}}) == (
+        "x.alloc.> 1 GiB.p50: is null, not a number of at least 0")
+
+
+def test_one_of_reports_the_problem_inside_the_option_of_the_values_type():
+    from mgpu_bench.schema import Int, List, Map, Num, Obj, OneOf, Str
+
+    either = OneOf(Map(Num(), keys_what="a size class"), Num())
+    assert _problem(either, {"a": 1, "b": "fast"}) == "x.b: is 'fast', not a number"
+    assert _problem(either, "fast") == "x: is 'fast', not a map from a size class to a number or a number"
+    assert _problem(OneOf(Int(), Str(max_len=4)), True) == "x: is true, not an integer or a string of at most 4 characters"
+    assert _problem(OneOf(Int(), Str(max_len=4)), "label") == "x: is 'label', not a string of at most 4 characters"
+    # of two options of the value's type, the one that got furthest into it
+    rows = OneOf(List(Int(0)), List(List(Num()), min_len=1))
+    assert _problem(rows, [[1.0], ["a"]]) == "x[1][0]: is 'a', not a number"
+    assert _problem(OneOf(Obj({"a": Int()}, required=("a",), what="a pair"), Num()), {}) == (
+        "x.a: missing (a pair needs a)")
+
+
+def _specs(spec, seen=None):
+    """Every spec reachable from `spec` (the nested documents of a suite are their own kinds')."""
+    from mgpu_bench.schema import List, Map, Obj, OneOf, Tagged
+
+    seen = set() if seen is None else seen
+    if id(spec) in seen:
+        return
+    seen.add(id(spec))
+    yield spec
+    subs = (list(spec.fields.values()) if isinstance(spec, Obj) else [spec.item] if isinstance(spec, List)
+            else [spec.value] if isinstance(spec, Map) else list(spec.options) if isinstance(spec, OneOf)
+            else [*spec.cases.values(), spec.other] if isinstance(spec, Tagged) else [])
+    for s in subs:
+        yield from _specs(s, seen)
+
+
+def test_no_message_contradicts_itself():
+    """Every declared spec of every kind, given values of every JSON type: an object or a list
+    the spec takes is never refused as "is an object, not ..." (the issue's "is an object, not
+    an object or a number"): the problem is a field inside it, its length, or a rule; and a
+    message of the form "is X, not D" describes D as something X is not."""
+    from mgpu_bench.schema import ENVELOPE, Obj
+
+    values = [{}, {"x": 1}, {"count": "n"}, [], [None], [[]], "", "x" * 300, 0, -1, 1.5, float("nan"), True]
+    specs = [s for k in registry.names() for s in _specs(registry.get(k).schema())]
+    specs += [s for s in _specs(Obj(ENVELOPE))]
+    checked = 0
+    for spec in specs:
+        for v in values:
+            try:
+                spec.check(v, "")
+            except Exception as exc:  # noqa: BLE001 - the spec's private problem type
+                if exc.path:  # a problem inside the value: that field's own message
+                    continue
+                text = exc.problem
+                shown = {dict: "an object", list: "a list"}.get(type(v))
+                if shown and spec.takes(v):
+                    assert not text.startswith(f"is {shown}, not"), (spec.describe(), v, text)
+                if text.startswith("is ") and ", not " in text:
+                    said = text.split(", not ", 1)[1]
+                    assert said != "an object or a number" and not (shown and said.startswith(shown + " or ")), text
+                checked += 1
+    assert checked > 1000, checked
+
+
+def test_the_issues_refusals_now_name_the_field_and_the_shape():
+    """What the H200 runs wrote, made wrong where a reader would choke: each refusal names the
+    field and the shape expected (the real documents themselves pass: tests/test_gpu_documents.py)."""
+    from mgpu_bench.probes.gemm.shape import CANDIDATE
+
+    candidate = {"index": 4, "algo_id": 66, "tile": 248, "stages": 35, "split_k": -1, "cluster": 5}
+    CANDIDATE.check(candidate, "")  # cuBLASLt's -1
+    assert _problem(CANDIDATE, {**candidate, "split_k": 1 << 40}) == (
+        "x.split_k: is 1099511627776, not an integer from -2147483648 to 2147483647")
+    assert _problem(CANDIDATE, {**candidate, "split_k": "auto"}) == (
+        "x.split_k: is 'auto', not an integer from -2147483648 to 2147483647")
+    assert _problem(CANDIDATE, {**candidate, "tile": {"x": 1}}) == (
+        "x.tile: is an object, not an integer or a string of at most 100 characters")

@@ -23,9 +23,14 @@ from mgpu_bench.schema import (
     Str,
 )
 
+# NVML's static facts of a GPU as telemetry.Sampler reads them once: its name and bus id, the
+# clock and power limits the report sets the samples against (Hz, W); None where NVML refused.
+STATIC = Obj({"name": Str(max_len=200, null=True), "pci_bus_id": Str(max_len=100, null=True),
+              **{k: Num(null=True) for k in ("sm_max_hz", "power_limit_w", "power_default_w", "power_max_w")}},
+             what="a GPU's static facts", null=True)
 TELEMETRY = Obj({
-    "gpus": Map(Obj({"series": TELEMETRY_SERIES, "summary": TELEMETRY_SUMMARY,
-                     "static": Map(Num(null=True), null=True)}, what="a GPU's samples"), null=True),
+    "gpus": Map(Obj({"series": TELEMETRY_SERIES, "summary": TELEMETRY_SUMMARY, "static": STATIC},
+                    what="a GPU's samples"), null=True),
     "interval_s": Num(0, null=True), "error": Str(null=True),
 }, what="the suite's telemetry", null=True)
 ENTRY = Obj({

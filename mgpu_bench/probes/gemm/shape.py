@@ -35,11 +35,16 @@ _SHAPE = Str(pattern=r"\d{1,7}(?:[x*]\d{1,7}[x*]\d{1,7})?",
 _FIGURE = Obj({"value": Num(0, null=True), "unit": Str(null=True), "source": Str(null=True),
                "note": Str(null=True)}, what="a figure", null=True)
 _LABEL = OneOf(Int(), Str(max_len=100))  # cuBLASLt's tile and stages: an enum value or its name
+# A config attribute of the algorithm as cuBLASLt gives it (cublasLtMatmulAlgoConfigGetAttribute,
+# csrc/cublaslt_algo.hpp: 32-bit, the unsigned ones cast to int): it names the algorithm and is
+# not computed with. cuBLASLt 13.1 gives split-K -1 for some of an H200's candidates (issue 23).
+_ATTR = Int(-(1 << 31), (1 << 31) - 1, null=True)
 CANDIDATE = Obj({
-    "index": Int(0), "algo_id": Int(), "tile": _LABEL, "stages": _LABEL, "split_k": Int(0, null=True),
-    "cluster": OneOf(Int(), Str(max_len=100), null=True), "reduction": Int(null=True), "swizzle": Int(null=True),
-    "custom": Int(null=True), "workspace": Int(0, null=True), "waves": Num(null=True),
-    "seconds": List(Num(0, finite=True), null=True), "iters_per_sample": Int(1, null=True), "max_error": Num(null=True),
+    "index": Int(0), "algo_id": Int(), "tile": _LABEL, "stages": _LABEL, "split_k": _ATTR,
+    "cluster": OneOf(Int(), Str(max_len=100), null=True), "reduction": _ATTR, "swizzle": _ATTR,
+    "custom": _ATTR, "workspace": Int(0, null=True), "waves": Num(null=True),
+    # a candidate cuBLASLt failed to run has no bursts: no seconds, 0 GEMMs per burst (gemm.cu)
+    "seconds": List(Num(0, finite=True), null=True), "iters_per_sample": Int(0, null=True), "max_error": Num(null=True),
     "error": Str(null=True),
 }, required=("index", "algo_id", "tile", "stages", "split_k", "cluster"), what="a candidate")
 RESULT = Obj({

@@ -112,7 +112,10 @@ class ChurnResult:
         return max(0, self.free - self.largest)
 
     def latency(self) -> dict[str, dict[str, dict[str, float]]]:
-        """{kind: {size class: {count, p50, p99, max}}} in seconds, from the pattern's own calls."""
+        """{kind: {size class: {count, p50, p99, max}}} in seconds, from the pattern's own calls (a
+        result read back from its document has no calls: the figures it stored)."""
+        if "events" not in self.raw:
+            return dict(self.raw.get("latency") or {})
         groups: dict[tuple[str, str], list[float]] = {}
         for kind, nbytes, seconds in self.raw.get("events") or []:
             groups.setdefault((kind, size_class(int(nbytes))), []).append(float(seconds))

@@ -16,7 +16,6 @@ from mgpu_bench.schema import (
     Map,
     Num,
     Obj,
-    OneOf,
     Str,
 )
 
@@ -28,13 +27,22 @@ HBM_KINDS = ("copy_ce", "copy_sm", "read", "write")
 # name become parts of metric names.
 _GPU = Int(0, MAX_GPU_INDEX)
 _BYTES = Int(0, MAX_BYTES)
+# Allocation and free latency of the pattern's own calls (measure.ChurnResult.latency): per kind of
+# call ("alloc", "free"), per size class ("<= 4 MiB" ... "> 1 GiB"), the calls counted and their
+# seconds; the terminal prints the worst class's p50 and p99, so every figure is a number.
+LATENCY_FIGURES = Obj({"count": Int(0), "p50": Num(0), "p99": Num(0), "max": Num(0)},
+                      required=("count", "p50", "p99", "max"), what="a size class's latency")
+LATENCY = Map(Map(LATENCY_FIGURES, keys_what="a size class",
+                  what="a map of size classes, each {count, p50, p99, max} in seconds"),
+              keys_what="a kind of call (alloc, free)", null=True,
+              what="a map of kinds of call (alloc, free), each a map of size classes, each {count, p50, p99, max}")
 CHURN = Obj({
     "gpu": _GPU, "allocator": Str(ALLOCATORS), "pattern": Str(PATTERNS), "fragmentation": Num(0, 1, null=True),
     "lost_bytes": Num(null=True), "largest_block": Num(0, null=True), "free_before": Num(null=True),
     "free_after_pattern": Num(null=True), "total": Num(0, null=True), "held_bytes": Num(null=True),
     "allocations_done": Int(0, null=True), "allocations_failed": Int(0, null=True),
     "search_seconds": Num(0, null=True), "pool_reserved": Num(null=True), "pool_used": Num(null=True),
-    "latency": Map(OneOf(Map(Num(null=True)), Num(null=True)), null=True),
+    "latency": LATENCY,
 }, required=("gpu", "allocator", "pattern"), what="a churn result")
 HBM = Obj({
     "gpu": _GPU, "kind": Str(HBM_KINDS), "bytes_read": _BYTES, "bytes_written": _BYTES,
