@@ -69,13 +69,16 @@ suite-quick         | 1 | 0 | 420 | yes | suite --quick --duration 5s --report {
 # -- functions for the commands a launcher starts -------------------------------------------------
 
 # fleet compares nodes: two torchrun agents on this host, one GPU each, as two nodes (README:
-# Finding the bad node); rank 0 writes the document ($1) and stores the pass.
+# Finding the bad node); rank 0 writes the document ($1) and stores the pass. NCCL between the
+# two goes over sockets, as between nodes: NCCL_P2P_DISABLE and NCCL_SHM_DISABLE are this
+# emulation's (as benchmarks/gpu_session.sh fleet2), not the product's (which sets none).
 fleet_two_nodes() {
   local json=$1 port
   port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   local pids=() rc=0 rank
   for rank in 0 1; do
-    CUDA_VISIBLE_DEVICES=$rank $PY -m torch.distributed.run --nnodes 2 --node-rank $rank --nproc-per-node 1 \
+    CUDA_VISIBLE_DEVICES=$rank NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
+      $PY -m torch.distributed.run --nnodes 2 --node-rank $rank --nproc-per-node 1 \
       --master-addr 127.0.0.1 --master-port "$port" -m mgpu_bench.cli fleet --timeout 60 \
       $([ $rank = 0 ] && echo "--json $json") &
     pids+=($!)
@@ -115,6 +118,12 @@ echo "gpu_smoke: $NGPU GPU(s) ($TAG), history in $MGPU_BENCH_DB, documents in $D
 $PY -c 'import mgpu_bench, mgpu_bench._native as n, torch; print("mgpu-bench", mgpu_bench.__version__, "from",
 mgpu_bench.__file__, "| NCCL", n.nccl_version(), "| torch", torch.__version__)' 2>&1 | tee "$LOGS/versions.txt"
 
+said() {  # the line of log $1 that says why a command failed: its error, else its last line
+  local line
+  line=$(grep -e 'mgpu-bench: error' -e 'mgpu-bench: the run' -e 'Error' "$1" | tail -n 1)
+  echo "${line:-$(tail -n 1 "$1")}"
+}
+
 wanted() {  # is row $1 among MGPU_SMOKE_ONLY (or is every row wanted)?
   [ -z "${MGPU_SMOKE_ONLY:-}" ] && return 0
   case ",$MGPU_SMOKE_ONLY," in *",$1,"*) return 0 ;; esac
@@ -124,13 +133,13 @@ wanted() {  # is row $1 among MGPU_SMOKE_ONLY (or is every row wanted)?
 # check NAME ID: history show, report and compare of stored run ID; prints "ok" or why not.
 check() {
   local name=$1 id=$2 rep=$LOGS/$1-stored-report log=$LOGS/$1-check.log
-  if ! $MB history show "$id" > "$log" 2>&1; then echo "history show $id failed: $(tail -n 1 "$log")"; return; fi
-  if ! $MB report "$id" --out "$rep" >> "$log" 2>&1; then echo "report $id failed: $(tail -n 1 "$log")"; return; fi
+  if ! $MB history show "$id" > "$log" 2>&1; then echo "history show $id failed: $(said "$log")"; return; fi
+  if ! $MB report "$id" --out "$rep" >> "$log" 2>&1; then echo "report $id failed: $(said "$log")"; return; fi
   local kind
   kind=$(sed -n "s/^run $id: \([a-z]*\).*/\1/p" "$log" | head -n 1)
   if [ "$kind" != links ] && [ ! -f "$rep/report.html" ]; then echo "report $id wrote no report.html"; return; fi
   if ! $MB compare "$id" --baseline "$id" >> "$log" 2>&1; then
-    echo "compare $id with itself failed: $(grep -m 1 -e 'not comparable' -e 'error' "$log" || tail -n 1 "$log")"
+    echo "compare $id with itself failed: $(grep -m 1 'not comparable' "$log" || said "$log")"
     return
   fi
   echo ok
@@ -157,11 +166,11 @@ while IFS='|' read -r name gpus want limit stores cmd; do
   log=$LOGS/$name.log
   t0=$SECONDS
   if [ "${cmd:0:1}" = : ]; then
-    ( timeout "$limit" bash -c "$(declare -f fleet_two_nodes); PY='$PY'; ${cmd:1} '$json'" ) > "$log" 2>&1
+    ( timeout "$limit" bash -c "$(declare -f fleet_two_nodes); PY='$PY'; ${cmd:1} '$json'" ) < /dev/null > "$log" 2>&1
   else
     args=${cmd//\{dir\}/$dir}
     # shellcheck disable=SC2086  # the table's arguments are split as a shell splits them
-    ( timeout "$limit" $MB $args --json "$json" ) > "$log" 2>&1
+    ( timeout "$limit" $MB $args --json "$json" ) < /dev/null > "$log" 2>&1
   fi
   rc=$?
   WALL[$name]=$((SECONDS - t0)); CODE[$name]=$rc
@@ -171,9 +180,9 @@ while IFS='|' read -r name gpus want limit stores cmd; do
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
     why="timed out after $limit s"
   elif [ "$rc" != "$want" ]; then
-    why="exit $rc, the README says $want: $(grep -m 1 -e 'mgpu-bench: ' -e 'Error' "$log" || tail -n 1 "$log")"
+    why="exit $rc, the README says $want: $(said "$log")"
   elif [ "$stores" = yes ] && [ -z "$id" ]; then
-    why="not stored: $(grep -m 1 -e 'not stored' -e 'mgpu-bench: ' "$log" || echo 'no "stored as rN" line')"
+    why="not stored: $(grep -m 1 'not stored' "$log" || echo 'no "stored as rN" line')"
   elif [ "$stores" = yes ] && [ ! -s "$json" ]; then
     why="no result document at $json"
   fi
@@ -181,7 +190,7 @@ while IFS='|' read -r name gpus want limit stores cmd; do
     STATUS[$name]="FAIL: $why"
   elif [ "$stores" = yes ]; then
     STATUS[$name]=checking
-    check "$name" "$id" > "$LOGS/$name.checked" &  # CPU only: runs beside the next GPU command
+    check "$name" "$id" < /dev/null > "$LOGS/$name.checked" &  # CPU only: runs beside the next GPU command
   else
     STATUS[$name]=ok
   fi

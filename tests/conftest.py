@@ -9,11 +9,29 @@ def _gpu_count() -> int:
     return visible_gpu_count()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests marked slow (as `-m slow` does for them alone)")
+
+
+def _slow_wanted(config) -> bool:
+    """`slow` tests run when asked for: --run-slow, or a -m expression that names slow."""
+    import re
+
+    return bool(config.getoption("--run-slow")) or re.search(r"\bslow\b", config.getoption("markexpr") or "") is not None
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests need one NVIDIA GPU, `multi_gpu(n)` tests n; without them they skip with
-    the reason (CI has no GPU; run `pytest -m gpu` on a GPU machine)."""
+    the reason (CI has no GPU; run `pytest -m gpu` on a GPU machine). `slow` tests (minutes on
+    their hardware) skip unless asked for, so that `pytest -m gpu` stays within its 5 minutes
+    on one H200: `pytest -m slow` runs them (README, the test paragraph)."""
+    slow = _slow_wanted(config)
     count = None
     for item in items:
+        if item.get_closest_marker("slow") and not slow:
+            item.add_marker(pytest.mark.skip(reason="slow: run with `python -m pytest -m slow` (or --run-slow)"))
+            continue
         need = 0
         if item.get_closest_marker("gpu"):
             need = 1

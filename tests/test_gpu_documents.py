@@ -634,3 +634,20 @@ def test_trimming_keeps_every_field_and_its_type_and_cuts_the_samples(tmp_path):
         validate(_load(p))
         # a suite holds every probe's document: about 70 KB for one H200; the others under 50 KB
         assert p.stat().st_size < (100_000 if p.name == "suite-quick.json" else 50_000), (p.name, p.stat().st_size)
+
+
+def test_slow_tests_run_only_when_asked_for():
+    """conftest's rule for the `slow` marker: `-m gpu` (and a plain run) leaves them out, a -m
+    expression that names slow or --run-slow keeps them."""
+    from conftest import _slow_wanted
+
+    class Config:
+        def __init__(self, markexpr: str, run_slow: bool = False) -> None:
+            self.options = {"markexpr": markexpr, "--run-slow": run_slow}
+
+        def getoption(self, name):
+            return self.options[name]
+
+    assert not _slow_wanted(Config("")) and not _slow_wanted(Config("gpu"))
+    assert not _slow_wanted(Config("gpu and slowness"))
+    assert _slow_wanted(Config("slow")) and _slow_wanted(Config("gpu or slow")) and _slow_wanted(Config("", True))
