@@ -37,7 +37,7 @@ from click.testing import CliRunner
 
 from mgpu_bench import hardware, telemetry
 from mgpu_bench.cli import cli
-from mgpu_bench.probe import validate
+from mgpu_bench.probe import headline, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).with_name("fixtures")
@@ -171,6 +171,19 @@ def gemm_documents() -> dict[str, dict]:
     r.series_telemetry = {"summary": telemetry.summarize(got, STATIC), **telemetry.series(got, t0)}
     run.results = [r]
     out["gemm-duration"] = gd.document(run, ENV_1, ["mgpu-bench", "gemm", "--duration", "5s"], _occupancy())
+    # two GPUs, two shapes; one candidate's output wrong (its error NaN: the check met a NaN), and
+    # the run stopped by Ctrl-C before fp16's second shape: exit 1 and 130, both stored
+    cfg = gm.GemmConfig(dtypes=("bf16", "fp16"), shapes=(gm.Shape(4096, 8192, 1024), square), gpus=(0, 1))
+    run = gm.GemmRun(cfg, DEVICES_2, wall_seconds=4.4, stopped="interrupted",
+                     stop_message="interrupted (Ctrl-C): the results gathered so far are kept")
+    for dtype, shape in (("bf16", cfg.shapes[0]), ("bf16", square), ("fp16", cfg.shapes[0])):
+        for gpu in (0, 1):
+            r = _gemm_result(dtype, shape)
+            r.gpu = gpu
+            run.results.append(r)
+    run.results[1].candidates[2].max_error = float("nan")
+    out["gemm-shapes-2x"] = gd.document(run, ENV_2, ["mgpu-bench", "gemm", "--dtype", "bf16,fp16", "--shape",
+                                                     "4096x8192x1024,8192"], _occupancy(2))
     return out
 
 
@@ -259,6 +272,15 @@ def memory_documents() -> dict[str, dict]:
     out["memory-torch-allocators"] = md.document(
         run, ENV_1, ["mgpu-bench", "memory", "--no-churn", "--torch-allocators", "default,expandable,async",
                      "--max-batch", "350m"])
+    # a child that failed: torch_memory._run_child's error dict where the result would be
+    cfg = mm.MemoryConfig(churn=False, torch_settings=("default",), max_batch_model="1.3b", max_batch_seq=4096)
+    run = mm.MemoryRun(cfg, [DEVICE], wall_seconds=600.4)
+    run.torch = {"default": {"error": "RuntimeError: CUDA error: an illegal memory access was encountered",
+                             "returncode": 1, "wall_s": 9.2, "setting": "default", "conf": None}}
+    run.max_batch = [{"model": "1.3b", "seq_len": 4096, "checkpointing": False, "error": "timed out after 600 s",
+                      "returncode": None, "wall_s": 600.0, "setting": "default", "conf": None}]
+    out["memory-children-failed"] = md.document(run, ENV_1, ["mgpu-bench", "memory", "--no-churn", "--torch-allocators",
+                                                             "default", "--max-batch", "1.3b", "--seq-len", "4096"])
     return out
 
 
@@ -318,8 +340,26 @@ def _model_document(name: str, cfg_changes: dict, counts: list[int], modes: list
     return dd.document(run, ENV_2 if max(counts) > 1 else ENV_1, args, _occupancy(max(counts)))
 
 
+def _model_oom() -> dict:
+    """`model --model 1.3b --batch-size 512` on one H200: the worker's out-of-memory result (no
+    phases, the allocator's peak), exit 1, stored with what it says."""
+    from mgpu_bench.probes.model import document as dd
+    from mgpu_bench.probes.model.analyse import ModelRun, analyse
+    from mgpu_bench.probes.model.measure import ModelConfig
+
+    cfg = ModelConfig(model="1.3b", seq_len=2048, batch_size=512, steps=2, warmup_steps=1)
+    peak = hardware.peak_flops(H200, "bf16")
+    rank = {"rank": 0, "world": 1, "device": "cuda:0", "gpu_name": H200, "torch": "2.11.0+cu130",
+            "error": "out of memory: CUDA out of memory. Tried to allocate 96.00 GiB. GPU 0 has a total capacity of "
+                     "139.81 GiB of which 71.50 GiB is free.", "peak_allocated": 21474836480}
+    run = ModelRun(cfg, [1], ["synthetic"], H200, peak, wall_seconds=14.0)
+    run.stats.append(analyse(cfg, 1, [rank], peak.value))
+    return dd.document(run, ENV_1, ["mgpu-bench", "model", "--model", "1.3b", "--batch-size", "512"], _occupancy())
+
+
 def model_documents() -> dict[str, dict]:
     return {
+        "model-oom": _model_oom(),
         "model": _model_document("--model 350m --gpus 1", {}, [1], ["synthetic"]),
         "model-compile": _model_document("--model 350m --gpus 1 --compile", {"compile": True}, [1], ["synthetic"],
                                          compile_s=5.4),
@@ -461,7 +501,8 @@ def _shared(doc: dict) -> bool:
 
 def through_the_cli(path: Path, db: Path, out: Path) -> None:
     """history add (stored as rN), compare rN with itself (exit 0, no regression; exit 1 "not
-    comparable" for a run beside another job), history show rN, report rN: each exit 0;
+    comparable" for a run beside another job; exit 2 for a run without a headline figure, as
+    `compare` refuses runs that share no metric), history show rN, report rN: each exit 0;
     report.html where the probe writes one."""
     code, text = _cli("history", "add", str(path), "--db", str(db))
     assert code == 0, text
@@ -469,7 +510,10 @@ def through_the_cli(path: Path, db: Path, out: Path) -> None:
     assert found, text
     run, kind = found.groups()
     code, text = _cli("compare", run, "--baseline", run, "--db", str(db))
-    if _shared(_load(path)):
+    doc = _load(path)
+    if not headline(doc):  # it measured nothing (every child failed, out of memory): nothing to compare
+        assert code == 2 and "share no metric" in text, text
+    elif _shared(doc):
         assert code == 1 and "not comparable" in text and "shared with pid" in text, text
     else:
         assert code == 0 and re.search(r"^0 regression", text, re.MULTILINE), text
