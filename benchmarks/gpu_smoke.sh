@@ -26,9 +26,12 @@
 #   MGPU_SMOKE_ONLY        names of rows to run, comma-separated [default: all].
 #   MGPU_SMOKE_TABLE       a file of rows in the table's format, run instead of the table below.
 #
-# On one H200 the table is sized to finish in about 5 minutes: each probe at quick sizes (short
-# bursts, small budgets, the 125m or tiny model, few steps, 5 s sustained runs), the suite with
-# --quick --duration 5s (its round 3 included: the largest batch of 350m, about a minute).
+# On one H200 the table is sized to finish in about 5 minutes (an estimate: the suite about 2 of
+# them, its round 3 finding the largest batch of 350m for about a minute): each probe at quick
+# sizes (few sizes, short bursts, the 125m or tiny model, few steps), the suite with --quick
+# --duration 5s. What the suite runs as its own probes (gemm --duration, memory --max-batch 350m,
+# memory --bandwidth with the churn) is not run again alone: trim_fixture.py --parts makes
+# fixtures of the suite's probe documents.
 set -u
 
 # -- the commands ---------------------------------------------------------------------------------
@@ -39,8 +42,7 @@ set -u
 TABLE='
 comm-small          | 0 | 0 | 120 | yes | comm --sizes 4K,256K
 comm                | 1 | 0 | 120 | yes | comm --report {dir}
-comm-all-ops        | 1 | 0 | 180 | yes | comm --ops all --sizes 8-64M --factor 16
-comm-bf16           | 1 | 0 | 120 | yes | comm --sizes 8,1K,64M --dtype bf16
+comm-all-ops        | 1 | 0 | 180 | yes | comm --ops all --sizes 8,1K,64M --dtype bf16
 comm-torch          | 1 | 0 | 180 | yes | comm --backend torch --sizes 1M-64M
 comm-graph-2x       | 2 | 0 | 120 | yes | comm --gpus 0,1 --graph --sizes 8-1M
 comm-tune-1x        | 1 | 2 | 120 | no  | comm --tune --gpus 1
@@ -50,9 +52,8 @@ links               | 1 | 0 | 120 | yes | links --report {dir}
 gemm-dtypes         | 1 | 0 | 180 | yes | gemm --dtype bf16,fp16,tf32,fp8,fp32,fp64
 gemm-shapes         | 1 | 0 | 120 | yes | gemm --shape 4096x8192x1024,8192
 gemm-search         | 1 | 0 | 180 | yes | gemm --search --search-range 4096:8192:4096 --search-refine 2
-gemm-duration       | 1 | 0 | 120 | yes | gemm --duration 5s --report {dir}
-memory              | 1 | 0 | 120 | yes | memory --budget 0.5
-memory-bandwidth    | 1 | 0 | 120 | yes | memory --bandwidth --budget 0.5
+memory              | 1 | 0 | 120 | yes | memory
+memory-bandwidth    | 1 | 0 | 120 | yes | memory --bandwidth --no-churn
 memory-torch        | 1 | 0 | 240 | yes | memory --no-churn --torch-allocators default,expandable --model tiny --steps 5 --seq-lens 64-256
 model               | 1 | 0 | 180 | yes | model --model 125m --seq-len 512 --steps 8 --warmup-steps 2 --gpus 1
 model-compile       | 1 | 0 | 300 | yes | model --model tiny --compile --steps 8 --warmup-steps 3 --gpus 1
