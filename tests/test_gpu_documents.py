@@ -21,6 +21,7 @@ and its loop of store, show, report and compare on CPU processes (its CPU mode).
 from __future__ import annotations
 
 import copy
+import functools
 import gzip
 import json
 import os
@@ -472,15 +473,19 @@ def suite_document(parts: dict[str, dict]) -> dict:
     return sr.document(run, ENV_1, ["mgpu-bench", "suite", "--quick"])
 
 
+# The names of what built() makes (its fixture's would-be names): collected without building them.
+BUILT_NAMES = ("gemm-all-dtypes", "gemm-duration", "gemm-search", "gemm-shapes-2x", "links", "links-2x", "memory",
+               "memory-bandwidth", "memory-children-failed", "memory-torch-allocators", "model", "model-checkpointing",
+               "model-compile", "model-data-both", "model-fsdp-2x", "model-oom", "overlap", "sdc", "suite-quick")
+
+
+@functools.cache
 def built() -> dict[str, dict]:
     """Every GPU-shaped document, by the name its fixture would have; as the file holds it."""
     docs = {**gemm_documents(), **memory_documents(), **model_documents(), **links_documents(),
             "sdc": sdc_document(), "overlap": overlap_document()}
     docs["suite-quick"] = suite_document(docs)
     return {k: json.loads(json.dumps(v)) for k, v in docs.items()}
-
-
-BUILT = built()
 
 
 # -- through the CLI ---------------------------------------------------------------------------------
@@ -524,10 +529,10 @@ def through_the_cli(path: Path, db: Path, out: Path) -> None:
     assert kind in NO_HTML or (out / "report.html").is_file(), sorted(p.name for p in out.iterdir())
 
 
-@pytest.mark.parametrize("name", sorted(BUILT))
+@pytest.mark.parametrize("name", BUILT_NAMES)
 def test_what_a_gpu_run_writes_is_stored_compared_shown_and_drawn(tmp_path, name):
     path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(BUILT[name]))
+    path.write_text(json.dumps(built()[name]))
     through_the_cli(path, tmp_path / "h.sqlite3", tmp_path / "rep")
 
 
@@ -536,16 +541,20 @@ def test_every_recorded_gpu_document_is_stored_compared_shown_and_drawn(tmp_path
     through_the_cli(path, tmp_path / "h.sqlite3", tmp_path / "rep")
 
 
+def test_every_built_document_is_checked():
+    assert tuple(sorted(built())) == BUILT_NAMES
+
+
 def test_the_built_documents_hold_what_the_issue_found_refused():
     """The two reported failures and the suite's, present in what is checked above: latency
     per size class, split-K -1, and a suite embedding both with NVML's static facts (name, bus id)."""
-    churn = BUILT["memory"]["churn"][0]
+    churn = built()["memory"]["churn"][0]
     stats = next(iter(churn["latency"]["alloc"].values()))
     assert set(stats) == {"count", "p50", "p99", "max"} and stats["count"] > 0
-    splits = {c["split_k"] for r in BUILT["gemm-all-dtypes"]["results"] for c in r["candidates"]}
-    assert -1 in splits and {r["dtype"] for r in BUILT["gemm-all-dtypes"]["results"]} == {
+    splits = {c["split_k"] for r in built()["gemm-all-dtypes"]["results"] for c in r["candidates"]}
+    assert -1 in splits and {r["dtype"] for r in built()["gemm-all-dtypes"]["results"]} == {
         "bf16", "fp16", "tf32", "fp8", "fp32", "fp64"}
-    suite = BUILT["suite-quick"]
+    suite = built()["suite-quick"]
     kinds = {p["document"]["kind"] for p in suite["probes"] if p["document"]}
     assert {"gemm", "memory", "model", "sdc"} <= kinds
     assert any(isinstance(g["static"].get("name"), str) for p in suite["probes"] if p["telemetry"]
@@ -557,7 +566,7 @@ def test_a_memory_document_read_back_keeps_its_latency():
     size class (computed from calls a document does not keep) is written again, not lost."""
     from mgpu_bench.probes.memory import document as md
 
-    doc = BUILT["memory"]
+    doc = built()["memory"]
     again = json.loads(json.dumps(md.document(md.run_from_document(doc), doc["environment"], doc["command"])))
     assert [c["latency"] for c in again["churn"]] == [c["latency"] for c in doc["churn"]]
     validate(again)
@@ -648,12 +657,12 @@ def test_trimming_keeps_every_field_and_its_type_and_cuts_the_samples(tmp_path):
         import trim_fixture
     finally:
         sys.path.pop(0)
-    docs = {**BUILT, **{p.stem: _load(p) for p in recorded()}}
+    docs = {**built(), **{p.stem: _load(p) for p in recorded()}}
     for name, doc in docs.items():
         small = trim_fixture.trim(doc, 3)
         assert _shape_of(small) == _shape_of(doc), name
         validate(json.loads(json.dumps(small)))
-    small = trim_fixture.trim(BUILT["suite-quick"], 3)
+    small = trim_fixture.trim(built()["suite-quick"], 3)
     memory = next(p["document"] for p in small["probes"] if p["name"] == "hbm+memory")
     assert all(len(h["seconds"]) == 3 for h in memory["hbm"])
     gemm = next(p["document"] for p in small["probes"] if p["name"] == "gemm-sustained")
@@ -664,13 +673,13 @@ def test_trimming_keeps_every_field_and_its_type_and_cuts_the_samples(tmp_path):
     comm = trim_fixture.trim(_load(FIX / "comm_2x_h200.json"), 3)
     assert {len(r) for m in comm["measurements"] for r in m["samples"]} == {3}  # each rank's row alike
     assert all(len(m["burst_seconds"]) == 2 for m in comm["measurements"])  # per rank: kept whole
-    search = trim_fixture.trim(BUILT["gemm-search"], 3)["results"]
+    search = trim_fixture.trim(built()["gemm-search"], 3)["results"]
     assert [r["phase"] for r in search] == ["search"] * 3 + ["search-best"] * 2
     # the command line: a fixture per document, a suite's parts as their own
     paths = []
     for name in ("suite-quick", "model"):
         paths.append(tmp_path / f"{name}.json")
-        paths[-1].write_text(json.dumps(BUILT[name], indent=1))
+        paths[-1].write_text(json.dumps(built()[name], indent=1))
     assert trim_fixture.main([*map(str, paths), "--out", str(tmp_path / "fix"), "--parts"]) == 0
     made = sorted(p.name for p in (tmp_path / "fix").iterdir())
     assert "model.json" in made and "suite-quick.json" in made and "suite-quick--gemm.json" in made, made
