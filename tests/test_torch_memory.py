@@ -213,6 +213,7 @@ def test_gpu_max_batch():
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # a 240 s budget alone: -m gpu stays under 5 minutes on one H200; `-m slow` runs it
 def test_gpu_max_batch_finds_the_oom_edge():
     r = max_batch("125m", 512, checkpointing=True, setting="expandable", timeout_s=600,
                   time_budget_s=240)
