@@ -73,6 +73,7 @@ def cli() -> None:
     mgpu-bench overlap                allreduce and GEMM together: how much each slows the other
     mgpu-bench comm --tune            which NCCL setting beats the default, per size band
     mgpu-bench fleet                  under srun/torchrun: the bad node, GPU, rail or link of a cluster
+    mgpu-bench check --drain          this node fit for jobs, within 60 s: Slurm, NHC, node-problem-detector
     mgpu-bench suite --quick          the three rounds in one report, stored and compared
     mgpu-bench history list           stored runs; compare RUN gates on regressions (exit 1)
     """

@@ -4,12 +4,15 @@ local rank picks the GPU); a half-set environment is an InputError naming the mi
 
 No home-made rendezvous: the processes meet through torch.distributed's store at MASTER_ADDR /
 MASTER_PORT (`init_method="env://"`), which torchrun sets; for Slurm and MPI `export_env()`
-fills those variables from the launcher's own (the first host of the node list, a port derived
-from the job id) unless the user set them.
+fills those variables from the launcher's own (the first node of the job, a port derived from
+the job id) unless the user set them. The first node is reached by its name where the name
+resolves, else by the address Slurm itself uses for it (its NodeAddr, `scontrol show node`);
+where neither works, open_store() says in one line to set MASTER_ADDR, before anyone waits.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -35,6 +38,7 @@ class LaunchEnv:
     master_port: int | None
     host: str
     node_names: tuple[str, ...] = ()  # the job's nodes in node-rank order, where the launcher says (Slurm)
+    rendezvous_problem: str | None = None  # why master_addr cannot be reached (open_store says it)
 
 
 def _int(env: Mapping[str, str], name: str, launcher: str) -> int:
@@ -113,8 +117,8 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv | None:
         lws = per_node[node] if node < len(per_node) else per_node[-1]
         job = _int(env, "SLURM_JOB_ID", "Slurm") if env.get("SLURM_JOB_ID") else 0
         port = _int(env, "MASTER_PORT", "Slurm") if env.get("MASTER_PORT") else DEFAULT_PORT + job % 1000
-        le = LaunchEnv("slurm", rank, world, local, lws, node, len(nodes), env.get("MASTER_ADDR") or nodes[0], port,
-                       host, tuple(nodes))
+        addr, problem = (env["MASTER_ADDR"], None) if env.get("MASTER_ADDR") else slurm_node_address(nodes[0])
+        le = LaunchEnv("slurm", rank, world, local, lws, node, len(nodes), addr, port, host, tuple(nodes), problem)
     elif "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
         ompi = "OMPI_COMM_WORLD_RANK" in env
         launcher = "Open MPI" if ompi else "PMI"
@@ -137,6 +141,42 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchEnv | None:
         raise InputError(f"{le.launcher}: local rank {le.local_rank} is outside the {le.local_world_size} "
                          "processes of this node")
     return le
+
+
+def resolves(name: str) -> bool:
+    """Whether `name` (a host name or an IP address) gives an address here (DNS, /etc/hosts)."""
+    try:
+        return bool(socket.getaddrinfo(name, None, type=socket.SOCK_STREAM))
+    except (OSError, UnicodeError):
+        return False
+
+
+@functools.lru_cache(maxsize=8)
+def slurm_node_address(node: str) -> tuple[str, str | None]:
+    """Where the ranks of a Slurm job meet, rank 0's node `node` (the job's first): (the address,
+    None) or (the name, why it cannot be reached, in one line naming the fix).
+
+    Slurm reaches its nodes by NodeAddr, which defaults to NodeName but on many clusters is an IP
+    address or another name; NodeName need not resolve at all. So: the name where it resolves;
+    else NodeAddr as `scontrol show node` gives it. (SLURM_LAUNCH_NODE_IPADDR names the host srun
+    ran on, which is the job's first node only inside its batch script; no task can tell which
+    case it is in, so it is not used.) Asked once per process; every task of a job asks the
+    controller once, and only where the node's name does not resolve."""
+    if resolves(node):
+        return node, None
+    from .slurm import SlurmError, show_node
+
+    try:
+        addr = show_node(node, timeout_s=5.0).addr
+    except SlurmError as exc:
+        why = f"and Slurm's NodeAddr for it could not be read ({exc})"
+    else:
+        if addr and addr != node and resolves(addr):
+            return addr, None
+        why = f"nor does its NodeAddr {addr!r} (scontrol show node {node})" if addr else \
+            f"and scontrol show node {node} gives no NodeAddr"
+    return node, (f"the job's first node {node}, where its ranks meet, has no address here: the name does not "
+                  f"resolve (DNS, /etc/hosts) {why}; export MASTER_ADDR=<{node}'s IP address> before srun")
 
 
 def export_env(le: LaunchEnv) -> None:
@@ -193,6 +233,8 @@ def open_store(le: LaunchEnv, timeout_s: float):
 
     from .errors import CommTimeoutError
 
+    if le.rendezvous_problem:
+        raise InputError(le.rendezvous_problem)
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     master = le.rank == 0 and not agent
     try:

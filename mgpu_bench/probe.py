@@ -31,6 +31,7 @@ REGISTRY: dict[str, str] = {
     "fleet": "mgpu_bench.probes.fleet",
     "sdc": "mgpu_bench.probes.sdc",
     "overlap": "mgpu_bench.probes.overlap",
+    "check": "mgpu_bench.probes.check",
     "suite": "mgpu_bench.suite",
 }
 
@@ -350,6 +351,7 @@ class Context:
     progress: Any
     occupancy: Any = None
     prometheus: str | None = None  # for a per_node_prometheus probe: where each node writes its text
+    history: Any = None  # opens the history database the run is stored in (read a baseline before judging)
 
 
 def option(*decls: str, **attrs: Any):

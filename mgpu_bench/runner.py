@@ -123,7 +123,7 @@ def run(probe: Probe, opts: dict) -> int:
         with Progress(err, probe.name, style, bool(show) and rank == 0) as bar:
             bar.estimate(probe.estimate(config))
             doc = probe.run(config, Context(environment, sys.argv, rank, bar, watch,
-                                            store.prometheus if probe.per_node_prometheus else None))
+                                            store.prometheus if probe.per_node_prometheus else None, store.open))
     except KeyboardInterrupt as exc:  # a probe that keeps nothing partial
         err.print(f"mgpu-bench: {interruption(exc)}", highlight=False)
         return EXIT_INTERRUPTED

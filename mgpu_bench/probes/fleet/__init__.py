@@ -47,8 +47,11 @@ below it by more than max(floor, 3 x the fleet's noise) (floors: 5% for GEMM and
 for links). A node slow in most of its pairings is the suspect node; one rail slow in most of
 them is its NIC; a pairing slow while both nodes are fine elsewhere is the link between them.
 The nodes to drain go to --exclude-file in Slurm's hostlist syntax (sbatch --exclude=$(cat
-FILE)); each node's figures are stored in the history under its own host, and with
---prometheus each node writes its own textfile. Exit code 1 when a node is to be drained.
+FILE)); with --drain rank 0 drains them in Slurm itself (scontrol update NodeName=NODE
+State=DRAIN Reason="mgpu-bench: fleet: <the deciding figure>"; root or SlurmUser; `mgpu-bench
+check --resume` on the node resumes it once it passes). Each node's figures are stored in the
+history under its own host, and with --prometheus each node writes its own textfile. Exit code
+1 when a node is to be drained.
 """
 
 
@@ -90,6 +93,9 @@ class FleetProbe(Probe):
                         "starts is named and drained."),
             option("--exclude-file", default=None,
                    help="Write the nodes to drain here, in Slurm's hostlist syntax (an empty file when none)."),
+            option("--drain", is_flag=True,
+                   help="Drain the nodes to drain in Slurm: rank 0 runs scontrol update NodeName=NODE State=DRAIN "
+                        "Reason=\"mgpu-bench: fleet: ...\" for each (root or SlurmUser)."),
         ]
 
     def configure(self, o: dict):
@@ -131,7 +137,7 @@ class FleetProbe(Probe):
         return FleetConfig(size=size, iters=iters, warmup=o["warmup"], rounds=o["rounds"], seed=o["seed"],
                            timeout_s=o["timeout"], gemm_n=gemm_n, copy_bytes=copy, phases=phases,
                            device="cuda" if on_gpu else "cpu", exclude_file=o["exclude_file"], expect=tuple(expect),
-                           concurrency=o["concurrency"])
+                           concurrency=o["concurrency"], drain=o["drain"])
 
     def run(self, cfg, ctx):
         from dataclasses import replace
@@ -164,6 +170,11 @@ class FleetProbe(Probe):
                 write_output(cfg.exclude_file, hosts + ("\n" if hosts else ""))
             except OSError as exc:
                 doc["notes"].append(f"could not write {cfg.exclude_file}: {exc.strerror or exc}")
+        if run.rank == 0 and cfg.drain and run.stopped != "interrupted":
+            from .contract import drain
+
+            doc["drained"] = drain(doc)
+            doc["notes"] += [f"could not drain {d['node']}: {d['error']}" for d in doc["drained"] if d["error"]]
         return Document.of(doc, run)
 
     def measured(self, doc: Mapping) -> bool:
@@ -195,6 +206,9 @@ class FleetProbe(Probe):
         from .render import render_terminal
 
         render_terminal(doc, console)
+        for d in doc.get("drained") or []:
+            if not d.get("error"):
+                console.print(f"drained {d['node']} in Slurm: {d['reason']}", highlight=False, soft_wrap=True)
         secs = ", ".join(f"{k} {v:.1f} s" for k, v in (doc.get("phase_seconds") or {}).items())
         console.print(f"fleet: {doc.get('wall_seconds', 0.0):.1f} s wall ({secs})", highlight=False)
 

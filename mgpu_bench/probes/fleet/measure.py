@@ -27,6 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from mgpu_bench.errors import CommTimeoutError, InputError
+from mgpu_bench.torch_timing import allreduce as _allreduce
+from mgpu_bench.torch_timing import copy_seconds as _copy_seconds
+from mgpu_bench.torch_timing import gemm_seconds as _gemm_seconds
+from mgpu_bench.torch_timing import timed, typical
 
 from . import schedule
 
@@ -47,6 +51,7 @@ class FleetConfig:
     exclude_file: str | None = None
     expect: tuple[str, ...] = ()  # nodes that should answer (--expect)
     concurrency: int = 0  # pairs measured at once in a round (0: all)
+    drain: bool = False  # rank 0 drains the nodes to drain in Slurm (--drain)
 
 
 @dataclass
@@ -115,56 +120,6 @@ def form(le, backend: str, timeout_s: float, device):
 # -- timing --------------------------------------------------------------------------------------
 
 
-def _clock(device):
-    import torch
-
-    if device.type == "cuda":
-        def start():
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-
-        def stop(ev):
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            end.synchronize()
-            return ev.elapsed_time(end) / 1e3
-        return start, stop
-    return time.perf_counter, lambda t0: time.perf_counter() - t0
-
-
-def timed(fn: Callable[[], None], device, iters: int, warmup: int) -> list[float]:
-    """Seconds of each of `iters` calls after `warmup` untimed ones."""
-    start, stop = _clock(device)
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(iters):
-        t0 = start()
-        fn()
-        out.append(stop(t0))
-    return out
-
-
-def timed_for(fn: Callable[[], None], device, min_s: float, burst_s: float = 0.05) -> list[float]:
-    """Seconds per call, from bursts of calls lasting about `burst_s` each (what a process
-    delivers, preemption and stalls included), bursts repeated for at least `min_s` (local work
-    only: no peer waits)."""
-    start, stop = _clock(device)
-    fn()
-    t0 = start()
-    fn()
-    one = max(stop(t0), 1e-7)
-    per_burst = max(1, min(10_000, int(burst_s / one)))
-    out: list[float] = []
-    while len(out) < 5 or sum(out) * per_burst < min_s:
-        t0 = start()
-        for _ in range(per_burst):
-            fn()
-        out.append(stop(t0) / per_burst)
-    return out
-
-
 # -- the phases ----------------------------------------------------------------------------------
 
 
@@ -182,9 +137,8 @@ def node_pass(cfg: FleetConfig, device, bus_id: str, sync: Callable[[], None] = 
     copy, moved = _copy_seconds(cfg.copy_bytes, device)
     # A GPU's figure is its median burst. A CPU rank's is its fastest quartile's: the host's other
     # load only ever slows some bursts of a process (a slowed rank is slow in all of them).
-    typical = statistics.median if on_gpu else (lambda xs: statistics.quantiles(xs, n=4)[0] if len(xs) > 1 else xs[0])
-    out = {"flops_per_s": 2.0 * n**3 / typical(gemm), "flops_samples": [2.0 * n**3 / s for s in gemm],
-           "copy_bytes_per_s": moved / typical(copy), "copy_samples": [moved / s for s in copy],
+    out = {"flops_per_s": 2.0 * n**3 / typical(gemm, on_gpu), "flops_samples": [2.0 * n**3 / s for s in gemm],
+           "copy_bytes_per_s": moved / typical(copy, on_gpu), "copy_samples": [moved / s for s in copy],
            "health": []}
     if on_gpu:
         out["name"] = torch.cuda.get_device_name(device)
@@ -192,43 +146,6 @@ def node_pass(cfg: FleetConfig, device, bus_id: str, sync: Callable[[], None] = 
         shared = occupancy.foreign({}, occupancy.snapshot({device.index: bus_id}))  # ours may be unseen: strict
         out["health"] += [{"text": t, "severity": "warning"} for t in occupancy.findings_text(shared)]
     return out
-
-
-def _gemm_seconds(n: int, device) -> list[float]:
-    """Seconds per N^3 matmul: bf16 on a GPU, fp32 on CPU, random operands."""
-    import torch
-
-    on_gpu = device.type == "cuda"
-    dtype = torch.bfloat16 if on_gpu else torch.float32
-    a = torch.rand((n, n), device=device, dtype=dtype) - 0.5
-    b = torch.rand((n, n), device=device, dtype=dtype) - 0.5
-    return timed_for(lambda: torch.matmul(a, b), device, 0.5 if on_gpu else 0.3)
-
-
-def _copy_seconds(nbytes: int, device) -> tuple[list[float], int]:
-    """Seconds per device-to-device copy of `nbytes`, and the bytes moved (read plus written)."""
-    import torch
-
-    src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).fill_(1.0)
-    dst = torch.empty_like(src)
-    return timed_for(lambda: dst.copy_(src), device, 0.3 if device.type == "cuda" else 0.1), 2 * src.numel() * 4
-
-
-def _allreduce(size: int, device, group, iters: int, warmup: int) -> dict:
-    """busbw of an allreduce of `size` bytes in `group` (as nccl-tests: algbw x 2(n-1)/n) from
-    this rank's mean time per call (what it delivered, stalls included, as nccl-tests' time
-    column); the data checked once (every element equal to the rank count)."""
-    import torch
-    import torch.distributed as dist
-
-    n = dist.get_world_size(group)
-    buf = torch.ones(size // 4, device=device, dtype=torch.float32)
-    seconds = timed(lambda: dist.all_reduce(buf, group=group), device, iters, warmup)
-    buf.fill_(1.0)
-    dist.all_reduce(buf, group=group)
-    wrong = int((buf != n).sum().item())
-    factor = 2 * (n - 1) / n
-    return {"seconds": seconds, "busbw": size * factor / statistics.fmean(seconds), "wrong": wrong, "ranks": n}
 
 
 def _sendrecv(size: int, device, peer: int, iters: int, warmup: int) -> dict:
@@ -347,7 +264,12 @@ def run_fleet(cfg: FleetConfig, le, say: Callable[[str], None] | None = None,
         torch.set_num_threads(1)
     device = torch.device("cuda", le.local_rank) if on_gpu else torch.device("cpu")
     launch.export_env(le)
-    store, roster, place = form(le, "nccl" if on_gpu else "gloo", cfg.timeout_s, device if on_gpu else None)
+    try:
+        store, roster, place = form(le, "nccl" if on_gpu else "gloo", cfg.timeout_s, device if on_gpu else None)
+    except CommTimeoutError as exc:  # no store, or the roster closed without this rank: nothing to gather
+        run.rank, run.stopped, run.stop_message = le.rank, "failed", f"stopped before the roster formed: {exc}"
+        run.wall_seconds = time.monotonic() - t_start
+        return run
     run.rank = place
     me = replace(le, rank=place, world_size=len(roster))
     members: list | None = None

@@ -74,5 +74,7 @@ SCHEMA = Obj({
     "schedule": List(List(List(_INDEX)), null=True), "phase_seconds": Map(Num(0), null=True),
     "config": Obj({"size": Int(0, MAX_BYTES), "copy_bytes": Int(0, MAX_BYTES)}, what="a fleet config", null=True),
     "verdicts": VERDICTS, "findings": List(Str(), null=True),
+    "drained": List(Obj({"node": Str(max_len=1024), "reason": Str(), "error": Str(null=True)}, required=("node", "reason"),
+                        what="a drained node"), null=True),
 }, required=("tool_version", "created", "command", "status", "verdicts"), what="a fleet result",
     rule=_numbering)

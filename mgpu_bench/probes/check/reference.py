@@ -1,0 +1,68 @@
+"""This node's reference figures, read from the history the check stores in (the runner hands an
+opener: Context.history; a probe imports no history module).
+
+The reference is, in this order:
+- the node's baseline: a stored check of this node made its baseline (`mgpu-bench baseline set
+  RUN`; check documents are compared per node, "baseline_scope": "host"), or
+- the median of the node's last passing checks (up to RECENT), where none is set: a node's own
+  history, with no step by a person; a failing check never joins it;
+- none: the check judges by the floors alone (and says so).
+Each figure keeps its noise (analyse.noise of its samples; across the recent runs, their spread
+too), so that a figure is judged against how much it moves.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+from .analyse import noise
+
+RECENT = 5  # passing checks of the node whose median is the reference when no baseline is set
+LOOK_BACK = 200  # stored checks (of every node) looked through for this node's
+
+
+def load(open_history: Callable | None, node: str) -> tuple[dict | None, str | None]:
+    """(the reference, None) or (None, why there is none: a note)."""
+    if open_history is None:
+        return None, "no history to read a reference from (--no-store): judged by the floors alone"
+    try:
+        h = open_history()
+    except Exception as exc:  # noqa: BLE001 - an unreadable history costs the reference, not the check
+        return None, f"the history could not be read ({exc}): judged by the floors alone"
+    try:
+        return _from(h, node)
+    except Exception as exc:  # noqa: BLE001 - as above: a stored run that no longer reads, say
+        return None, f"the history could not be read ({type(exc).__name__}: {exc}): judged by the floors alone"
+    finally:
+        h.close()
+
+
+def _from(h, node: str) -> tuple[dict | None, str | None]:
+    base = h.baseline("check", node)
+    if base:
+        metrics = {m.name: {"value": m.value, "unit": m.unit, "noise": noise(m.samples)} for m in h.metrics(base)}
+        return {"kind": "baseline", "runs": [base], "label": f"this node's baseline {base}", "metrics": metrics}, None
+    passing = []
+    for info in h.list(limit=LOOK_BACK, kind="check"):
+        if info.host != node:
+            continue
+        doc = h.get(info.run_id).document
+        if (doc.get("verdict") or {}).get("state") == "ok":
+            passing.append(info.run_id)
+        if len(passing) >= RECENT:
+            break
+    if not passing:
+        return None, f"no stored check of {node} passed yet (and no baseline is set): judged by the floors alone"
+    values: dict[str, list] = {}
+    for run_id in passing:
+        for m in h.metrics(run_id):
+            values.setdefault(m.name, []).append(m)
+    metrics = {}
+    for name, ms in values.items():
+        med = statistics.median(m.value for m in ms)
+        spread = [x for x in [noise([m.value for m in ms]), *(noise(m.samples) for m in ms)] if x is not None]
+        metrics[name] = {"value": med, "unit": ms[0].unit, "noise": max(spread) if spread else None}
+    runs = ", ".join(reversed(passing))
+    label = f"the median of this node's last {len(passing)} passing check(s) ({runs})"
+    return {"kind": "recent", "runs": list(reversed(passing)), "label": label, "metrics": metrics}, None
