@@ -272,3 +272,45 @@ def test_the_budget_plans_parts_from_their_cost_and_scales_by_what_ran():
     assert b.slowness == pytest.approx(4.0)
     assert "needs about 8.0 s" in (b.fits("gemm") or "")
     assert b.slot("hbm") <= b.deadline
+
+
+# -- on a GPU (pytest -m gpu; skipped without one) ------------------------------------------------------
+
+
+def _gpu_env(**extra) -> dict:
+    env = _env(**extra)
+    env.pop("CUDA_VISIBLE_DEVICES")
+    return env
+
+
+@pytest.mark.gpu
+def test_a_healthy_gpu_passes_within_its_budget_with_every_part_and_its_floors(tmp_path):
+    out = tmp_path / "check.json"
+    r, wall = _check("--gpus", "1", "--json", str(out), "--no-store", env=_gpu_env())
+    doc = json.loads(out.read_text())
+    status = {p["part"]: p["status"] for p in doc["parts"]}
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert wall < 60.0 and doc["verdict"]["state"] == "ok"
+    assert status == {"health": "measured", "processes": "measured", "gemm": "measured", "hbm": "measured",
+                      "allreduce": "skipped", "sdc": "measured"}, status
+    kinds = {f["kind"] for f in doc["verdict"]["floors"]}
+    assert kinds == {"gemm", "copy"} and "floor: GEMM on NVIDIA" in r.stdout
+    print(f"\ncheck on one GPU: {wall:.1f} s, {doc['verdict']['npd']}")
+
+
+@pytest.mark.gpu
+def test_a_gemm_in_another_process_is_named_with_exit_1_in_npd_form(tmp_path):
+    hog = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_hog.py"),
+                            "0", "90"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "hog pid" in hog.stdout.readline()
+        time.sleep(2.0)  # its matmuls are running
+        r, wall = _check("--gpus", "0,", "--format", "npd", "--no-store", env=_gpu_env())
+    finally:
+        hog.kill()
+        hog.wait()
+    (line,) = r.stdout.splitlines()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert line.startswith("GPU 0") and len(line.encode()) <= 80, line
+    assert f"pid {hog.pid}" in line or "GEMM" in line, line
+    print(f"\ncheck beside gpu_hog.py: {wall:.1f} s, exit {r.returncode}: {line}")
