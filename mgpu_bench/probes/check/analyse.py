@@ -9,8 +9,9 @@ Each figure is judged two ways:
 - against this node's reference, where there is one (reference.py): its baseline (`mgpu-bench
   baseline set RUN` on a stored check of this node), else the median of its last passing checks.
   Slow is below the reference by more than max(REFERENCE_FLOOR, 3 x noise), noise being how much
-  the figure moves on this node when healthy: the robust spread (1.4826 x MAD / median) of the
-  reference's samples (and, for recent checks, between them). The run's own spread is not used: a
+  the figure moves on this node when healthy: from the robust spread (1.4826 x MAD / median) of
+  the reference's samples, over sqrt(n) (figure_noise), and for recent checks the spread between
+  them. The run's own spread is not used: a
   slowed process's bursts are cut by its stalls, and that spread is a symptom, not noise.
 Health facts, other processes on the GPUs, wrong results and GPU work that failed or never
 returned are problems of their own.
@@ -79,6 +80,15 @@ def noise(samples: Sequence[float]) -> float | None:
         return None
     med = statistics.median(xs)
     return 1.4826 * statistics.median(abs(x - med) for x in xs) / med if med > 0 else None
+
+
+def figure_noise(samples: Sequence[float]) -> float | None:
+    """How much a figure made of `samples` (their median, or a CPU process's fastest quartile)
+    moves: the samples' robust spread over sqrt(n), x 1.2533 for a median (its standard error
+    against the mean's); None under 5 samples."""
+    spread = noise(samples)
+    n = len([x for x in samples if x and x > 0])
+    return None if spread is None else 1.2533 * spread / n**0.5
 
 
 # -- floors ----------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ The reference is, in this order:
 - the median of the node's last passing checks (up to RECENT), where none is set: a node's own
   history, with no step by a person; a failing check never joins it;
 - none: the check judges by the floors alone (and says so).
-Each figure keeps its noise (analyse.noise of its samples; across the recent runs, their spread
-too), so that a figure is judged against how much it moves.
+Each figure keeps its noise (analyse.figure_noise: how much a figure made of those samples moves;
+across the recent runs, their own spread too), so that a figure is judged against how much it
+moves.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from .analyse import noise
+from .analyse import figure_noise, noise
 
 RECENT = 5  # passing checks of the node whose median is the reference when no baseline is set
 LOOK_BACK = 200  # stored checks (of every node) looked through for this node's
@@ -41,7 +42,7 @@ def load(open_history: Callable | None, node: str) -> tuple[dict | None, str | N
 def _from(h, node: str) -> tuple[dict | None, str | None]:
     base = h.baseline("check", node)
     if base:
-        metrics = {m.name: {"value": m.value, "unit": m.unit, "noise": noise(m.samples)} for m in h.metrics(base)}
+        metrics = {m.name: {"value": m.value, "unit": m.unit, "noise": figure_noise(m.samples)} for m in h.metrics(base)}
         return {"kind": "baseline", "runs": [base], "label": f"this node's baseline {base}", "metrics": metrics}, None
     passing = []
     for info in h.list(limit=LOOK_BACK, kind="check"):
@@ -61,7 +62,7 @@ def _from(h, node: str) -> tuple[dict | None, str | None]:
     metrics = {}
     for name, ms in values.items():
         med = statistics.median(m.value for m in ms)
-        spread = [x for x in [noise([m.value for m in ms]), *(noise(m.samples) for m in ms)] if x is not None]
+        spread = [x for x in [noise([m.value for m in ms]), *(figure_noise(m.samples) for m in ms)] if x is not None]
         metrics[name] = {"value": med, "unit": ms[0].unit, "noise": max(spread) if spread else None}
     runs = ", ".join(reversed(passing))
     label = f"the median of this node's last {len(passing)} passing check(s) ({runs})"
