@@ -101,6 +101,19 @@ def test_a_budget_too_small_to_measure_is_unknown_printed_stored_and_exit_2(tmp_
     assert "check" in listed
 
 
+def test_a_resume_slurm_cannot_take_says_the_fix_in_one_line_and_the_passing_verdict_is_kept(tmp_path):
+    """No scontrol on PATH: the check passes, is printed and stored; one line names the fix, and the
+    exit code is 2 (the scheduler was not told), never 1 (the node is not bad)."""
+    db = tmp_path / "h.sqlite3"
+    r, _ = _check("--resume", "--db", str(db), env=_env(PATH="/nonexistent"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "check cpu-node: ok in" in r.stdout
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("mgpu-bench: could not resume")]
+    assert "scontrol is not on PATH (/nonexistent): install Slurm's client" in line
+    listed = CliRunner().invoke(cli, ["history", "list", "--db", str(db)]).output
+    assert "check" in listed and "cpu-node" in listed
+
+
 @pytest.mark.parametrize("args, words", [
     (["--budget", "1s"], "at least 5s"), (["--budget", "2h"], "at most 60m"), (["--budget", "soon"], "not a duration"),
     (["--nproc", "1"], "--nproc 1: at least 2"), (["--gpus", "1"], "--gpus"), (["--format", "xml"], "--format"),
