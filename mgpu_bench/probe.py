@@ -75,12 +75,13 @@ class Verdict:
 
 @dataclass(frozen=True)
 class PlanContext:
-    """What the suite plans for: --quick, the selected CUDA devices ([]: CPU ranks) and round
-    3's --duration in seconds."""
+    """What the suite plans for: --quick, the selected CUDA devices ([]: CPU ranks), round 3's
+    --duration in seconds and --model (None: each probe's own workload)."""
 
     quick: bool
     gpus: tuple[int, ...]
     duration_s: float
+    model: str | None = None
 
     @property
     def ngpu(self) -> int:

@@ -227,12 +227,15 @@ def model_document(step_1=0.100, step_2=0.105) -> dict:
         model="350m", seq_len=2048, batch_size=8, steps=12, device="cuda"
     )
     jitter = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01, 0.99, 1.0, 1.0, 1.0]
-    st1 = model_analyse.analyse(cfg, 1, _ranks([step_1 * j for j in jitter], 1), H200.value)
+    per_sample = 2048 * (6 * 356e6 + 12 * 24 * 1024 * 2048)  # FLOPs of a 350m sample, as counted within 1%
+    st1 = model_analyse.analyse(cfg, 1, _ranks([step_1 * j for j in jitter], 1), H200.value, per_sample, 2048)
     st2 = model_analyse.analyse(
         cfg,
         2,
         _ranks([step_2 * j for j in jitter], 2, nosync_s=step_2 * 0.95),
         H200.value,
+        per_sample,
+        2048,
     )
     run = model_analyse.ModelRun(cfg, [1, 2], ["synthetic"], "NVIDIA H200", H200, stats=[st1, st2])
     return model_docs.document(run, _environment(), ["mgpu-bench", "model"])
@@ -489,9 +492,11 @@ def test_model_tokens_mfu_exposed_comm_memory_and_scaling():
     got = by_name(metrics_from_document(doc))
     assert sorted(got) == sorted(
         [
+            "model.350m.ddp.1gpu.synthetic.samples_per_s",
             "model.350m.ddp.1gpu.synthetic.tokens_per_s",
             "model.350m.ddp.1gpu.synthetic.mfu",
             "model.350m.ddp.1gpu.synthetic.peak_memory",
+            "model.350m.ddp.2gpu.synthetic.samples_per_s",
             "model.350m.ddp.2gpu.synthetic.tokens_per_s",
             "model.350m.ddp.2gpu.synthetic.mfu",
             "model.350m.ddp.2gpu.synthetic.exposed_comm",

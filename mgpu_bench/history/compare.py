@@ -97,8 +97,8 @@ def compare(
     new = {m.name: m for m in new_metrics}
     if not set(base) & set(new):
         raise InputError(
-            f"the two runs share no metric ({len(base)} and {len(new)} metrics): compare runs of the "
-            "same kind and configuration, or set a matching baseline"
+            (other_workloads(base.values(), new.values()) or f"the two runs share no metric ({len(base)} and "
+             f"{len(new)} metrics)") + ": compare runs of the same kind and configuration, or set a matching baseline"
         )
     out = []
     for name, n in new.items():
@@ -352,8 +352,23 @@ def compare_runs(
         fingerprint_diff(base.fingerprint, new.fingerprint),
         compare(base_metrics, new_metrics, tolerance),
         tuple(shared_gpus(base) + shared_gpus(new)),
-        tuple(noisy_host(base, base_metrics) + noisy_host(new, new_metrics)),
+        tuple(noisy_host(base, base_metrics) + noisy_host(new, new_metrics))
+        + tuple(line + ": their training figures are not compared" for line in
+                [other_workloads(base_metrics, new_metrics)] if line),
     )
+
+
+def other_workloads(base: Iterable[Metric], new: Iterable[Metric]) -> str | None:
+    """The line saying two runs trained different workloads (the `model` label of their model and
+    memory metrics: a workload's key, which names its metrics, so none of them is set against the
+    other's), or None when they trained the same ones or either trained none."""
+    def of(metrics: Iterable[Metric]) -> set[str]:
+        return {m.labels["model"] for m in metrics if m.kind in ("model", "memory") and m.labels.get("model")}
+
+    a, b = of(base), of(new)
+    if not a or not b or a == b:
+        return None
+    return f"the runs trained different workloads ({', '.join(sorted(a))} against {', '.join(sorted(b))})"
 
 
 # A host too noisy to compare: its runs drift between runs by more than a run's own samples show.

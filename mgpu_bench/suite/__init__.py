@@ -64,6 +64,10 @@ class SuiteProbe(Probe):
             option("--gpus", default=None, help=GPUS_HELP),
             option("--tolerance", "tolerance_text", default="5%", show_default=True,
                    help="Smallest change that counts against the baseline (noise permitting)."),
+            option("--model", "model_name", default=None,
+                   help="Your workload for the training steps and the max-batch search, in the forms `model "
+                        "--model` takes (torchvision:NAME, hf:NAME, module:function, ...) [default: 350m on "
+                        "GPUs, tiny on CPU]."),
         ]
 
     def configure(self, o: dict):
@@ -83,7 +87,13 @@ class SuiteProbe(Probe):
             raise selection.gpus_without_gpus()
         else:
             chosen = ()
-        return SuiteConfig(quick=o["quick"], rounds=rounds, duration_s=duration_s, gpus=chosen, tolerance=tolerance)
+        model = None
+        if o["model_name"]:
+            from mgpu_bench import workloads
+
+            model = workloads.resolve(o["model_name"], cpu_defaults=not ngpu).text  # bad input: exit 2 here
+        return SuiteConfig(quick=o["quick"], rounds=rounds, duration_s=duration_s, gpus=chosen, tolerance=tolerance,
+                           model=model)
 
     def default_report_dir(self, cfg) -> str:
         from .run import default_report_dir

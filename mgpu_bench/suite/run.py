@@ -42,6 +42,7 @@ class SuiteConfig:
     duration_s: float = 300.0  # round 3's sustained runs, each
     gpus: tuple[int, ...] = ()  # the selected CUDA devices; () on CPU ranks
     tolerance: float = 0.05  # against the baseline
+    model: str | None = None  # --model: the workload of the model and max-batch steps
 
 
 @dataclass
@@ -70,7 +71,7 @@ def parse_rounds(text: str) -> tuple[int, ...]:
 def plan(cfg: SuiteConfig) -> list[Step]:
     """Every registered probe's steps for the chosen rounds on cfg.gpus ([]: CPU ranks, where
     the GPU steps stay in the plan and are recorded as skipped), by round and order."""
-    ctx = PlanContext(cfg.quick, tuple(cfg.gpus), cfg.duration_s)
+    ctx = PlanContext(cfg.quick, tuple(cfg.gpus), cfg.duration_s, cfg.model)
     steps = [s for name in registry.names() if name != "suite" for s in registry.get(name).suite_steps(ctx)]
     return sorted((s for s in steps if s.round in cfg.rounds), key=lambda s: (s.round, s.order))
 

@@ -39,7 +39,8 @@ write-only kernels over 4 GiB buffers; TB/s = (bytes read + bytes written) / med
 --torch-allocators default,expandable,async,split512 runs a variable-sequence-length GPT
 training workload under each PYTORCH_CUDA_ALLOC_CONF setting in its own process.
 --max-batch MODEL finds the largest per-GPU batch (forward, backward, optimizer) with and
-without activation checkpointing.
+without activation checkpointing, for any workload `model --model` takes (the GPT sizes,
+torchvision:NAME, hf:NAME, hf:path/config.json, module:function).
 """
 
 
@@ -71,15 +72,19 @@ class MemoryProbe(Probe):
                    help="PyTorch allocator settings to compare: default, expandable, async, split512 or raw conf "
                         "strings."),
             option("--model", "torch_model", default="125m", show_default=True,
-                   help="Workload model for --torch-allocators."),
+                   help="GPT size for --torch-allocators (its steps vary the sequence length)."),
             option("--batch-size", "torch_batch", default=8, show_default=True, type=int,
                    help="Workload batch per GPU."),
             option("--seq-lens", default="256-2048", show_default=True,
                    help="Workload sequence lengths (varied per step)."),
             option("--steps", default=20, show_default=True, type=int, help="Workload steps per setting."),
             option("--max-batch", "max_batch_model", default=None,
-                   help="Find the largest batch that fits for this model."),
-            option("--seq-len", default=2048, show_default=True, type=int, help="Sequence length for --max-batch."),
+                   help="Find the largest batch that fits for this workload: tiny..1.3b, torchvision:NAME, hf:NAME, "
+                        "hf:path/config.json, module:function."),
+            option("--seq-len", default=None, type=int,
+                   help="Tokens per sample for --max-batch [default: 2048; hf: its positions, at most 2048]."),
+            option("--image-size", default=None, type=int,
+                   help="Pixels per side for --max-batch of a torchvision model [default: 224]."),
             option("--timeout", default=600.0, show_default=True, type=float, help="Seconds per child process."),
             option("--gpus", default=None, help=GPUS_HELP),
         ]
@@ -95,10 +100,12 @@ class MemoryProbe(Probe):
             raise InputError("--budget must be between 0.05 and 0.99 (a share of the free memory)")
         within("--batch-size", o["torch_batch"], 1, 1_000_000, "samples per workload step")
         within("--steps", o["steps"], 1, 100_000, "workload steps per setting")
-        within("--seq-len", o["seq_len"], 16, 1_000_000, "tokens per sample")
+        if o["seq_len"] is not None:
+            within("--seq-len", o["seq_len"], 16, 1_000_000, "tokens per sample")
         if not (0 < o["timeout"] <= 86400):
             raise InputError("--timeout must be a positive number of seconds (at most a day)")
         settings: tuple[str, ...] = ()
+        batch_of: dict = {"max_batch_model": None, "max_batch_seq": None}  # --max-batch's workload, resolved
         if o["torch_text"] or o["max_batch_model"]:
             from mgpu_bench import models
 
@@ -111,18 +118,18 @@ class MemoryProbe(Probe):
                 if longest > spec.max_seq:
                     raise InputError(f"--seq-lens reaches {longest} tokens; {spec.name} takes at most {spec.max_seq}")
             if o["max_batch_model"]:
-                spec = models.get_model_spec(o["max_batch_model"])
-                if o["seq_len"] > spec.max_seq:
-                    raise InputError(f"--seq-len {o['seq_len']} does not fit {spec.name}: it takes at most "
-                                     f"{spec.max_seq} tokens")
+                from mgpu_bench import workloads
+
+                wl = workloads.resolve(o["max_batch_model"], seq_len=o["seq_len"], image_size=o["image_size"])
+                batch_of = {"max_batch_model": wl.key, "max_batch_seq": wl.seq_len, "max_batch_image": wl.image_size,
+                            "max_batch_workload": wl.text if wl.text != wl.key else None}
         if not (o["churn"] or o["bandwidth"] or settings or o["max_batch_model"]):
             raise InputError("nothing to run: drop --no-churn, or add --bandwidth, --torch-allocators or --max-batch")
         gpu_list, _devices = selection.require_gpus("memory", o["gpus"])
         return MemoryConfig(gpus=tuple(gpu_list), patterns=patterns, allocators=allocators, churn=o["churn"],
                             budget=o["budget"], seed=o["seed"], bandwidth=o["bandwidth"], torch_settings=settings,
                             torch_model=o["torch_model"], torch_batch=o["torch_batch"], torch_seq_lens=o["seq_lens"],
-                            torch_steps=o["steps"], max_batch_model=o["max_batch_model"],
-                            max_batch_seq=o["seq_len"], timeout_s=o["timeout"])
+                            torch_steps=o["steps"], timeout_s=o["timeout"], **batch_of)
 
     def run(self, cfg, ctx):
         from mgpu_bench import _native
@@ -153,15 +160,18 @@ class MemoryProbe(Probe):
         console.print(f"memory: {run.wall_seconds:.1f} s wall", highlight=False)
 
     def suite_steps(self, plan: PlanContext) -> list[Step]:
+        # suite --model: the user's workload at its default size; else the 350m GPT at seq 2048
+        mine = ("--max-batch", plan.model) if plan.model else None
         if not plan.ngpu:
             return [Step(1, 20, "memory", "HBM bandwidth and fragmentation", ("memory", "--bandwidth")),
-                    Step(3, 10, "max-batch", "largest batch that fits", ("memory", "--no-churn", "--max-batch", "tiny"))]
+                    Step(3, 10, "max-batch", "largest batch that fits",
+                         ("memory", "--no-churn", *(mine or ("--max-batch", "tiny"))))]
         q = plan.quick
         return [Step(1, 20, "memory", "HBM bandwidth and fragmentation",
                      ("memory", "--bandwidth", "--pattern", "grow-shrink" if q else "all", "--allocator",
                       "cudaMalloc,async" if q else "all", *plan.gpus_args())),
                 Step(3, 10, "max-batch", "largest batch that fits",
-                     ("memory", "--no-churn", "--max-batch", SUITE_MODEL, "--seq-len", "2048",
+                     ("memory", "--no-churn", *(mine or ("--max-batch", SUITE_MODEL, "--seq-len", "2048")),
                       *plan.gpus_args(first=True)))]
 
 

@@ -82,19 +82,26 @@ def judge(run: MemoryRun) -> list[Finding]:
                  else f"{len(copies)} GPUs: {lo / 1e12:.2f}-{hi / 1e12:.2f} TB/s, {100 * lo / peaks[0]:.0f}% or more")
         out.append(Finding(OK, f"HBM copy on {where} of the {peaks[0] / 1e12:.2f} TB/s datasheet figure "
                                f"(healthy >= {100 * HBM_FLOOR:.0f}%)"))
-    for (model, seq), by in max_batches(run).items():
+    for (model, size), by in max_batches(run).items():
         parts = [f"{by[c]} per GPU {'with' if c else 'without'} activation checkpointing"
                  for c in (False, True) if c in by]
-        out.append(Finding(OK, f"largest batch of {model} at seq {seq}: {', '.join(parts)}"))
+        out.append(Finding(OK, f"largest batch of {model}{' at ' + size if size else ''}: {', '.join(parts)}"))
     return out
 
 
+def sample_size(m: dict) -> str:
+    """A max-batch search's sample in words: "seq 2048", "224 px", or "" (a module's own)."""
+    if m.get("image_size"):
+        return f"{m['image_size']} px"
+    return f"seq {m['seq_len']}" if m.get("seq_len") else ""
+
+
 def max_batches(run: MemoryRun) -> dict[tuple, dict[bool, Any]]:
-    """(model, seq len) -> {checkpointing: largest batch} of the searches that did not fail."""
+    """(model, sample size) -> {checkpointing: largest batch} of the searches that did not fail."""
     out: dict[tuple, dict[bool, Any]] = {}
     for m in run.max_batch:
         if not m.get("error"):
-            out.setdefault((m.get("model"), m.get("seq_len")), {})[
+            out.setdefault((m.get("model"), sample_size(m)), {})[
                 bool(m.get("checkpointing"))
             ] = m.get("max_batch")
     return out
@@ -119,9 +126,9 @@ def key_figure(run: MemoryRun) -> tuple[str, str]:
             f"worst fragmentation {100 * (worst.fragmentation or 0):.1f}% ({worst.allocator}, {worst.pattern})"
         )
         exps.append(f"<= {100 * FRAGMENTED:.0f}% healthy")
-    for (model, seq), by in max_batches(run).items():
+    for (model, size), by in max_batches(run).items():
         figs.append(
-            f"max batch {model} seq {seq}: "
+            f"max batch {model}{' ' + size if size else ''}: "
             + ", ".join(
                 f"{by[c]}{' with checkpointing' if c else ''}"
                 for c in (False, True)

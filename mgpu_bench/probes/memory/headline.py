@@ -2,7 +2,10 @@
 
     memory.gpu{i}.hbm.{copy_ce|copy_sm|read|write}              B/s
     memory.gpu{i}.{allocator}.{pattern}.fragmentation           fraction, lower is better
-    memory.{model}.seq{n}.{ckpt|nockpt}.max_batch               samples per GPU
+    memory.{model}.{seq{n}|img{n}|own}.{ckpt|nockpt}.max_batch  samples per GPU
+
+{model} is the workload's key (workloads.Workload.key); the second segment its sample: tokens,
+pixels per side, or a module's own batches.
 """
 
 from __future__ import annotations
@@ -50,16 +53,18 @@ def headline(doc: Mapping) -> list[Metric]:
         if mb.get("error") or mb.get("max_batch") is None:
             continue
         ckpt = "ckpt" if mb.get("checkpointing") else "nockpt"
+        size = (f"img{int(mb['image_size'])}" if mb.get("image_size") else
+                f"seq{int(mb['seq_len'])}" if mb.get("seq_len") else "own")
         out.append(
             Metric(
-                f"memory.{slug(mb['model'])}.seq{int(mb['seq_len'])}.{ckpt}.max_batch",
+                f"memory.{slug(mb['model'])}.{size}.{ckpt}.max_batch",
                 float(mb["max_batch"]),
                 "samples",
                 "higher",
                 (),
                 {
                     "model": str(mb["model"]),
-                    "seq_len": str(mb["seq_len"]),
+                    "sample": size,
                     "checkpointing": ckpt,
                 },
             )

@@ -170,9 +170,11 @@ class MemoryConfig:
     torch_batch: int = 8
     torch_seq_lens: str = "256-2048"
     torch_steps: int = 20
-    max_batch_model: str | None = None
-    max_batch_seq: int = 2048
+    max_batch_model: str | None = None  # the workload's key (workloads.Workload.key)
+    max_batch_seq: int | None = 2048  # None: a workload without tokens, or its module's own
     timeout_s: float = 600.0
+    max_batch_image: int | None = None  # pixels per side, torchvision workloads
+    max_batch_workload: str | None = None  # what workloads.resolve() takes, where it is not the key
 
 
 @dataclass
@@ -232,10 +234,10 @@ def run_memory(cfg: MemoryConfig, devices: list[dict], progress: Callable[[str],
             if cfg.max_batch_model:
                 for ckpt in (False, True):
                     say(f"max batch {cfg.max_batch_model} checkpointing={ckpt}")
-                    res = torch_memory.max_batch(cfg.max_batch_model, cfg.max_batch_seq, ckpt, "default", first,
-                                                 cfg.timeout_s)
+                    res = torch_memory.max_batch(cfg.max_batch_workload or cfg.max_batch_model, cfg.max_batch_seq,
+                                                 ckpt, "default", first, cfg.timeout_s, image_size=cfg.max_batch_image)
                     run.max_batch.append({"model": cfg.max_batch_model, "seq_len": cfg.max_batch_seq,
-                                          "checkpointing": ckpt, **res})
+                                          "image_size": cfg.max_batch_image, "checkpointing": ckpt, **res})
     except KeyboardInterrupt as exc:
         run.stopped = "interrupted"
         run.stop_message = f"{interruption(exc)}: the results gathered so far are kept"

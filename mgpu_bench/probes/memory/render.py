@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .analyse import sample_size
 from .measure import HBM_LABELS, MemoryRun
 
 
@@ -59,7 +60,8 @@ def render_terminal(run: MemoryRun, console) -> None:
     for mb in run.max_batch:
         if mb.get("error"):
             continue
-        console.print(f"max batch {mb['model']} seq {mb['seq_len']}, activation checkpointing "
+        console.print(f"max batch {mb['model']}{' ' + sample_size(mb) if sample_size(mb) else ''}, activation "
+                      "checkpointing "
                       f"{'on' if mb['checkpointing'] else 'off'}: {mb.get('max_batch')} per GPU "
                       f"({len(mb.get('trials') or [])} trials, {mb.get('seconds', 0):.1f} s)", highlight=False)
 

@@ -10,7 +10,7 @@ from mgpu_bench.output import html_page
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
 
-from .analyse import findings
+from .analyse import findings, sample_size
 from .measure import HBM_LABELS, MemoryRun
 
 
@@ -116,7 +116,7 @@ def markdown(run: MemoryRun, environment: dict) -> str:
             lines += ["", *html_page.md_table(headers, rows)]
     for mb in run.max_batch:
         if not mb.get("error"):
-            lines.append(f"\n- max batch {md(mb['model'])} seq {mb['seq_len']}, checkpointing "
+            lines.append(f"\n- max batch {md(mb['model'])} {sample_size(mb)}, checkpointing "
                          f"{'on' if mb['checkpointing'] else 'off'}: {mb.get('max_batch')}")
     if run.stopped:
         lines += ["", f"Stopped early: {md(run.stop_message)}"]
@@ -150,9 +150,9 @@ def section(run: MemoryRun, pngs: dict[str, bytes]) -> str:
             parts.append(html_page.table(headers, rows, left=left))
     if run.max_batch:
         parts.append(html_page.table(
-            ["model", "seq len", "activation checkpointing", "largest batch per GPU", "first OOM batch", "trials",
+            ["model", "sample", "activation checkpointing", "largest batch per GPU", "first OOM batch", "trials",
              "s", "error"],
-            [[m.get("model"), m.get("seq_len"), "on" if m.get("checkpointing") else "off",
+            [[m.get("model"), sample_size(m) or "-", "on" if m.get("checkpointing") else "off",
               "-" if m.get("max_batch") is None else m.get("max_batch"),
               "-" if m.get("first_oom_batch") is None else m.get("first_oom_batch"), len(m.get("trials") or []),
               f"{m.get('seconds') or 0:.1f}", m.get("error") or "-"] for m in run.max_batch],

@@ -49,7 +49,8 @@ HBM = Obj({
     "seconds": List(Num(positive=True), min_len=1), "bandwidth": Num(0), "peak": Num(0, null=True), "pct_peak": Num(null=True),
 }, required=("gpu", "kind", "bytes_read", "bytes_written", "seconds", "bandwidth"), what="an HBM result")
 MAX_BATCH = Obj({
-    "model": Str(pattern=NAME), "seq_len": Int(1, 1 << 24), "checkpointing": Bool(),
+    "model": Str(pattern=NAME), "seq_len": Int(1, 1 << 24, null=True), "image_size": Int(1, 1 << 16, null=True),
+    "checkpointing": Bool(),
     "max_batch": Int(0, null=True), "first_oom_batch": Int(0, null=True), "complete": Bool(null=True),
     "error": Str(null=True), "setting": Str(null=True), "seconds": Num(0),
     "peak_allocated_bytes": Num(0, null=True), "tokens_per_step": Num(0, null=True),
@@ -69,6 +70,7 @@ CONFIG = Obj({
     "torch_settings": List(Str(max_len=200), null=True), "torch_model": Str(pattern=NAME, null=True),
     "torch_batch": Int(0, null=True), "torch_seq_lens": Str(max_len=200, null=True), "torch_steps": Int(0, null=True),
     "max_batch_model": Str(pattern=NAME, null=True), "max_batch_seq": Int(1, 1 << 24, null=True),
+    "max_batch_image": Int(1, 1 << 16, null=True), "max_batch_workload": Str(max_len=4096, null=True),
     "timeout_s": Num(0, null=True),
 }, what="a memory config", null=True)
 SCHEMA = Obj({

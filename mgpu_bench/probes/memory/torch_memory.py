@@ -5,7 +5,7 @@ PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF are read once, when CUDA's allocato
 so every setting runs in a fresh child process:
 
     python -m mgpu_bench.probes.memory.torch_memory workload --model 350m --batch 8 --seq-lens 256-2048 ...
-    python -m mgpu_bench.probes.memory.torch_memory maxbatch --model 350m --seq-len 2048 ...
+    python -m mgpu_bench.probes.memory.torch_memory maxbatch --model torchvision:resnet50 --image-size 224 ...
 
 The parent-side functions (run_setting, max_batch) start that child with the setting in its
 environment and read back the JSON it writes; a child that crashes or runs out of time becomes a
@@ -254,7 +254,7 @@ def run_workload(model: str, batch: int, seq_lens: str, steps: int, seed: int,
     step's "ok" is False) and the run goes on."""
     import torch
 
-    from mgpu_bench.models import GPT, get_model_spec, make_optimizer
+    from mgpu_bench.workloads.gpt import GPT, get_model_spec, make_optimizer
 
     spec = get_model_spec(model)
     choices = parse_seq_lens(seq_lens)
@@ -322,7 +322,7 @@ def _guarded_step(net, opt, spec, batch, seq_len, dev, gen) -> tuple[bool, str]:
     before the caller frees memory."""
     import torch
 
-    from mgpu_bench.models import synthetic_batch, train_step
+    from mgpu_bench.workloads.gpt import synthetic_batch, train_step
 
     try:
         tokens, targets = synthetic_batch(spec, batch, seq_len, dev, gen)
@@ -334,59 +334,71 @@ def _guarded_step(net, opt, spec, batch, seq_len, dev, gen) -> tuple[bool, str]:
         return False, str(exc).splitlines()[0][:300]
 
 
-def find_max_batch(model: str, seq_len: int, checkpointing: bool, device: str = "cuda:0",
-                   limit: int | None = None, time_budget_s: float | None = None) -> dict[str, Any]:
-    """Child side of max_batch: the largest per-GPU batch for which two training steps
-    (forward, backward, AdamW step; the second with optimizer state) run without OOM.
+def find_max_batch(model: str, seq_len: int | None, checkpointing: bool, device: str = "cuda:0",
+                   limit: int | None = None, time_budget_s: float | None = None,
+                   image_size: int | None = None) -> dict[str, Any]:
+    """Child side of max_batch: the largest per-GPU batch of the workload `model` names
+    (workloads.resolve: the GPT sizes, torchvision:NAME, hf:NAME, module:function) for which two
+    training steps (forward, backward, optimizer step; the second with optimizer state) run
+    without OOM.
 
     Batches 1, 2, 4, ... until the first OOM (or `limit`), then a binary search between the last
     that fit and the first that did not. The model and optimizer are built once and kept across
     trials that fit; after an OOM everything is freed (del, gc.collect, empty_cache) and rebuilt,
     and the cache is emptied before every trial so that each starts from the same state. Stops
-    early, with "complete": False, once `time_budget_s` has passed.
+    early, with "complete": False, once `time_budget_s` has passed. device "cpu" runs the same
+    steps up to `limit`, which it needs (nothing runs out of memory there): the workload's own
+    steps checked where there is no GPU.
     """
     import torch
 
-    from mgpu_bench.models import GPT, get_model_spec, make_optimizer, param_count
+    from mgpu_bench import workloads
 
-    spec = get_model_spec(model)
-    if seq_len < 1 or seq_len > spec.max_seq:
-        raise InputError(f"--seq-len {seq_len}: model {spec.name} takes 1..{spec.max_seq}")
+    wl = workloads.resolve(model, seq_len=seq_len, image_size=image_size)
     if limit is not None and limit < 1:
         raise InputError(f"--limit {limit}: must be positive")
-    dev = _cuda_device(device)
+    if device == "cpu":
+        if limit is None:
+            raise InputError("--device cpu needs --limit: nothing runs out of memory there")
+        dev = torch.device("cpu")
+    else:
+        dev = _cuda_device(device)
+    cuda = dev.type == "cuda"
     t_start = time.perf_counter()
     state: dict[str, Any] = {}
 
     def build() -> None:
         torch.manual_seed(0)
-        state["net"] = GPT(spec, checkpointing=checkpointing, device=dev)
-        state["opt"] = make_optimizer(state["net"])
+        state["net"] = wl.build(dev, checkpointing=checkpointing)
+        state["opt"] = wl.optimizer(state["net"])
         state["gen"] = torch.Generator(device=dev)
         state["gen"].manual_seed(0)
 
     build()
-    torch.cuda.synchronize(dev)
+    if cuda:
+        torch.cuda.synchronize(dev)
     setup_s = time.perf_counter() - t_start
     trials: list[dict[str, Any]] = []
 
     def trial(batch: int) -> bool:
         if "net" not in state:
             build()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(dev)
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dev)
         t0 = time.perf_counter()
-        ok, message = _trial_steps(state, spec, batch, seq_len, dev)
-        if ok:
+        ok, message = _trial_steps(state, wl, batch, dev)
+        if ok and cuda:
             torch.cuda.synchronize(dev)
         seconds = time.perf_counter() - t0
         row = {"batch": batch, "ok": ok, "seconds": seconds,
-               "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(dev))}
+               "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(dev)) if cuda else None}
         if not ok:
             row["error"] = message
             state.clear()  # drop model, optimizer state and generator; rebuilt on the next trial
             gc.collect()
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
         trials.append(row)
         return ok
 
@@ -418,30 +430,29 @@ def find_max_batch(model: str, seq_len: int, checkpointing: bool, device: str = 
         else:
             bad = mid
     best = next((t for t in reversed(trials) if t["ok"] and t["batch"] == good), None)
+    tokens = wl.tokens_per_sample
     return {
         "kind": "maxbatch",
-        "model": spec.name, "params": param_count(spec),
-        "seq_len": seq_len, "checkpointing": checkpointing, "limit": limit,
-        "time_budget_s": time_budget_s, **_environment(dev),
+        "model": wl.key, "params": wl.param_count(),
+        "seq_len": wl.seq_len, "image_size": wl.image_size, "checkpointing": checkpointing, "limit": limit,
+        "time_budget_s": time_budget_s, **(_environment(dev) if cuda else {"device": str(dev)}),
         "max_batch": good, "first_oom_batch": bad, "complete": complete,
-        "tokens_per_step": good * seq_len,
+        "tokens_per_step": good * tokens if tokens else None,
         "peak_allocated_bytes": best["peak_allocated_bytes"] if best else None,
         "trials": trials, "setup_seconds": setup_s,
         "seconds": time.perf_counter() - t_start,
     }
 
 
-def _trial_steps(state: dict, spec, batch: int, seq_len: int, dev) -> tuple[bool, str]:
+def _trial_steps(state: dict, wl, batch: int, dev) -> tuple[bool, str]:
     """Two train steps at `batch`; (False, message) on OOM, with no reference left to the
     failed step's tensors once this returns."""
-    import torch
-
-    from mgpu_bench.models import synthetic_batch, train_step
+    from mgpu_bench.workloads import train_step
 
     try:
-        tokens, targets = synthetic_batch(spec, batch, seq_len, dev, state["gen"])
+        data = wl.batch(batch, dev, state["gen"])
         for _ in range(2):
-            train_step(state["net"], state["opt"], tokens, targets, torch.bfloat16)
+            train_step(wl, state["net"], state["opt"], data, wl.autocast_dtype(dev))
         return True, ""
     except Exception as exc:  # only OOMs are swallowed
         if not _is_oom(exc):
@@ -473,10 +484,11 @@ def _build_parser() -> argparse.ArgumentParser:
     w.add_argument("--device", default="cuda:0")
     w.add_argument("--json", required=True, help="where to write the result")
     m = sub.add_parser("maxbatch", help="largest batch that trains without OOM")
-    m.add_argument("--model", required=True)
-    m.add_argument("--seq-len", type=int, required=True)
+    m.add_argument("--model", required=True, help="a workload, as `mgpu-bench model --model` takes it")
+    m.add_argument("--seq-len", type=int, default=None, help="tokens per sample [default: the workload's]")
+    m.add_argument("--image-size", type=int, default=None, help="pixels per side, torchvision models")
     m.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=False)
-    m.add_argument("--device", default="cuda:0")
+    m.add_argument("--device", default="cuda:0", help="cuda:N, or cpu (up to --limit)")
     m.add_argument("--json", required=True)
     m.add_argument("--limit", type=int, default=None, help="largest batch to try")
     m.add_argument("--time-budget", type=float, default=None, help="seconds; stop searching after")
@@ -491,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                                   args.device)
         else:
             result = find_max_batch(args.model, args.seq_len, args.checkpointing, args.device,
-                                    args.limit, args.time_budget)
+                                    args.limit, args.time_budget, args.image_size)
     except InputError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -559,16 +571,20 @@ def run_setting(setting: str, model: str, batch: int, seq_lens: str, steps: int,
     return result
 
 
-def max_batch(model: str, seq_len: int, checkpointing: bool = False, setting: str = "default",
-              device_index: int = 0, timeout_s: float = 600.0, limit: int | None = None,
-              time_budget_s: float | None = None) -> dict[str, Any]:
-    """The largest per-GPU batch at `seq_len` under one allocator setting, found in a fresh
-    process (see find_max_batch for the search and the keys), plus "setting", "conf",
-    "returncode", "wall_s"; or a dict with "error" when the child fails or times out."""
+def max_batch(model: str, seq_len: int | None, checkpointing: bool = False, setting: str = "default",
+              device_index: int | str = 0, timeout_s: float = 600.0, limit: int | None = None,
+              time_budget_s: float | None = None, image_size: int | None = None) -> dict[str, Any]:
+    """The largest per-GPU batch of the workload `model` (at `seq_len` tokens or `image_size`
+    pixels, None: its default) under one allocator setting, found in a fresh process (see
+    find_max_batch for the search and the keys), plus "setting", "conf", "returncode", "wall_s";
+    or a dict with "error" when the child fails or times out. device_index "cpu": find_max_batch's."""
     label, conf = _resolve_setting(setting)
-    args = ["maxbatch", "--model", str(model), "--seq-len", str(seq_len),
-            "--checkpointing" if checkpointing else "--no-checkpointing",
-            "--device", f"cuda:{device_index}"]
+    args = ["maxbatch", "--model", str(model), "--checkpointing" if checkpointing else "--no-checkpointing",
+            "--device", "cpu" if device_index == "cpu" else f"cuda:{device_index}"]
+    if seq_len is not None:
+        args += ["--seq-len", str(seq_len)]
+    if image_size is not None:
+        args += ["--image-size", str(image_size)]
     if limit is not None:
         args += ["--limit", str(limit)]
     if time_budget_s is not None:

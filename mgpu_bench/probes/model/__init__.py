@@ -1,6 +1,9 @@
-"""`mgpu-bench model`: full training steps of the built-in GPT (DDP or FSDP2) on 1..N GPUs:
-tokens/s gross and effective, MFU, the step's phases, exposed communication, scaling, verdict.
+"""`mgpu-bench model`: full training steps of a workload (the built-in GPT, torchvision,
+transformers or the user's module: mgpu_bench.workloads) under DDP or FSDP2 on 1..N GPUs:
+samples/s and tokens/s gross and effective, MFU, the step's phases, exposed communication,
+scaling, verdict.
 
+    config.py      the training configuration and the plan (plain data)
     measure.py     the ranks (torch's elastic launcher, or a launcher's job), the training loop
     analyse.py     the stable window, throughput, MFU, scaling and the verdict
     render.py      terminal table
@@ -20,7 +23,14 @@ from mgpu_bench.probe import GPUS_HELP, PlanContext, Probe, Step, Verdict, optio
 
 SUITE_MODEL = "350m"  # rounds 1 and 3 on GPUs (ANCHORS: 40% MFU on one H200)
 
-HELP = """Full training steps of the built-in GPT: throughput, MFU, where the step time goes.
+HELP = """Full training steps of a workload: throughput, MFU, where the step time goes.
+
+\b
+--model takes the built-in GPT sizes (tiny, 125m, 350m, 760m, 1.3b), torchvision:NAME (resnet50,
+vit_b_16, ...: weights=None, --image-size images, channels-last, SGD with momentum), hf:NAME
+(bert-base, bert-large, gpt2, llama-1b: published dimensions, random weights) or
+hf:path/config.json, and your own module:function or path/file.py:function (README: "Your
+model"). torchvision and transformers: pip install "mgpu-bench[models]".
 
 \b
 One process per GPU (gloo processes on a machine without GPUs, --nproc of them), started
@@ -29,9 +39,11 @@ configuration runs --warmup-steps untimed steps, then --steps timed ones with CU
 the phase boundaries (data, forward, backward, optimizer), read back at the end. The figures
 come from the stable window: after warm-up, from the first step after which every rolling
 median of 5 steps stays within 5% of the median of the last half (its length is printed).
-tokens/s = batch x grad-accum x GPUs x seq-len / median step time. MFU = tokens/s per GPU x
-(6N + 12 L d T) FLOP per token / the bf16 dense peak of the GPU (hardware database, or
---peak-tflops). Exposed communication (2+ GPUs) = 1 - step time without gradient sync (DDP's
+samples/s = batch x grad-accum x GPUs / median step time; tokens/s = samples/s x tokens per
+sample, where the workload has tokens. FLOPs per sample are counted by torch's FlopCounterMode
+over one forward and backward on the meta device (on the GPU where the model does not run on
+meta); for the GPT the formula 6N + 12 L d T is shown beside the count. MFU = samples/s per GPU x
+FLOPs per sample / the bf16 dense peak of the GPU (hardware database, or --peak-tflops). Exposed communication (2+ GPUs) = 1 - step time without gradient sync (DDP's
 no_sync(), FSDP2's set_requires_gradient_sync(False)) / step time; healthy is under 10%.
 --data both runs synthetic (effective) and a real DataLoader (gross) and names the gap as
 input-pipeline loss. --scaling 1,2 repeats the run at each GPU count with the same per-GPU
@@ -41,7 +53,7 @@ gradient reduction, the next block's all-gather prefetched.
 \b
 On GPUs the verdict is read from a profile of 3 steps (kernel intervals: matmuls, attention,
 other kernels, NCCL with nothing beside it, GPU idle) and from the model's own matmul shapes
-timed alone (the ceiling its matmuls could reach on this GPU): communication-, input-,
+(its matmuls and convolutions, as counted) timed alone: the ceiling they could reach on this GPU: communication-, input-,
 memory-, launch- (GPU idle over 10%) or compute-bound (GPU busy), or an unexplained gap
 below that ceiling.
 """
@@ -65,24 +77,29 @@ class ModelProbe(Probe):
 
         return [
             option("--model", "model_name", default=None,
-                   help="tiny, 125m, 350m, 760m, 1.3b [default: 350m on GPUs, tiny on CPU]."),
-            option("--seq-len", default=None, type=int, help="Tokens per sample [default: 2048 on GPUs, 128 on CPU]."),
+                   help="tiny, 125m, 350m, 760m, 1.3b, torchvision:NAME, hf:NAME, hf:path/config.json, "
+                        "module:function [default: 350m on GPUs, tiny on CPU]."),
+            option("--seq-len", default=None, type=int,
+                   help="Tokens per sample [default: 2048 on GPUs, 128 on CPU; hf: its positions, at most 2048]."),
+            option("--image-size", default=None, type=int,
+                   help="Pixels per side, torchvision models [default: 224 on GPUs, 64 on CPU]."),
             option("--batch-size", default=None, type=int,
-                   help="Samples per GPU per micro-batch [default: 8 on GPUs, 4 on CPU]."),
+                   help="Samples per GPU per micro-batch [default: 8 on GPUs, 4 on CPU; torchvision 128 and 4; "
+                        "a module's fixed DataLoader: its own]."),
             option("--grad-accum", default=1, show_default=True, type=int, help="Micro-batches per optimizer step."),
             option("--steps", default=30, show_default=True, type=int, help="Timed steps per configuration."),
             option("--warmup-steps", default=5, show_default=True, type=int, help="Untimed steps first."),
             option("--parallel", default="ddp", show_default=True, type=click.Choice(["ddp", "fsdp"])),
             option("--data", "data_mode", default="synthetic", show_default=True,
                    type=click.Choice(["synthetic", "loader", "both"]),
-                   help="synthetic: tokens made on the device (effective); loader: a DataLoader over a token file "
-                        "(gross)."),
+                   help="synthetic: batches made on the device (effective); loader: a DataLoader (gross): a token "
+                        "file, images decoded and normalised per sample, or the module's own."),
             option("--num-workers", default=2, show_default=True, type=int, help="DataLoader workers per GPU."),
             option("--preprocess-ms", default=0.0, show_default=True, type=float,
                    help="Simulated preprocessing cost per sample in the DataLoader."),
             option("--data-dir", default=None, type=click.Path(file_okay=False),
                    help="Where the token file is written [default: /tmp]."),
-            option("--checkpointing", is_flag=True, help="Activation checkpointing per block."),
+            option("--checkpointing", is_flag=True, help="Activation checkpointing per repeated block."),
             option("--compile", "compile_model", is_flag=True,
                    help="torch.compile the model (after DDP/FSDP wrapping, as training scripts do); the compile "
                         "time, the first warm-up step's wall, is reported apart and never timed. Needs at least 2 "
@@ -100,17 +117,18 @@ class ModelProbe(Probe):
         ]
 
     def configure(self, o: dict):
-        from mgpu_bench import hardware, launch, models, selection
+        from mgpu_bench import hardware, launch, selection, workloads
 
-        from .measure import ModelConfig, ModelPlan
+        from .config import ModelConfig, ModelPlan
 
         ngpu = selection.visible_gpu_count()
         on_gpu = ngpu > 0
-        spec = models.get_model_spec(o["model_name"] or ("350m" if on_gpu else "tiny"))
-        seq_len = (2048 if on_gpu else 128) if o["seq_len"] is None else o["seq_len"]
-        batch_size = (8 if on_gpu else 4) if o["batch_size"] is None else o["batch_size"]
-        if not (1 <= seq_len <= spec.max_seq):
-            raise InputError(f"--seq-len {seq_len} does not fit {spec.name}: it takes 1..{spec.max_seq} tokens")
+        for flag, key in (("--seq-len", "seq_len"), ("--image-size", "image_size")):
+            if o[key] is not None:
+                within(flag, o[key], 1, 1 << 16)
+        wl = workloads.resolve(o["model_name"] or ("350m" if on_gpu else "tiny"), seq_len=o["seq_len"],
+                               image_size=o["image_size"], cpu_defaults=not on_gpu)
+        batch_size = wl.default_batch(on_gpu) if o["batch_size"] is None else o["batch_size"]
         within("--batch-size", batch_size, 1, 1_000_000, "samples per GPU per micro-batch")
         within("--grad-accum", o["grad_accum"], 1, 10_000, "micro-batches per step")
         within("--steps", o["steps"], 1, 1_000_000, "timed steps per configuration")
@@ -124,6 +142,12 @@ class ModelProbe(Probe):
             from mgpu_bench.paths import check_folder
 
             check_folder(o["data_dir"] or "/tmp", "--data-dir")  # the token file is written there
+            if not wl.has_loader:
+                raise InputError(f"--data {o['data_mode']}: {wl.key} has no DataLoader (a module gives one as "
+                                 "'loader'); use --data synthetic")
+        if o["checkpointing"]:
+            wl.build("meta", checkpointing=True)  # InputError where there are no blocks to checkpoint
+        count, note = _count(wl, batch_size)
         chosen: tuple[int, ...] = ()
         if on_gpu:
             chosen = tuple(selection.parse_gpus(o["gpus"], ngpu))
@@ -155,16 +179,17 @@ class ModelProbe(Probe):
             from mgpu_bench import _native
 
             peak = hardware.peak_flops(_native.device_info(chosen[0])["name"], "bf16")
-        cfg = ModelConfig(model=spec.name, seq_len=seq_len, batch_size=batch_size, grad_accum=o["grad_accum"],
+        cfg = ModelConfig(model=wl.key, seq_len=wl.seq_len, batch_size=batch_size, grad_accum=o["grad_accum"],
                           steps=o["steps"], warmup_steps=o["warmup_steps"], parallel=o["parallel"], data="synthetic",
                           num_workers=o["num_workers"], preprocess_ms=o["preprocess_ms"], data_dir=o["data_dir"],
                           checkpointing=o["checkpointing"], exposed_comm=o["exposed_comm"], profile=o["profile"],
-                          device="cuda" if on_gpu else "cpu", progress=False, compile=o["compile_model"])
+                          device="cuda" if on_gpu else "cpu", progress=False, compile=o["compile_model"],
+                          workload=wl.text if wl.text != wl.key else None, image_size=wl.image_size)
         if cfg.compile and cfg.warmup_steps < 2:
             raise InputError(f"--compile with --warmup-steps {cfg.warmup_steps}: the first warm-up step compiles "
                              "the model, so give at least 2 (--warmup-steps 3)")
         modes = ("synthetic", "loader") if o["data_mode"] == "both" else (o["data_mode"],)
-        return ModelPlan(cfg, tuple(counts), modes, peak, chosen)
+        return ModelPlan(cfg, tuple(counts), modes, peak, chosen, wl.facts(), count, note)
 
     def run(self, plan, ctx):
         from dataclasses import replace
@@ -178,7 +203,9 @@ class ModelProbe(Probe):
         if plan.gpus:
             selection.pin_gpus(list(plan.gpus))  # child processes see only the chosen GPUs
         cfg = replace(plan.config, progress=ctx.progress.show and ctx.rank == 0)
-        run = run_model(cfg, plan.counts, plan.modes, plan.peak, ctx.progress.say_fn)
+        run = run_model(cfg, plan.counts, plan.modes, plan.peak, ctx.progress.say_fn, plan.workload, plan.count)
+        if plan.count_note:
+            run.notes.append(plan.count_note)
         if plan.peak is None:
             run.notes.append("no MFU: " + ("this GPU has no bf16 peak in the hardware database; give --peak-tflops"
                                             if cfg.device == "cuda" else
@@ -200,8 +227,10 @@ class ModelProbe(Probe):
         if not failed:
             return None
         fit = [s for s in run.stats if not s.error]
-        hint = (f"; run 'mgpu-bench memory --no-churn --max-batch {run.config.model} --seq-len {run.config.seq_len}' "
-                "for the largest batch that fits" if any("out of memory" in (s.error or "") for s in failed) else "")
+        c = run.config
+        size = (f" --seq-len {c.seq_len}" if c.seq_len else "") + (f" --image-size {c.image_size}" if c.image_size else "")
+        hint = (f"; run 'mgpu-bench memory --no-churn --max-batch {c.workload_text}{size}' for the largest batch that "
+                "fits" if any("out of memory" in (s.error or "") for s in failed) else "")
         return (f"{len(failed)} configuration(s) failed: {failed[0].error}{hint}"
                 + (f" ({len(fit)} measured and kept)" if fit else ""))
 
@@ -214,8 +243,10 @@ class ModelProbe(Probe):
         console.print(f"model: {run.wall_seconds:.1f} s wall, process start-up included", highlight=False)
 
     def suite_steps(self, plan: PlanContext) -> list[Step]:
+        # suite --model: the user's workload at its own defaults; else the 350m GPT as the anchors ran it
+        mine = ("--model", plan.model) if plan.model else None
         if plan.ngpu:
-            model = ("--model", SUITE_MODEL, "--seq-len", "2048", "--batch-size", "8")
+            model = mine or ("--model", SUITE_MODEL, "--seq-len", "2048", "--batch-size", "8")
             steps = ("--steps", "12", "--warmup-steps", "3") if plan.quick else ("--steps", "30", "--warmup-steps", "5")
             counts, k = [], 1  # 1, 2, 4, ... up to the GPU count, and the count itself
             while k < plan.ngpu:
@@ -234,16 +265,30 @@ class ModelProbe(Probe):
                       *plan.gpus_args()), telemetry=True, timeout_s=plan.duration_s * 3 + 600,
                      prepare=_sustained(plan.duration_s)),
             ]
-        tiny = ("--model", "tiny", "--steps", "8" if plan.quick else "20", "--warmup-steps", "2")
+        cpu_model = mine or ("--model", "tiny")
+        tiny = (*cpu_model, "--steps", "8" if plan.quick else "20", "--warmup-steps", "2")
         return [
             Step(1, 30, "model-1gpu", "training step on one process", ("model", *tiny, "--nproc", "1"), min_gpus=0),
             Step(2, 30, "model-scaling", "training steps over process counts", ("model", *tiny, "--scaling", "1,2"),
                  min_gpus=0),
             Step(3, 30, "model-sustained", "sustained training",
-                 ("model", "--model", "tiny", "--steps", "40", "--warmup-steps", "2", "--nproc", "1",
+                 ("model", *cpu_model, "--steps", "40", "--warmup-steps", "2", "--nproc", "1",
                   "--no-exposed-comm", "--no-profile"), min_gpus=0, timeout_s=plan.duration_s * 3 + 600,
                  prepare=_sustained(plan.duration_s)),
         ]
+
+
+def _count(wl, batch_size: int):
+    """(the workload's FlopCount on the meta device, None) or, where the model does not run on
+    meta (data-dependent operations), (None, the note that the ranks count on their device)."""
+    from mgpu_bench.workloads import last_line
+
+    try:
+        return wl.count_flops(batch_size), None
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any op without a meta kernel: count on the device instead
+        return None, f"FLOPs counted on the ranks' device: {wl.key} does not run on the meta device ({last_line(exc)})"
 
 
 def _sustained(duration_s: float):

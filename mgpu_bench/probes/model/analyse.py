@@ -7,12 +7,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding, Verdict
 
-if TYPE_CHECKING:
-    from .measure import ModelConfig
+from .config import ModelConfig
 
 PHASES = ("data", "forward", "backward", "optimizer")
 EXPOSED_COMM_LIMIT = 0.10  # healthy is under 10% of the step
@@ -54,11 +53,22 @@ def stable_window(times: Sequence[float], warmup: int, tol: float = STABLE_TOLER
 
 
 def scaling_efficiency(tokens_per_s: dict[int, float]) -> dict[int, float]:
-    """T_N / (N * T_1) for each GPU count N (T = total tokens/s); needs the 1-GPU figure."""
+    """T_N / (N * T_1) for each GPU count N (T = total throughput, tokens/s or samples/s); needs the
+    1-GPU figure."""
     base = tokens_per_s.get(1)
     if not base:
         return {}
     return {n: t / (n * base) for n, t in sorted(tokens_per_s.items())}
+
+
+def throughput(d: Mapping) -> float | None:
+    """A configuration's total throughput in the workload's unit: tokens/s where it has tokens,
+    else samples/s (ratios of the two are the same)."""
+    return d.get("tokens_per_s") or d.get("samples_per_s")
+
+
+def unit(d: Mapping) -> str:
+    return "tokens/s" if d.get("tokens_per_s") else "samples/s"
 
 
 @dataclass
@@ -70,27 +80,31 @@ class StepStats:
     ranks: list[dict]
     window: tuple[int, int, bool] = (0, 0, False)
     samples_per_step: int = 0
-    tokens_per_step: int = 0
-    flops_per_token: float = 0.0
+    tokens_per_step: int | None = 0  # None: a workload without tokens
+    flops_per_token: float | None = 0.0
     error: str | None = None
     derived: dict = field(default_factory=dict)
+    flops_per_sample: float | None = None
 
     def to_dict(self) -> dict:
-        return {"world": self.world, "data": self.data, "window": list(self.window),
-                "samples_per_step": self.samples_per_step, "tokens_per_step": self.tokens_per_step,
-                "flops_per_token": self.flops_per_token, "error": self.error, "derived": self.derived,
-                "ranks": self.ranks}
+        out = {"world": self.world, "data": self.data, "window": list(self.window),
+               "samples_per_step": self.samples_per_step, "tokens_per_step": self.tokens_per_step,
+               "flops_per_token": self.flops_per_token, "error": self.error, "derived": self.derived,
+               "ranks": self.ranks}
+        if self.flops_per_sample is not None:  # counted FLOPs; documents before them have none
+            out["flops_per_sample"] = self.flops_per_sample
+        return out
 
 
-def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float | None) -> StepStats:
-    """Per-step seconds (slowest rank per step) -> window, throughput, MFU, shares."""
-    from mgpu_bench import models
-
-    spec = models.get_model_spec(cfg.model)
+def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float | None,
+            flops_per_sample: float | None, tokens_per_sample: int | None) -> StepStats:
+    """Per-step seconds (slowest rank per step) -> window, throughput, MFU, shares. FLOPs per
+    sample as counted (workloads.flops); tokens per sample where the workload has tokens."""
     st = StepStats(world=world, data=cfg.data, ranks=ranks)
     st.samples_per_step = cfg.batch_size * cfg.grad_accum * world
-    st.tokens_per_step = st.samples_per_step * cfg.seq_len
-    st.flops_per_token = models.flops_per_token(spec, cfg.seq_len)
+    st.tokens_per_step = st.samples_per_step * tokens_per_sample if tokens_per_sample else None
+    st.flops_per_sample = flops_per_sample
+    st.flops_per_token = flops_per_sample / tokens_per_sample if flops_per_sample and tokens_per_sample else None
     errors = [r["error"] for r in ranks if r.get("error")]
     if errors:
         st.error = errors[0]
@@ -104,10 +118,12 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
     step_s = statistics.median(win)
     d: dict[str, Any] = {"step_s": step_s, "step_mean_s": statistics.fmean(win), "window_steps": len(win)}
     d["samples_per_s"] = st.samples_per_step / step_s
-    d["tokens_per_s"] = st.tokens_per_step / step_s
-    d["tokens_per_s_per_gpu"] = d["tokens_per_s"] / world
-    d["flops_per_s_per_gpu"] = d["tokens_per_s_per_gpu"] * st.flops_per_token
-    d["mfu"] = d["flops_per_s_per_gpu"] / peak_flops if peak_flops else None
+    d["samples_per_s_per_gpu"] = d["samples_per_s"] / world
+    if st.tokens_per_step:
+        d["tokens_per_s"] = st.tokens_per_step / step_s
+        d["tokens_per_s_per_gpu"] = d["tokens_per_s"] / world
+    d["flops_per_s_per_gpu"] = d["samples_per_s_per_gpu"] * (flops_per_sample or 0.0)
+    d["mfu"] = d["flops_per_s_per_gpu"] / peak_flops if peak_flops and flops_per_sample else None
     r0 = good[0]["phases"]
     for p in PHASES:
         d[f"{p}_s"] = statistics.median(r0[p][start:end])
@@ -247,10 +263,10 @@ def kernel_split(kernels: Sequence[tuple[float, float, str]]) -> dict:
 
 
 def input_loss(effective: StepStats, gross: StepStats | None) -> float | None:
-    """1 - gross tokens/s (real DataLoader) / effective tokens/s (synthetic data on the device)."""
+    """1 - gross throughput (real DataLoader) / effective throughput (synthetic data on the device)."""
     if gross is None or not gross.derived or not effective.derived:
         return None
-    return max(0.0, 1.0 - gross.derived["tokens_per_s"] / effective.derived["tokens_per_s"])
+    return max(0.0, 1.0 - throughput(gross.derived) / throughput(effective.derived))
 
 
 @dataclass
@@ -265,6 +281,7 @@ class ModelRun:
     stopped: str | None = None
     stop_message: str | None = None
     wall_seconds: float = 0.0
+    workload: dict = field(default_factory=dict)  # Workload.facts() and "flops" (measure.flop_facts)
 
     def get(self, world: int, data: str) -> StepStats | None:
         return next((s for s in self.stats if s.world == world and s.data == data), None)
@@ -278,7 +295,7 @@ class ModelRun:
         return self.get(world, "synthetic") or self.get(world, "loader")
 
     def scaling(self) -> dict[int, float]:
-        tps = {n: s.derived["tokens_per_s"] for n in self.gpu_counts
+        tps = {n: throughput(s.derived) for n in self.gpu_counts
                if (s := self.effective(n)) is not None and s.derived}
         return scaling_efficiency(tps)
 
@@ -374,8 +391,8 @@ def findings(run: ModelRun, shared: Sequence = ()) -> list[Finding]:
         if loss is not None and not (loss > INPUT_LIMIT and v.text.startswith("input-bound: the input pipeline")):
             lines.append(Finding(WARNING if loss > INPUT_LIMIT else OK,
                                  f"{at}: input-pipeline loss {100 * loss:.1f}% (loader "
-                                 f"{gross.derived['tokens_per_s']:.0f} against synthetic "
-                                 f"{eff.derived['tokens_per_s']:.0f} tokens/s)"))
+                                 f"{throughput(gross.derived):.0f} against synthetic "
+                                 f"{throughput(eff.derived):.0f} {unit(eff.derived)})"))
         if main.derived and not main.window[2]:
             lines.append(Finding(WARNING, f"{at}: no stable window (step times kept moving by more than "
                                           f"{100 * STABLE_TOLERANCE:.0f}%): figures over every step after warm-up; "
@@ -431,15 +448,17 @@ def _contention(run: ModelRun, n: int, text: str) -> str | None:
 
 
 def key_figure(run: ModelRun) -> tuple[str, str]:
-    """Scaling at the largest count against the ideal, else tokens/s and MFU of the one count."""
-    tps = {n: s.derived["tokens_per_s"] for n in run.gpu_counts
-           if (s := run.effective(n)) is not None and s.derived.get("tokens_per_s")}
+    """Scaling at the largest count against the ideal, else tokens/s (samples/s where the workload
+    has no tokens) and MFU of the one count."""
+    tps = {n: throughput(s.derived) for n in run.gpu_counts
+           if (s := run.effective(n)) is not None and throughput(s.derived)}
     if not tps:
         return "-", "-"
     eff = run.scaling()
+    u = unit(run.effective(max(tps)).derived)
     if len(tps) >= 2 and 1 in tps:
         n = max(tps)
-        fig = f"scaling 1 -> {n}: {100 * eff[n]:.1f}% ({tps[n]:.0f} tokens/s against the ideal {n * tps[1]:.0f})"
+        fig = f"scaling 1 -> {n}: {100 * eff[n]:.1f}% ({tps[n]:.0f} {u} against the ideal {n * tps[1]:.0f})"
         s = run.effective(n)
         exposed = s.derived.get("exposed_comm_share") if s else None
         exp = f">= {100 * SCALING_GOOD:.0f}%" + (
@@ -448,10 +467,10 @@ def key_figure(run: ModelRun) -> tuple[str, str]:
         return fig, exp
     n = max(tps)
     s = run.effective(n)
-    fig = f"{where(run, n)}: {tps[n]:.0f} tokens/s, step {1e3 * s.derived['step_s']:.1f} ms"
+    fig = f"{where(run, n)}: {tps[n]:.0f} {u}, step {1e3 * s.derived['step_s']:.1f} ms"
     gross = run.get(n, "loader")
-    if s.data != "loader" and gross is not None and gross.derived.get("tokens_per_s"):
-        fig += f" ({gross.derived['tokens_per_s']:.0f} tokens/s with the DataLoader)"
+    if s.data != "loader" and gross is not None and throughput(gross.derived):
+        fig += f" ({throughput(gross.derived):.0f} {u} with the DataLoader)"
     mfu = s.derived.get("mfu")
     peak = run.peak
     if mfu is not None and peak is not None and peak.value:

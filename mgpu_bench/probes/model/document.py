@@ -9,15 +9,16 @@ from dataclasses import asdict
 from mgpu_bench.document import envelope, status
 
 from .analyse import ModelRun, StepStats, findings
-from .measure import ModelConfig
+from .config import ModelConfig
 
 
 def _config(run: ModelRun) -> dict:
-    """The config as written; `compile` only when on, so that a run without it writes what the
-    releases before --compile wrote."""
+    """The config as written; `compile` only when on, `workload` and `image_size` only where set,
+    so that a run without them writes what the releases before them wrote."""
     cfg = asdict(run.config)
-    if not cfg.get("compile"):
-        cfg.pop("compile", None)
+    for key in ("compile", "workload", "image_size"):
+        if not cfg.get(key):
+            cfg.pop(key, None)
     return cfg
 
 
@@ -34,6 +35,7 @@ def document(run: ModelRun, environment: dict, command: list[str] | None = None,
         "notes": run.notes, "wall_seconds": run.wall_seconds, "findings": [f.text for f in findings(run, shared)],
         **({"occupancy": occupancy} if occupancy is not None else {}),
         "scaling": {str(n): e for n, e in run.scaling().items()},
+        **({"workload": run.workload} if run.workload else {}),
         "runs": [s.to_dict() for s in run.stats],
     }
 
@@ -57,6 +59,7 @@ def run_from_document(doc: dict) -> ModelRun:
         stopped=st.get("stopped"),
         stop_message=st.get("message"),
         wall_seconds=doc.get("wall_seconds") or 0.0,
+        workload=dict(doc.get("workload") or {}),
     )
     for s in doc.get("runs") or []:
         w = s.get("window") or (0, 0, False)
@@ -71,6 +74,7 @@ def run_from_document(doc: dict) -> ModelRun:
                 flops_per_token=s.get("flops_per_token", 0.0),
                 error=s.get("error"),
                 derived=dict(s.get("derived") or {}),
+                flops_per_sample=s.get("flops_per_sample"),
             )
         )
     return run

@@ -1,7 +1,11 @@
 """model's headline metrics:
 
-    model.{model}.{parallel}.{n}gpu.{data}.{tokens_per_s|mfu|exposed_comm|peak_memory}
+    model.{model}.{parallel}.{n}gpu.{data}.{samples_per_s|tokens_per_s|mfu|exposed_comm|peak_memory}
     model.{model}.{parallel}.{n}gpu.scaling_efficiency          fraction, n > 1
+
+{model} is the workload's key (workloads.Workload.key: "350m", "torchvision:resnet50",
+"hf:bert-large", "module:pkg.mod:fn"), so that no comparison sets one workload's figures against
+another's. samples/s always; tokens/s where the workload has tokens.
 
 Every metric but peak memory carries per-step samples, so that compare holds its change against
 its noise. The derived ones pair steps by their index in the stable windows: exposed
@@ -51,14 +55,15 @@ def _scaling_samples(runs: list[Mapping], n: int) -> tuple[float, ...]:
     """Per-step-pair estimates of T_n / (n x T_1) from the runs that made the document's figure
     (synthetic data where measured, as ModelRun.effective)."""
     def effective(world: int) -> Mapping | None:
-        mine = [r for r in runs if int(r.get("world", 0)) == world and (r.get("derived") or {}).get("tokens_per_s")]
+        mine = [r for r in runs if int(r.get("world", 0)) == world
+                and ((r.get("derived") or {}).get("tokens_per_s") or (r.get("derived") or {}).get("samples_per_s"))]
         return next((r for r in mine if r.get("data") == "synthetic"), mine[0] if mine else None)
 
     one, many = effective(1), effective(n)
     if one is None or many is None:
         return ()
-    r1 = rates(one.get("tokens_per_step") or 0, _window_steps(one))
-    rn = rates(many.get("tokens_per_step") or 0, _window_steps(many))
+    r1 = rates(one.get("samples_per_step") or 0, _window_steps(one))
+    rn = rates(many.get("samples_per_step") or 0, _window_steps(many))
     return finite(b / (n * a) for a, b in zip(r1, rn) if a > 0)
 
 
@@ -71,7 +76,7 @@ def headline(doc: Mapping) -> list[Metric]:
     out: list[Metric] = []
     for run in doc.get("runs") or []:
         d = run.get("derived") or {}
-        if not d.get("tokens_per_s"):
+        if not (d.get("tokens_per_s") or d.get("samples_per_s")):
             continue
         world, data = int(run["world"]), str(run["data"])
         prefix = f"model.{model}.{parallel}.{world}gpu.{slug(data)}"
@@ -83,16 +88,12 @@ def headline(doc: Mapping) -> list[Metric]:
         }
         steps = _window_steps(run)
         step_s = d.get("step_s")
-        out.append(
-            Metric(
-                f"{prefix}.tokens_per_s",
-                float(d["tokens_per_s"]),
-                "tokens/s",
-                "higher",
-                rates(run.get("tokens_per_step") or 0, steps),
-                labels,
-            )
-        )
+        if d.get("samples_per_s"):
+            out.append(Metric(f"{prefix}.samples_per_s", float(d["samples_per_s"]), "samples/s", "higher",
+                              rates(run.get("samples_per_step") or 0, steps), labels))
+        if d.get("tokens_per_s"):
+            out.append(Metric(f"{prefix}.tokens_per_s", float(d["tokens_per_s"]), "tokens/s", "higher",
+                              rates(run.get("tokens_per_step") or 0, steps), labels))
         if d.get("mfu") is not None:
             # MFU is tokens/s times a constant: per step, mfu x median step / that step's seconds.
             mfu_samples = (

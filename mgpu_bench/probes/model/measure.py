@@ -1,4 +1,5 @@
-"""`mgpu-bench model`: full training steps of the built-in GPT, timed per phase, on 1..N GPUs.
+"""`mgpu-bench model`: full training steps of a workload (workloads.resolve: the built-in GPT,
+torchvision, transformers, the user's module), timed per phase, on 1..N GPUs.
 
 One process per GPU (gloo processes on CPU) started through torch's elastic launcher, or joined
 when an outer torchrun/srun already started them. Each rank runs `worker()`: warm-up steps,
@@ -9,9 +10,10 @@ all-reduce) to measure exposed communication, and a few profiled steps for the s
 kernel time between communication and compute. The parent turns the raw seconds into a stable
 window, throughput, MFU and a verdict.
 
-FLOPs per token: 6*N + 12*L*d*T (models.flops_per_token); MFU = achieved FLOP/s per GPU / the
-dtype's dense peak from the hardware database (refused for an unknown GPU unless the user
-gives --peak-tflops).
+FLOPs per step: counted by FlopCounterMode over one forward and backward (workloads.flops), in
+the parent on the meta device, or by the ranks on their device where the model does not run on
+meta; MFU = achieved FLOP/s per GPU / the dtype's dense peak from the hardware database
+(refused for an unknown GPU unless the user gives --peak-tflops).
 """
 
 from __future__ import annotations
@@ -22,87 +24,36 @@ import os
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
 from mgpu_bench.errors import InputError, MgpuError, interruption
 
 from .analyse import PHASES, ModelRun, analyse, kernel_split
+from .config import ModelConfig, ModelPlan
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    model: str = "tiny"
-    seq_len: int = 128
-    batch_size: int = 4  # per GPU (per rank) and micro-batch
-    grad_accum: int = 1
-    steps: int = 30
-    warmup_steps: int = 5
-    parallel: str = "ddp"  # ddp | fsdp
-    data: str = "synthetic"  # synthetic | loader
-    num_workers: int = 2
-    preprocess_ms: float = 0.0
-    data_dir: str | None = None
-    checkpointing: bool = False
-    compile: bool = False  # torch.compile the model; its compile time is the first warm-up step's
-    exposed_comm: bool = True
-    profile: bool = True
-    device: str = "cuda"  # cuda | cpu
-    seed: int = 1234
-    progress: bool = False
-
-
-# ------------------------------------------------------------------------------------ analysis
+__all__ = ["ModelConfig", "ModelPlan", "launch", "run_model", "worker"]
 
 
 # ------------------------------------------------------------------------------------ worker
 
-def _token_file(data_dir: str, vocab: int, tokens: int, seed: int) -> Path:
-    import numpy as np
-
-    path = Path(data_dir) / f"mgpu_bench_tokens_{vocab}_{tokens}_{seed}.u16"
-    if not path.exists() or path.stat().st_size != tokens * 2:
-        rng = np.random.default_rng(seed)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        rng.integers(0, vocab, size=tokens, dtype=np.uint16).tofile(tmp)
-        os.replace(tmp, path)
-    return path
+def _cycle(loader):
+    """Batches from `loader` without end: a new epoch when one ends."""
+    while True:
+        yield from loader
 
 
-class _TokenDataset:
-    """Samples of seq_len + 1 tokens from a uint16 token file, with an optional simulated
-    per-sample preprocessing cost (sleep) standing in for decoding and augmentation."""
-
-    def __init__(self, path: Path, seq_len: int, preprocess_ms: float, length: int):
-        self.path, self.seq_len, self.preprocess_ms, self.length = path, seq_len, preprocess_ms, length
-        self._data = None
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, i: int):
-        import numpy as np
-        import torch
-
-        if self._data is None:
-            self._data = np.memmap(self.path, dtype=np.uint16, mode="r")
-        span = len(self._data) - self.seq_len - 1
-        off = (i * 7919 * self.seq_len) % span
-        chunk = torch.from_numpy(self._data[off:off + self.seq_len + 1].astype(np.int64))
-        if self.preprocess_ms > 0:
-            time.sleep(self.preprocess_ms / 1000.0)
-        return chunk[:-1], chunk[1:]
-
-
-def worker(cfg_dict: dict) -> dict:
+def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None) -> dict:
     """One rank: returns raw per-step seconds and facts (never raises for an OOM: the error and
-    the steps measured so far come back instead)."""
+    the steps measured so far come back instead). `dense_ops`: the workload's matmuls and
+    convolutions as counted on meta (the ceiling replays them on GPUs); None: this rank counts
+    the FLOPs on its device first, with one extra forward and backward, and returns the count."""
     import torch
     import torch.distributed as dist
 
-    from mgpu_bench import models
+    from mgpu_bench import workloads
 
     cfg = ModelConfig(**cfg_dict)
     rank = int(os.environ.get("RANK", "0"))
@@ -120,42 +71,50 @@ def worker(cfg_dict: dict) -> dict:
     out: dict[str, Any] = {"rank": rank, "world": world, "device": str(device), "error": None,
                            "gpu_name": torch.cuda.get_device_name(device) if on_gpu else None,
                            "torch": torch.__version__}
-    spec = models.get_model_spec(cfg.model)
     torch.manual_seed(cfg.seed)
-    model = models.GPT(spec, checkpointing=cfg.checkpointing, device=device)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)
+    try:
+        wl = workloads.resolve(cfg.workload_text, seq_len=cfg.seq_len, image_size=cfg.image_size)
+        amp = wl.autocast_dtype(device)
+        model = wl.build(device, checkpointing=cfg.checkpointing)
+        if dense_ops is None:  # the model does not run on meta: one counted step here, gradients dropped
+            count = workloads.count_flops(model, wl.batch(cfg.batch_size, device, gen), wl.loss, cfg.batch_size,
+                                          str(device), amp, "counted on the ranks' device: the model does not "
+                                                            "run on the meta device")
+            dense_ops = count.dense_ops
+            out["flop_count"] = {k: v for k, v in count.to_dict().items() if k != "dense_ops"}
+    except (torch.OutOfMemoryError, InputError) as exc:
+        oom = isinstance(exc, torch.OutOfMemoryError)
+        out["error"] = ("out of memory: " + str(exc).split("\n")[0][:300]) if oom else str(exc)
+        out["peak_allocated"] = torch.cuda.max_memory_allocated(device) if oom and on_gpu else None
+        return _leave(out, owns_group)
     if world > 1:
         if cfg.parallel == "fsdp":
-            model = _fsdp(model, on_gpu)
+            if wl.kind != "module":  # a built-in loss never changes the root's outputs in place
+                warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+            model = _fsdp(model, wl.blocks(model), on_gpu)
         else:
             # Gradients as views into the buckets (no copy in or out) and 100 MB buckets: on 2x H200
             # (350m, seq 2048) exposed communication 4.2% of the step against 5.0% with DDP's
             # defaults (25 MB, copies); benchmarks/RESULTS.md.
             model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[local] if on_gpu else None, gradient_as_bucket_view=True, bucket_cap_mb=100)
-    opt = models.make_optimizer(model)
+    opt = wl.optimizer(model)
     if cfg.compile:
         # After the DDP/FSDP wrapper, as torch's DDP notes advise (DDPOptimizer splits the graph at
         # bucket boundaries so the all-reduce still overlaps); no_sync() and FSDP's gradient-sync switch
         # reach the wrapper through the compiled module's attribute forwarding.
         model = torch.compile(model)
-    amp = torch.bfloat16 if on_gpu else None
-    gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)
     loader_iter = None
     if cfg.data == "loader":
-        tokens_needed = max(1 << 20, 4 * cfg.batch_size * (cfg.seq_len + 1) * 64)
-        path = _token_file(cfg.data_dir or "/tmp", spec.vocab, tokens_needed, cfg.seed)
         total = cfg.batch_size * cfg.grad_accum * (cfg.warmup_steps + 3 * cfg.steps + 16)
-        ds = _TokenDataset(path, cfg.seq_len, cfg.preprocess_ms, total)
-        dl = torch.utils.data.DataLoader(ds, batch_size=cfg.batch_size, num_workers=cfg.num_workers,
-                                         pin_memory=on_gpu, persistent_workers=cfg.num_workers > 0,
-                                         drop_last=True)
-        loader_iter = iter(dl)
+        loader_iter = _cycle(wl.loader(cfg.batch_size, num_workers=cfg.num_workers, preprocess_ms=cfg.preprocess_ms,
+                                       data_dir=cfg.data_dir, seed=cfg.seed, samples=total, pin_memory=on_gpu))
 
     def next_batch():
         if loader_iter is None:
-            return models.synthetic_batch(spec, cfg.batch_size, cfg.seq_len, device, gen)
-        x, y = next(loader_iter)
-        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            return wl.batch(cfg.batch_size, device, gen)
+        return wl.prepare(next(loader_iter), device)
 
     def clock():
         if on_gpu:
@@ -191,7 +150,7 @@ def worker(cfg_dict: dict) -> dict:
             micro = [next_batch() for _ in range(cfg.grad_accum)]
             m["data"] = clock()
             m["micro"] = []
-            for a, (x, y) in enumerate(micro):
+            for a, batch in enumerate(micro):
                 sync = sync_grads and a == cfg.grad_accum - 1
                 if world > 1 and cfg.parallel == "fsdp":
                     model.set_requires_gradient_sync(sync)  # FSDP2: no reduce-scatter of gradients
@@ -199,7 +158,7 @@ def worker(cfg_dict: dict) -> dict:
                 with model.no_sync() if skip else contextlib.nullcontext():
                     f0 = clock()
                     with torch.autocast(device_type=device.type, dtype=amp) if amp else contextlib.nullcontext():
-                        loss = model(x, y) / cfg.grad_accum
+                        loss = wl.loss(model, batch) / cfg.grad_accum
                     f1 = clock()
                     loss.backward()
                     m["micro"].append((f0, f1, clock()))
@@ -248,29 +207,36 @@ def worker(cfg_dict: dict) -> dict:
         if cfg.profile and on_gpu:
             out["profile"] = _profile_split(lambda: run_steps(3, True, "profiled steps"))
         if on_gpu:
-            out["matmul_ceiling"] = _matmul_ceiling(spec, cfg.batch_size * cfg.seq_len, device)
+            from mgpu_bench.workloads import flops
+
+            out["matmul_ceiling"] = flops.ceiling(dense_ops, device, wl.channels_last(device))
     except torch.OutOfMemoryError as exc:
         out["error"] = "out of memory: " + str(exc).split("\n")[0][:300]
         out["peak_allocated"] = torch.cuda.max_memory_allocated(device) if on_gpu else None
     except InputError as exc:
         out["error"] = str(exc)
+    return _leave(out, owns_group)
+
+
+def _leave(out: dict, owns_group: bool) -> dict:
+    import torch.distributed as dist
+
     if owns_group and dist.is_initialized():
         with contextlib.suppress(Exception):  # teardown of a failed group must not hide the result
             dist.destroy_process_group()
     return out
 
 
-def _fsdp(model, on_gpu: bool):
-    """FSDP2 as torchtitan sets it up: each block its own unit, then the root; bf16 parameters
-    with fp32 gradient reduction on GPUs; blocks resharded after forward except the last (its
-    backward follows at once); the next block's all-gather issued ahead in forward and the
-    previous one's in backward."""
+def _fsdp(model, blocks: list, on_gpu: bool):
+    """FSDP2 as torchtitan sets it up: each repeated block (Workload.blocks) its own unit, then
+    the root; bf16 parameters with fp32 gradient reduction on GPUs; blocks resharded after forward
+    except the last (its backward follows at once); the next block's all-gather issued ahead in
+    forward and the previous one's in backward. No blocks: the root alone, one unit."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu else \
         MixedPrecisionPolicy()
-    blocks = list(model.blocks)
     for i, block in enumerate(blocks):
         fully_shard(block, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
     fully_shard(model, mp_policy=mp, reshard_after_forward=False)
@@ -284,7 +250,6 @@ def _profile_split(run) -> dict:
     """Where a few steps' GPU time goes, from the CUDA kernels' own intervals (torch.profiler's
     trace): analyse.kernel_split of them, so that overlapping streams are counted once."""
     import json
-    import warnings
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -304,72 +269,30 @@ def _profile_split(run) -> dict:
     return {"steps": len(marks), **kernel_split(kernels)}
 
 
-def _matmul_ceiling(spec, tokens: int, device) -> dict:
-    """What this GPU's matmuls reach on the model's own shapes (models.matmul_shapes): each shape
-    timed alone in bf16 (torch.matmul, CUDA events, the median of 5 bursts), and the rate of all
-    of a micro-batch's matmuls together (FLOP-weighted): the ceiling the step's matmuls could run
-    at."""
-    import statistics as st
-
-    import torch
-
-    from mgpu_bench import models
-
-    gen = torch.Generator(device=device).manual_seed(7)
-    rows, flops_total, seconds_total = [], 0.0, 0.0
-    for m, n, k, count in models.matmul_shapes(spec, tokens):
-        a = torch.rand((m, k), device=device, dtype=torch.bfloat16, generator=gen) - 0.5
-        b = torch.rand((k, n), device=device, dtype=torch.bfloat16, generator=gen) - 0.5
-        for _ in range(3):
-            torch.matmul(a, b)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.matmul(a, b)
-        end.record()
-        end.synchronize()
-        reps = max(1, min(200, int(0.01 / max(start.elapsed_time(end) / 1e3, 1e-6))))
-        samples = []
-        for _ in range(5):
-            start.record()
-            for _ in range(reps):
-                torch.matmul(a, b)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3 / reps)
-        secs = st.median(samples)
-        flops = 2.0 * m * n * k
-        rows.append({"m": m, "n": n, "k": k, "count": count, "seconds": secs, "flops_per_s": flops / secs})
-        flops_total += flops * count
-        seconds_total += secs * count
-        del a, b
-    torch.cuda.empty_cache()
-    return {"flops_per_s": flops_total / seconds_total, "shapes": rows}
-
-
 # ------------------------------------------------------------------------------------ launching
 
-def launch(cfg: ModelConfig, nprocs: int) -> list[dict]:
+def launch(cfg: ModelConfig, nprocs: int, dense_ops: Sequence[dict] | None = None) -> list[dict]:
     """Runs worker() on nprocs local processes through torch's elastic launcher (a c10d
     rendezvous on localhost) and returns each rank's result, rank order. Under an outer
-    launcher (RANK and WORLD_SIZE set) it runs this process's rank only."""
+    launcher (RANK and WORLD_SIZE set) it runs this process's rank only. dense_ops: as worker()."""
     from mgpu_bench import launch as launcher
 
     le = launcher.detect()
     if le is not None:
-        return _joined(cfg, le)
+        return _joined(cfg, le, dense_ops)
     if nprocs == 1:
-        return [worker(asdict(cfg))]
+        return [worker(asdict(cfg), dense_ops)]
     from torch.distributed.launcher.api import LaunchConfig
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launcher.free_port()}", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn")
     # the ranks die with this process, and at once on Ctrl-C (the agent stops them with SIGINT)
-    results = launcher.run_elastic(lc, worker, asdict(cfg), children="die")
+    results = launcher.run_elastic(lc, worker, asdict(cfg), dense_ops, children="die")
     return [results[r] for r in sorted(results)]
 
 
-def _joined(cfg: ModelConfig, le) -> list[dict]:
+def _joined(cfg: ModelConfig, le, dense_ops: Sequence[dict] | None = None) -> list[dict]:
     """This process as one rank of a launcher's job: one process group for every configuration
     (formed once, through the store that names a rank that never arrives), the ranks' arguments
     checked to agree, and every rank's result gathered so that rank 0 reports the whole job."""
@@ -392,7 +315,7 @@ def _joined(cfg: ModelConfig, le) -> list[dict]:
         launcher.agree(repr(asdict(cfg)), all_gather)
         device = f"cuda:{le.local_rank}" if cfg.device == "cuda" else "cpu"
         members = all_gather(launcher.Member(le.rank, le.host, le.node_rank, le.local_rank, device))
-        mine = worker(asdict(cfg))
+        mine = worker(asdict(cfg), dense_ops)
         return all_gather(mine)
     except (Exception, KeyboardInterrupt) as exc:
         # a training step's collective failing (DDP's all-reduce, FSDP's gathers) is the group
@@ -406,15 +329,20 @@ def _joined(cfg: ModelConfig, le) -> list[dict]:
 _STORE: list = []  # the launcher's store of this process's job, once its group is formed
 
 
-
-
-
-
 def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[str], peak: Any = None,
-              say=None) -> ModelRun:
+              say=None, workload: dict | None = None, count: Any = None) -> ModelRun:
     """Every GPU count (ascending) with every data mode; a failed configuration (out of memory,
-    say) is recorded and the rest still run; Ctrl-C keeps what was measured."""
-    run = ModelRun(cfg, sorted(gpu_counts), list(data_modes), None, peak)
+    say) is recorded and the rest still run; Ctrl-C keeps what was measured. `workload`: the
+    workload's facts (Workload.facts()) and `count` its FlopCount on meta; both None: resolved and
+    counted here; count None with facts given: the ranks count on their device."""
+    if workload is None:
+        from mgpu_bench import workloads
+
+        wl = workloads.resolve(cfg.workload_text, seq_len=cfg.seq_len, image_size=cfg.image_size)
+        workload, count = wl.facts(), wl.count_flops(cfg.batch_size)
+    run = ModelRun(cfg, sorted(gpu_counts), list(data_modes), None, peak, workload=dict(workload))
+    if count is not None:
+        run.workload["flops"] = flop_facts(count)
     t0 = time.monotonic()
     try:
         for n in run.gpu_counts:
@@ -422,9 +350,16 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
                 if say:
                     say(f"{n} {'GPU(s)' if cfg.device == 'cuda' else 'process(es)'}, {mode} data")
                 c = ModelConfig(**{**asdict(cfg), "data": mode})
-                ranks = launch(c, n)
+                ranks = launch(c, n, count.dense_ops if count is not None else None)
                 run.gpu_name = run.gpu_name or ranks[0].get("gpu_name")
-                run.stats.append(analyse(c, n, ranks, peak.value if peak is not None else None))
+                counted = next((r["flop_count"] for r in ranks if r.get("flop_count")), None)
+                if "per_sample" not in (run.workload.get("flops") or {}) and counted:
+                    from mgpu_bench.workloads import FlopCount
+
+                    run.workload["flops"] = flop_facts(FlopCount.from_dict(counted))
+                per_sample = (run.workload.get("flops") or {}).get("per_sample")
+                run.stats.append(analyse(c, n, ranks, peak.value if peak is not None else None, per_sample,
+                                         run.workload.get("tokens_per_sample")))
     except KeyboardInterrupt as exc:
         run.stopped = "interrupted"
         run.stop_message = f"{interruption(exc)}: the configurations measured so far are kept"
@@ -444,6 +379,13 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
     return run
 
 
+def flop_facts(count) -> dict:
+    """A FlopCount as the document records it: FLOPs per sample, the batch and the device it was
+    counted at, why not on meta, how many distinct matmuls and convolutions it saw."""
+    return {"per_sample": count.per_sample, "batch_size": count.batch_size, "device": count.device,
+            "note": count.note, "dense_ops": len(count.dense_ops)}
+
+
 def _leave_group(clean: bool) -> None:
     """Under a launcher the process group lives for the whole run; it is destroyed before the
     interpreter exits, or gloo's threads outlive it and abort the process. After a clean run the
@@ -459,16 +401,3 @@ def _leave_group(clean: bool) -> None:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
     _STORE.clear()  # the store's connection too, before the interpreter's teardown
-
-
-@dataclass(frozen=True)
-class ModelPlan:
-    """What `mgpu-bench model` runs: the training config, the GPU counts (ascending), the data
-    sources, the peak MFU is measured against (None: no MFU) and the CUDA devices chosen
-    (() on CPU processes)."""
-
-    config: ModelConfig
-    counts: tuple[int, ...]
-    modes: tuple[str, ...]
-    peak: Any
-    gpus: tuple[int, ...]

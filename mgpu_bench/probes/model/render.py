@@ -11,12 +11,16 @@ def render_terminal(run: ModelRun, console) -> None:
     from mgpu_bench.output.tables import print_table
 
     unit = "GPU" if run.config.device == "cuda" else "proc"
-    t = Table(title=f"{run.config.model} training steps ({run.config.parallel}, seq {run.config.seq_len}, batch "
+    tokens = any(s.derived.get("tokens_per_s") for s in run.stats)
+    size = size_text(run.config)
+    t = Table(title=f"{run.config.model} training steps ({run.config.parallel}{', ' + size if size else ''}, batch "
                     f"{run.config.batch_size} x {run.config.grad_accum} per {unit}); median over the stable window",
               title_justify="left", pad_edge=False, box=None, header_style="bold")
-    for name in (f"{unit}s", "data", "step\nms", "tok/s\ntotal", f"tok/s\nper {unit}", "TFLOP/s\nper GPU",
+    rate = ("tok/s\ntotal", f"tok/s\nper {unit}") if tokens else ("samples/s\ntotal", f"samples/s\nper {unit}")
+    for name in (f"{unit}s", "data", "step\nms", *rate, "TFLOP/s\nper GPU",
                  "MFU\n%", "data\n%", "fwd\nms", "bwd\nms", "opt\nms", "exposed\ncomm %", "peak mem\nGiB"):
         t.add_column(name, justify="left" if name == "data" else "right")
+    per = ("tokens_per_s", "tokens_per_s_per_gpu") if tokens else ("samples_per_s", "samples_per_s_per_gpu")
     for s in run.stats:
         d = s.derived
         if not d:  # the error goes below the table: a long text in a column would wrap letter by letter
@@ -27,21 +31,55 @@ def render_terminal(run: ModelRun, console) -> None:
             v = d.get(key)
             return "-" if v is None else format(v * scale, fmt)
 
-        t.add_row(str(s.world), "synth" if s.data == "synthetic" else s.data, f("step_s", 1e3), f("tokens_per_s", 1, ".0f"),
-                  f("tokens_per_s_per_gpu", 1, ".0f"), f("flops_per_s_per_gpu", 1e-12), f("mfu", 100),
+        t.add_row(str(s.world), "synth" if s.data == "synthetic" else s.data, f("step_s", 1e3), f(per[0], 1, ".0f"),
+                  f(per[1], 1, ".0f"), f("flops_per_s_per_gpu", 1e-12), f("mfu", 100),
                   f("data_share", 100), f("forward_s", 1e3), f("backward_s", 1e3), f("optimizer_s", 1e3),
                   f("exposed_comm_share", 100), f("peak_reserved", 2**-30, ".2f"))
     print_table(console, t)
+    if flops_text(run):
+        console.print(f"  {flops_text(run)}", highlight=False, soft_wrap=True)
     for s in run.stats:
         if s.error:
             console.print(f"  {s.world} {unit}(s), {s.data}: failed: {s.error}", highlight=False, soft_wrap=True)
         if s.derived:
             console.print(f"  {s.world} {unit}(s), {s.data}: window steps {s.window[0]}-{s.window[1] - 1} of "
                           f"{len(s.ranks[0].get('phases', {}).get('step', []))} after {run.config.warmup_steps} warm-up"
-                          f"{'' if s.window[2] else ' (not stable)'}; {s.tokens_per_step} tokens per step; "
-                          f"{s.flops_per_token / 1e9:.3f} GFLOP per token (6N + 12 L d T)"
+                          f"{'' if s.window[2] else ' (not stable)'}; {_per_step(s)}"
                           + _profile_text(s.derived) + _compile_text(s.ranks),
                           highlight=False, soft_wrap=True)
+
+
+def size_text(cfg) -> str:
+    """The sample's size as the config has it: "seq 2048", "224 px" or "" (a module's own)."""
+    return f"{cfg.image_size} px" if cfg.image_size else (f"seq {cfg.seq_len}" if cfg.seq_len else "")
+
+
+def _per_step(s) -> str:
+    """Samples (and tokens) per step and the FLOPs each costs."""
+    text = f"{s.samples_per_step} samples" + (f", {s.tokens_per_step} tokens" if s.tokens_per_step else "") + " per step"
+    if s.flops_per_sample:
+        text += f"; {s.flops_per_sample / 1e9:.3f} GFLOP per sample"
+        if s.flops_per_token:
+            text += f" ({s.flops_per_token / 1e9:.4f} per token)"
+    elif s.flops_per_token:  # documents before FLOPs were counted
+        text += f"; {s.flops_per_token / 1e9:.3f} GFLOP per token (6N + 12 L d T)"
+    return text
+
+
+def flops_text(run: ModelRun) -> str | None:
+    """How the FLOPs were counted, and the formula beside the count where the workload has one."""
+    w = run.workload or {}
+    counted = w.get("flops") or {}
+    if not counted.get("per_sample"):
+        return None
+    text = (f"FLOPs: {counted['per_sample'] / 1e9:.3f} GFLOP per sample counted by FlopCounterMode over one forward "
+            f"and backward (batch {counted['batch_size']}, on {counted['device']}; {counted.get('dense_ops', 0)} "
+            "distinct matmuls and convolutions)")
+    if w.get("formula_per_sample"):
+        apart = counted["per_sample"] / w["formula_per_sample"] - 1
+        text += (f"; {w['formula']}: {w['formula_per_sample'] / 1e9:.3f} GFLOP per sample, the count "
+                 f"{100 * apart:+.1f}% from it")
+    return text
 
 
 def _compile_text(ranks: list[dict]) -> str:

@@ -18,7 +18,8 @@ from mgpu_bench.output.plotting import plain as _plain
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
 
-from .analyse import PHASES, ModelRun, StepStats, findings
+from .analyse import PHASES, ModelRun, StepStats, findings, throughput
+from .render import flops_text, size_text
 
 _PHASE_COLOURS = {"data": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:purple"}
 _IMAGES = ("steps", "phases", "scaling")  # file stems, in page order
@@ -46,7 +47,9 @@ def step_series(s: StepStats) -> list[float]:
 def _title(run: ModelRun, what: str) -> str:
     c = run.config
     gpu = f" on {_plain(run.gpu_name)}" if run.gpu_name else ""
-    return f"{what}: {_plain(c.model)} ({_plain(c.parallel)}, seq {c.seq_len}, batch {c.batch_size} x {c.grad_accum}){gpu}"
+    size = size_text(c)
+    return (f"{what}: {_plain(c.model)} ({_plain(c.parallel)}{', ' + size if size else ''}, batch {c.batch_size} x "
+            f"{c.grad_accum}){gpu}")
 
 
 # ------------------------------------------------------------------------------------ plots
@@ -110,13 +113,18 @@ def plot_phases(run: ModelRun) -> bytes | None:
 
 
 def _throughput(run: ModelRun) -> dict[int, float]:
-    """Total tokens/s per GPU count, from the configuration run.scaling() uses."""
+    """Total tokens/s (samples/s without tokens) per GPU count, from the configuration
+    run.scaling() uses."""
     out = {}
     for n in run.gpu_counts:
         s = run.effective(n)
-        if s is not None and s.derived.get("tokens_per_s"):
-            out[n] = s.derived["tokens_per_s"]
+        if s is not None and throughput(s.derived):
+            out[n] = throughput(s.derived)
     return out
+
+
+def _unit(run: ModelRun) -> str:
+    return "tokens/s" if any(s.derived.get("tokens_per_s") for s in run.stats) else "samples/s"
 
 
 def plot_scaling(run: ModelRun) -> bytes | None:
@@ -139,7 +147,7 @@ def plot_scaling(run: ModelRun) -> bytes | None:
                         xytext=(0, -6), textcoords="offset points")
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.set_xlabel("GPUs" if run.config.device == "cuda" else "processes")
-    ax.set_ylabel("tokens/s (total)")
+    ax.set_ylabel(f"{_unit(run)} (total)")
     ax.set_title(_title(run, "scaling (label: efficiency)"), fontsize=9)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8, loc="upper left")
@@ -166,18 +174,21 @@ def _fmt(d: dict, key: str, scale: float = 1.0, fmt: str = ".1f") -> str:
 def _rows(run: ModelRun) -> tuple[list[str], list[list[object]]]:
     """One row per configuration; medians over the stable window."""
     u = "GPU" if run.config.device == "cuda" else "proc"
-    headers = [f"{u}s", "data", "step ms", "tokens/s total", f"tokens/s per {u}", "TFLOP/s per GPU", "MFU %",
+    tokens = _unit(run) == "tokens/s"
+    rates = ["tokens/s total", f"tokens/s per {u}"] if tokens else []
+    headers = [f"{u}s", "data", "step ms", "samples/s total", *rates, "TFLOP/s per GPU", "MFU %",
                "data %", "fwd ms", "bwd ms", "opt ms", "exposed comm %", "peak reserved GiB", "window steps"]
     rows: list[list[object]] = []
     for s in run.stats:
         d = s.derived
         if not d:
-            rows.append([s.world, s.data, f"failed: {s.error or 'no steps measured'}", *["-"] * 11])
+            rows.append([s.world, s.data, f"failed: {s.error or 'no steps measured'}", *["-"] * (len(headers) - 3)])
             continue
         start, end, stable = s.window
         window = f"{start}-{end - 1} of {len(step_series(s))}" + ("" if stable else " (not stable)")
-        rows.append([s.world, s.data, _fmt(d, "step_s", 1e3, ".2f"), _fmt(d, "tokens_per_s", 1, ".0f"),
-                     _fmt(d, "tokens_per_s_per_gpu", 1, ".0f"), _fmt(d, "flops_per_s_per_gpu", 1e-12, ".2f"),
+        per = [_fmt(d, "tokens_per_s", 1, ".0f"), _fmt(d, "tokens_per_s_per_gpu", 1, ".0f")] if tokens else []
+        rows.append([s.world, s.data, _fmt(d, "step_s", 1e3, ".2f"), _fmt(d, "samples_per_s", 1, ".1f"), *per,
+                     _fmt(d, "flops_per_s_per_gpu", 1e-12, ".2f"),
                      _fmt(d, "mfu", 100), _fmt(d, "data_share", 100), _fmt(d, "forward_s", 1e3, ".2f"),
                      _fmt(d, "backward_s", 1e3, ".2f"), _fmt(d, "optimizer_s", 1e3, ".2f"),
                      _fmt(d, "exposed_comm_share", 100), _fmt(d, "peak_reserved", 2**-30, ".2f"), window])
@@ -187,7 +198,7 @@ def _rows(run: ModelRun) -> tuple[list[str], list[list[object]]]:
 def _scaling_rows(run: ModelRun) -> tuple[list[str], list[list[object]]]:
     u = "GPU" if run.config.device == "cuda" else "proc"
     tps, eff = _throughput(run), run.scaling()
-    headers = [f"{u}s", "data", "tokens/s total", "ideal tokens/s (N x T_1)", "efficiency %"]
+    headers = [f"{u}s", "data", f"{_unit(run)} total", f"ideal {_unit(run)} (N x T_1)", "efficiency %"]
     if len(tps) < 2:
         return headers, []
     rows = [[n, run.effective(n).data, f"{t:.0f}", f"{n * tps[1]:.0f}" if 1 in tps else "-",
@@ -198,12 +209,17 @@ def _scaling_rows(run: ModelRun) -> tuple[list[str], list[list[object]]]:
 def _config_rows(run: ModelRun) -> list[list[object]]:
     c = run.config
     peak = run.peak
-    rows = [["model", c.model], ["parallel", c.parallel], ["sequence length", c.seq_len],
+    w = run.workload or {}
+    rows = [["model", c.workload_text], ["parallel", c.parallel], ["sample", size_text(c) or "the module's own"],
             ["batch per rank", f"{c.batch_size} x {c.grad_accum} (micro-batch x accumulation)"],
             ["steps", f"{c.steps} timed after {c.warmup_steps} warm-up"], ["device", c.device],
             ["GPU", run.gpu_name or "-"],
             ["MFU peak", "-" if peak is None or peak.value is None
              else f"{peak.value / 1e12:.1f} TFLOP/s per GPU ({peak.source})"]]
+    if w.get("params"):
+        rows.append(["parameters", f"{w['params'] / 1e6:.1f} M"])
+    if flops_text(run):
+        rows.append(["FLOPs", flops_text(run).removeprefix("FLOPs: ")])
     if "loader" in run.data_modes:
         rows.append(["loader", f"{c.num_workers} workers, {c.preprocess_ms} ms preprocessing per sample"])
     return rows
@@ -241,7 +257,7 @@ def page(run: ModelRun, environment: dict, imgs: dict[str, bytes]) -> str:
     headers, rows = _rows(run)
     if rows:
         sections.append(("training steps (medians over the stable window)",
-                         html_page.wide(html_page.table(headers, rows, left=(1, 13)))))
+                         html_page.wide(html_page.table(headers, rows, left=(1, len(headers) - 1)))))
     headers, rows = _scaling_rows(run)
     if rows:
         sections.append(("scaling", html_page.wide(html_page.table(headers, rows, left=(1,)))))
@@ -264,7 +280,7 @@ def section(run: ModelRun, pngs: dict[str, bytes]) -> str:
     parts = [html_page.table(["setting", "value"], _config_rows(run), left=(0, 1))]
     headers, rows = _rows(run)
     if rows:
-        parts.append(html_page.table(headers, rows, left=(1, 13)))
+        parts.append(html_page.table(headers, rows, left=(1, len(headers) - 1)))
     headers, rows = _scaling_rows(run)
     if rows:
         parts.append(html_page.table(headers, rows, left=(1,)))

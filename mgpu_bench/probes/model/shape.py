@@ -25,10 +25,12 @@ RANK = Obj({
                           what="a matmul ceiling", null=True),
     "peak_allocated": Num(0, null=True), "peak_reserved": Num(0, null=True), "total_memory": Num(0, null=True),
     "wall_s": Num(0, null=True), "no_sync_wall_s": Num(0, null=True), "compile_s": Num(0, null=True),
+    "flop_count": Obj({"flops": Num(0), "batch_size": Int(1), "device": Str(max_len=100), "note": Str(null=True)},
+                      what="a FLOP count", null=True),
 }, what="a rank", rule=_phases_rule)
 _SHARES = ("matmul_share", "attention_share", "other_kernel_share", "comm_kernel_share", "comm_exposed_kernel_share")
 # What analyse.analyse always derives from a run with steps (mfu may be null: no peak figure).
-_BASE = ("step_s", "tokens_per_s", "tokens_per_s_per_gpu", "flops_per_s_per_gpu", "data_share")
+_BASE = ("step_s", "samples_per_s", "flops_per_s_per_gpu", "data_share")  # tokens/s: where there are tokens
 _TOGETHER = (("gpu_idle_share", _SHARES), ("matmul_ceiling", ("of_ceiling",)), ("of_ceiling", ("matmul_ceiling",)),
              ("no_sync_step_s", ("exposed_comm_share",)))
 
@@ -62,21 +64,31 @@ def _run_rule(r) -> tuple[str, str] | None:
 RUN = Obj({
     "world": Int(1, MAX_RANKS), "data": Str(("synthetic", "loader")), "ranks": List(RANK),
     "window": List(OneOf(Int(0), Bool()), min_len=3, max_len=3, null=True),
-    "samples_per_step": Int(0), "tokens_per_step": Int(0), "flops_per_token": Num(0),
+    "samples_per_step": Int(0), "tokens_per_step": Int(0, null=True), "flops_per_token": Num(0, null=True),
+    "flops_per_sample": Num(0, null=True),
     "error": Str(null=True), "derived": Obj({}, what="derived figures", null=True, rule=_derived_rule),
 }, required=("world", "data"), what="a model run", rule=_run_rule)
 CONFIG = Obj({
-    "model": Str(pattern=NAME), "seq_len": Int(1, 1 << 24), "batch_size": Int(1, 1 << 24),
+    "model": Str(pattern=NAME), "seq_len": Int(1, 1 << 24, null=True), "batch_size": Int(1, 1 << 24),
     "grad_accum": Int(1, 1 << 20), "steps": Int(0, 1 << 24), "warmup_steps": Int(0, 1 << 24),
     "parallel": Str(("ddp", "fsdp")), "data": Str(("synthetic", "loader", "both")), "num_workers": Int(0, 1 << 12),
     "preprocess_ms": Num(0), "data_dir": Str(null=True), "checkpointing": Bool(), "exposed_comm": Bool(),
     "profile": Bool(), "device": Str(("cuda", "cpu")), "seed": Int(), "progress": Bool(), "compile": Bool(null=True),
+    "workload": Str(max_len=4096, null=True), "image_size": Int(1, 1 << 16, null=True),
 }, what="a model config", null=True)
+# The workload trained (workloads.Workload.facts()) and its FLOPs as counted (measure.flop_facts).
+WORKLOAD = Obj({
+    "key": Str(pattern=NAME), "text": Str(max_len=4096), "kind": Str(("gpt", "torchvision", "hf", "module")),
+    "params": Int(0), "tokens_per_sample": Int(1, null=True), "seq_len": Int(1, null=True),
+    "image_size": Int(1, null=True), "formula_per_sample": Num(0, null=True), "formula": Str(null=True),
+    "flops": Obj({"per_sample": Num(0), "batch_size": Int(1), "device": Str(max_len=100), "note": Str(null=True),
+                  "dense_ops": Int(0, null=True)}, what="a FLOP count", null=True),
+}, required=("key", "kind"), what="a workload", null=True)
 SCHEMA = Obj({
     "config": CONFIG, "status": STATUS, "gpu_counts": List(Int(1, MAX_RANKS), null=True),
     "data_modes": List(Str(("synthetic", "loader")), null=True), "gpu_name": Str(null=True),
     "peak": Obj({"value": Num(0, null=True), "unit": Str(null=True), "source": Str(null=True)}, what="a peak",
                 null=True),
     "scaling": Map(Num(null=True), keys=r"\d{1,7}", null=True, keys_what="a GPU count"),
-    "runs": List(RUN), "findings": List(Str(), null=True),
+    "runs": List(RUN), "findings": List(Str(), null=True), "workload": WORKLOAD,
 }, required=("config", "status", "gpu_counts", "data_modes", "runs"), what="a model result")
