@@ -531,7 +531,7 @@ def test_add_list_show_trend_baseline_compare(cli, tmp_path, db):
     r = run(cli, ["history", "add", base, slow, "--db", str(db)])
     assert r.exit_code == 0, r.output
     assert (
-        "stored r1: model, 8 headline metric(s)" in r.output
+        "stored r1: model, 10 headline metric(s)" in r.output
         and "stored r2: model" in r.output
     )
     r = run(cli, ["history", "list", "--db", str(db)])

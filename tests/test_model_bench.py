@@ -52,11 +52,12 @@ def ranks(step_s, world=1, data_s=0.001, nosync_s=None, oom=False):
 
 def test_analyse_throughput_mfu_and_exposed_comm():
     cfg = mb.ModelConfig(model="350m", seq_len=2048, batch_size=8)
-    st = model_analyse.analyse(cfg, 2, ranks(0.2, world=2, nosync_s=0.17), peak_flops=989e12)
+    fpt = models.flops_per_token(models.get_model_spec("350m"), 2048)
+    st = model_analyse.analyse(cfg, 2, ranks(0.2, world=2, nosync_s=0.17), 989e12, fpt * 2048, 2048)
     d = st.derived
     assert st.tokens_per_step == 8 * 2 * 2048
+    assert d["samples_per_s"] == pytest.approx(8 * 2 / 0.2)
     assert d["tokens_per_s"] == pytest.approx(8 * 2 * 2048 / 0.2)
-    fpt = models.flops_per_token(models.get_model_spec("350m"), 2048)
     assert d["mfu"] == pytest.approx(8 * 2048 / 0.2 * fpt / 989e12)
     assert d["exposed_comm_share"] == pytest.approx(0.15)
     assert model_analyse.verdict(st).startswith("communication-bound: exposed communication is 15.0%")
@@ -64,11 +65,15 @@ def test_analyse_throughput_mfu_and_exposed_comm():
 
 def test_verdicts():
     cfg = mb.ModelConfig(model="tiny", seq_len=128, batch_size=4)
-    assert model_analyse.verdict(model_analyse.analyse(cfg, 1, ranks(0.1), None)) == (
+
+    def analyse(r):
+        return model_analyse.analyse(cfg, 1, r, None, 2.6e9, 128)
+
+    assert model_analyse.verdict(analyse(ranks(0.1))) == (
         "compute-bound (CPU processes: no profile or matmul ceiling to hold it against)")
-    assert model_analyse.verdict(model_analyse.analyse(cfg, 1, ranks(0.1, data_s=0.03), None)).startswith("input-bound")
-    assert model_analyse.verdict(model_analyse.analyse(cfg, 1, ranks(0.1, oom=True), None)).startswith("memory-bound")
-    eff, gross = model_analyse.analyse(cfg, 1, ranks(0.1), None), model_analyse.analyse(cfg, 1, ranks(0.125), None)
+    assert model_analyse.verdict(analyse(ranks(0.1, data_s=0.03))).startswith("input-bound")
+    assert model_analyse.verdict(analyse(ranks(0.1, oom=True))).startswith("memory-bound")
+    eff, gross = analyse(ranks(0.1)), analyse(ranks(0.125))
     assert model_analyse.input_loss(eff, gross) == pytest.approx(0.2)
     assert "input pipeline costs 20.0%" in model_analyse.verdict(eff, gross)
 
@@ -84,7 +89,7 @@ def test_two_gloo_processes_end_to_end(tmp_path):
                            "--nproc", "2", "--batch-size", "2", "--seq-len", "64", "--json", str(out),
                            "--no-progress"], capture_output=True, text=True, timeout=280, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "tiny training steps" in proc.stdout
+    assert "tiny training steps" in proc.stdout and "6N + 12 L d T" in proc.stdout
     doc = json.loads(out.read_text())
     assert doc["kind"] == "model" and doc["status"]["completed"]
     (run,) = doc["runs"]

@@ -1,6 +1,6 @@
 """`torchvision:NAME`: a torchvision classification model (weights=None: random initialisation, no
 download) trained on batches of `image_size` x `image_size` images and class labels with
-cross-entropy; channels-last and bf16 autocast on GPUs; SGD with momentum.
+cross-entropy; channels-last, cuDNN autotuning and bf16 autocast on GPUs; SGD with momentum.
 """
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ class VisionWorkload(Workload):
             model = tv.models.get_model(self.name, weights=None, num_classes=CLASSES, **extra)
         if self.channels_last(device):
             model = model.to(memory_format=torch.channels_last)
+            # cuDNN picks its fastest convolution algorithm per shape, as torchvision's reference
+            # training script has it (references/classification/train.py: cudnn.benchmark = True)
+            torch.backends.cudnn.benchmark = True
         return model, False
 
     def batch(self, batch_size: int, device, generator=None):

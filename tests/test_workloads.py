@@ -1,0 +1,300 @@
+"""Workloads (mgpu_bench.workloads): every form --model takes, built and counted for real (torchvision
+and transformers models on the CPU, the user's module from tests/workloads), the GPT's counted FLOPs
+against 6N + 12 L d T, the repeated blocks FSDP shards, bad input in one line with exit 2, and real
+`mgpu-bench model` runs of each form on gloo processes."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mgpu_bench import workloads
+from mgpu_bench.cli import cli
+from mgpu_bench.errors import InputError
+from mgpu_bench.schema import NAME
+from mgpu_bench.workloads import gpt
+
+HERE = Path(__file__).parent / "workloads"
+STEP = f"{HERE / 'small_step.py'}"
+TINY_BERT = f"hf:{HERE / 'tiny_bert.json'}"
+
+
+def _cli(*args: str, timeout: float = 280) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mgpu_bench.cli", *args, "--no-progress", "--no-store"],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+# -- FLOPs --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,device,batch,seq", [("tiny", "cpu", 2, 64), ("350m", "meta", 8, 2048)])
+def test_the_gpt_count_agrees_with_the_formula(name, device, batch, seq):
+    """Counted by FlopCounterMode (tiny on real CPU tensors, 350m on the meta device, no memory)
+    against 6N + 12 L d T: the count has every matmul exactly (6 x the linear layers' weights per
+    token, and attention's 12 L d T), the formula adds 6 x the parameters outside matmuls
+    (positions, biases, norms), so the two agree within 5% and the count is the lower."""
+    w = workloads.resolve(name, seq_len=seq)
+    count = w.count_flops(batch, device)
+    formula, text = w.formula_flops(batch)
+    assert text == "6N + 12 L d T" and count.device == device and count.batch_size == batch
+    assert 0.95 < count.flops / formula < 1.0
+    spec = gpt.MODELS[name]
+    d, h = spec.d_model, spec.mlp_ratio * spec.d_model
+    linear = spec.layers * (3 * d * d + d * d + 2 * d * h) + spec.vocab * d
+    assert count.flops == 6 * linear * batch * seq + 12 * spec.layers * d * seq * seq * batch
+    print(f"{name} on {device}: counted {count.per_sample / 1e9:.3f} GFLOP per sample, "
+          f"formula {formula / batch / 1e9:.3f} ({100 * (count.flops / formula - 1):+.2f}%)")
+
+
+def test_the_dense_ops_recorded_carry_the_linear_layers_flops():
+    """The matmuls the ceiling replays come from the same pass: on meta the 350m's mm and addmm
+    calls (each linear layer's forward, input gradient and weight gradient) sum to 6 x the linear
+    weights x tokens, attention's batched matmuls to 12 L d T per token."""
+    w = workloads.resolve("350m")
+    count = w.count_flops(2)
+    tokens = 2 * 2048
+    by_op: dict[str, float] = {}
+    for op in count.dense_ops:
+        by_op[op["op"]] = by_op.get(op["op"], 0.0) + op["flops"] * op["count"]
+        assert all(isinstance(a, dict) and a["tensor"] for a in op["args"] if isinstance(a, dict))
+    spec = gpt.MODELS["350m"]
+    d, h = spec.d_model, 4 * spec.d_model
+    assert by_op["mm"] + by_op["addmm"] == 6 * (spec.layers * (4 * d * d + 2 * d * h) + spec.vocab * d) * tokens
+    assert by_op["bmm"] == 12 * spec.layers * d * 2048 * tokens
+    json.dumps(count.to_dict())  # travels to the ranks and into documents as JSON
+
+
+def test_vision_and_transformers_count_their_convolutions_and_attention():
+    resnet = workloads.resolve("torchvision:resnet18", image_size=32)
+    c = resnet.count_flops(2)
+    ops = {op["op"] for op in c.dense_ops}
+    assert {"convolution", "convolution_backward"} <= ops and c.per_sample > 0
+    bert = workloads.resolve(TINY_BERT, seq_len=32)
+    meta, cpu = bert.count_flops(2), bert.count_flops(2, "cpu")
+    # on the CPU attention runs in its flash kernel, on meta as batched matmuls: the same FLOPs
+    assert cpu.flops == pytest.approx(meta.flops)
+
+
+# -- forms, keys, blocks --------------------------------------------------------------------------
+
+def test_every_form_resolves_to_a_key_metric_names_can_hold():
+    cases = {
+        "350m": ("350m", "gpt", 2048, None),
+        "torchvision:resnet18": ("torchvision:resnet18", "torchvision", None, None),
+        "hf:bert-base": ("hf:bert-base", "hf", 512, 512),
+        f"{STEP}:workload": ("module:small_step:workload", "module", None, 32),
+        f"{STEP}:as_tuple": ("module:small_step:as_tuple", "module", None, None),
+    }
+    for text, (key, kind, seq, tokens) in cases.items():
+        w = workloads.resolve(text)
+        assert (w.key, w.kind, w.seq_len) == (key, kind, seq)
+        assert re.fullmatch(NAME, w.key)
+        if kind != "gpt":
+            assert w.tokens_per_sample == tokens
+        again = workloads.resolve(w.text, seq_len=w.seq_len, image_size=w.image_size)
+        assert again.key == w.key and again.param_count() == w.param_count()
+    cfg = workloads.resolve(TINY_BERT)
+    assert re.fullmatch(r"hf:tiny_bert-[0-9a-f]{6}", cfg.key) and cfg.task == "masked"
+    long = workloads.safe_key("module:" + "a/very/long/path/" * 6 + "f.py:fn")
+    assert len(long) == 64 and re.fullmatch(NAME, long)
+
+
+def test_presets_follow_their_published_sizes():
+    """Parameter counts of the published models: BERT-base 110M and BERT-large 340M (Devlin et
+    al. 2019; 335M with the MLM head as transformers builds it), GPT-2 124M, Llama 3.2 1B 1.24B."""
+    sizes = {name: workloads.resolve(f"hf:{name}").param_count() / 1e6 for name in ("bert-base", "bert-large",
+                                                                                    "gpt2", "llama-1b")}
+    assert sizes["bert-base"] == pytest.approx(110, abs=1)
+    assert sizes["bert-large"] == pytest.approx(335, abs=1)
+    assert sizes["gpt2"] == pytest.approx(124, abs=1)
+    assert sizes["llama-1b"] == pytest.approx(1236, abs=1)
+
+
+def test_the_repeated_blocks_are_found_in_any_model():
+    found = {}
+    for text in ("350m", "torchvision:resnet18", "torchvision:vit_b_16", "hf:bert-large", "hf:llama-1b",
+                 f"{STEP}:as_tuple"):
+        w = workloads.resolve(text)
+        blocks = w.blocks(w.build("meta"))
+        found[text] = (len(blocks), type(blocks[0]).__name__)
+    assert found == {"350m": (24, "Block"), "torchvision:resnet18": (8, "BasicBlock"),
+                     "torchvision:vit_b_16": (12, "EncoderBlock"), "hf:bert-large": (24, "BertLayer"),
+                     "hf:llama-1b": (16, "LlamaDecoderLayer"), f"{STEP}:as_tuple": (2, "TransformerEncoderLayer")}
+
+
+def test_checkpointing_recomputes_the_blocks_with_the_same_gradients():
+    import torch
+
+    w = workloads.resolve("torchvision:resnet18", image_size=32)
+    grads = []
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        model = w.build("cpu", checkpointing=ckpt)
+        model.eval()  # batch-norm statistics fixed: the recompute sees what the forward saw
+        w.loss(model, w.batch(2, "cpu", torch.Generator().manual_seed(1))).backward()
+        grads.append(model.layer1[0].conv1.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+
+
+def test_a_loader_batch_reaches_the_device_in_the_models_form():
+    import torch
+
+    for text, kw in (("torchvision:resnet18", {"image_size": 32}), (TINY_BERT, {"seq_len": 16}),
+                     ("tiny", {"seq_len": 16})):
+        w = workloads.resolve(text, **kw)
+        batch = w.prepare(next(iter(w.loader(2, num_workers=0, samples=4, data_dir="/tmp"))), torch.device("cpu"))
+        assert float(w.loss(w.build("cpu"), batch)) > 0  # the loss takes a loader's batch as a synthetic one
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,text", [
+    (["--model", "torchvision:resnet5"], "unknown torchvision model 'resnet5'; near: resnet50"),
+    (["--model", "hf:bert-lage"], "unknown hf preset 'bert-lage': near: bert-large"),
+    (["--model", "gpt-3"], "unknown model 'gpt-3'"),
+    (["--model", "hf:{tmp}/broken.json"], "is not valid JSON"),
+    (["--model", "hf:{tmp}/untyped.json"], 'needs a "model_type"'),
+    (["--model", "hf:{tmp}/unknown.json"], "unknown model_type 'bertt'; near: bert"),
+    (["--model", f"{HERE / 'broken_import.py'}:workload"],
+     "does not import: ModuleNotFoundError: No module named 'mgpu_bench_no_such_package'"),
+    (["--model", f"{STEP}:nothere"], "has no function nothere (it has as_tuple, bad_loss, raises, workload, wrong)"),
+    (["--model", f"{STEP}:raises"], "raised on device meta: ValueError: no data set configured"),
+    (["--model", f"{STEP}:wrong"], "returned Net: expected (model, make_batch or DataLoader, loss"),
+    (["--model", f"{STEP}:bad_loss"], "the loss returned a tensor of shape (4, 10): expected a 0-d"),
+    (["--model", f"{STEP}:as_tuple", "--batch-size", "8"], "its DataLoader makes batches of 4: give --batch-size 4"),
+    (["--model", "torchvision:resnet18", "--seq-len", "128"], "--seq-len does not apply to torchvision:resnet18"),
+    (["--model", "tiny", "--image-size", "32"], "--image-size does not apply to tiny"),
+    (["--model", "hf:bert-base", "--seq-len", "1024"], "does not fit hf:bert-base: it takes 1..512 tokens"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, text):
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "untyped.json").write_text('{"hidden_size": 8}')
+    (tmp_path / "unknown.json").write_text('{"model_type": "bertt"}')
+    out = tmp_path / "m.json"
+    res = CliRunner().invoke(cli, ["model", *[a.replace("{tmp}", str(tmp_path)) for a in args], "--json", str(out)])
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and text in lines[0], lines
+    assert not out.exists()
+
+
+def test_memory_and_suite_refuse_a_bad_workload_before_running(tmp_path):
+    for cmd in (["memory", "--no-churn", "--max-batch", "torchvision:resnet5"],
+                ["suite", "--model", "hf:bert-lage", "--report", str(tmp_path / "r")]):
+        res = CliRunner().invoke(cli, cmd)
+        assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+        assert "near:" in res.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_module_without_a_loader_cannot_run_on_loader_data():
+    res = CliRunner().invoke(cli, ["model", "--model", f"{STEP}:bad_loss", "--data", "both"])
+    assert res.exit_code == 2 and "module:small_step:bad_loss has no DataLoader" in res.output
+
+
+# -- the suite plans with --model -----------------------------------------------------------------
+
+def test_the_suite_hands_its_model_to_the_training_and_max_batch_steps():
+    from mgpu_bench.suite import run as suite
+
+    for gpus in ((0, 1), ()):
+        steps = suite.plan(suite.SuiteConfig(quick=True, duration_s=20, gpus=gpus, model="torchvision:resnet50"))
+        model = [s for s in steps if s.args[0] == "model"]
+        batch = next(s for s in steps if s.name == "max-batch")
+        assert model and all(s.args[s.args.index("--model") + 1] == "torchvision:resnet50" for s in model)
+        assert "--seq-len" not in model[0].args  # the workload's own sizes
+        assert batch.args[batch.args.index("--max-batch") + 1] == "torchvision:resnet50"
+
+
+# -- real runs on gloo processes -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def resnet_ddp(tmp_path_factory):
+    """resnet18 on 2 gloo processes under DDP, 32 px images: one run for several assertions."""
+    out = tmp_path_factory.mktemp("resnet") / "m.json"
+    proc = _cli("model", "--model", "torchvision:resnet18", "--image-size", "32", "--batch-size", "2", "--nproc", "2",
+                "--steps", "3", "--warmup-steps", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_resnet_on_two_processes_reports_samples_per_second(resnet_ddp):
+    doc, stdout = resnet_ddp
+    (run,) = doc["runs"]
+    assert doc["config"]["model"] == "torchvision:resnet18" and doc["config"]["image_size"] == 32
+    assert run["world"] == 2 and run["tokens_per_step"] is None and len(run["ranks"]) == 2
+    d = run["derived"]
+    assert d["samples_per_s"] == pytest.approx(4 / d["step_s"]) and "tokens_per_s" not in d
+    assert d["exposed_comm_share"] is not None  # DDP's no_sync pass ran
+    flops = doc["workload"]["flops"]
+    assert flops["device"] == "meta" and run["flops_per_sample"] == flops["per_sample"]
+    assert flops["per_sample"] == pytest.approx(
+        workloads.resolve("torchvision:resnet18", image_size=32).count_flops(2).per_sample)
+    assert "samples/s" in stdout and "tok/s" not in stdout
+    print(f"resnet18, 32 px, batch 2 per process, 2 gloo processes: {d['samples_per_s']:.1f} samples/s, "
+          f"step {1e3 * d['step_s']:.0f} ms")
+
+
+def test_the_history_keys_metrics_by_workload_and_compare_refuses_another(resnet_ddp, tmp_path):
+    from mgpu_bench.history import History, compare_runs
+    from mgpu_bench.probe import headline as metrics_from_document
+
+    doc, _ = resnet_ddp
+    names = {m.name for m in metrics_from_document(doc)}
+    assert "model.torchvision:resnet18.ddp.2gpu.synthetic.samples_per_s" in names
+    assert not any(n.endswith("tokens_per_s") for n in names)
+    other = json.loads(json.dumps(doc))
+    other["config"]["model"] = "350m"  # the same figures under another workload's key
+    with History.open(tmp_path / "h.sqlite3") as h:
+        a, b = h.save(doc), h.save(other)
+        with pytest.raises(InputError, match=r"trained different workloads \(torchvision:resnet18 against 350m\)"):
+            compare_runs(h, a, b)
+        assert not any("different workloads" in w for w in compare_runs(h, a, a).warnings)
+
+
+def test_tiny_bert_under_fsdp_on_two_processes(tmp_path):
+    """A transformers model from a config file, sharded per BertLayer (FSDP2) over 2 gloo processes."""
+    out = tmp_path / "m.json"
+    proc = _cli("model", "--model", TINY_BERT, "--seq-len", "32", "--batch-size", "2", "--parallel", "fsdp",
+                "--nproc", "2", "--steps", "3", "--warmup-steps", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "UserWarning" not in proc.stderr
+    doc = json.loads(out.read_text())
+    (run,) = doc["runs"]
+    assert doc["workload"]["kind"] == "hf" and doc["config"]["workload"] == TINY_BERT
+    assert run["error"] is None and run["tokens_per_step"] == 2 * 2 * 32
+    assert run["derived"]["tokens_per_s"] == pytest.approx(run["derived"]["samples_per_s"] * 32)
+    assert run["derived"]["exposed_comm_share"] is not None
+
+
+def test_a_users_module_with_its_own_dataloader(tmp_path):
+    """The module's DataLoader for the gross figure, its batch maker for the effective one; its
+    tokens per sample give tokens/s; the input-pipeline loss is said."""
+    out = tmp_path / "m.json"
+    proc = _cli("model", "--model", f"{STEP}:workload", "--batch-size", "4", "--nproc", "1", "--data", "both",
+                "--steps", "3", "--warmup-steps", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert {r["data"] for r in doc["runs"]} == {"synthetic", "loader"}
+    assert all(r["tokens_per_step"] == 4 * 32 and r["derived"]["tokens_per_s"] > 0 for r in doc["runs"])
+    assert any("input-pipeline loss" in f or "input-bound" in f for f in doc["findings"])
+    assert doc["config"]["model"] == "module:small_step:workload"
+
+
+@pytest.mark.parametrize("text,size,ckpt", [("torchvision:resnet18", {"image_size": 64}, False),
+                                             (f"{STEP}:workload", {}, True)])
+def test_max_batch_runs_the_workloads_own_steps(text, size, ckpt):
+    """memory --max-batch's child process, on the CPU up to --limit (nothing runs out of memory
+    there): the workload built, its batches, loss and optimizer stepped, checkpointing included."""
+    from mgpu_bench.probes.memory import torch_memory
+
+    res = torch_memory.max_batch(text, None, ckpt, device_index="cpu", limit=2, timeout_s=240,
+                                 image_size=size.get("image_size"))
+    assert res.get("error") is None, res
+    assert res["max_batch"] == 2 and [t["batch"] for t in res["trials"]] == [1, 2]
+    assert res["model"] == workloads.resolve(text, **size).key and res["checkpointing"] is ckpt
