@@ -26,9 +26,9 @@ SUITE_MODEL = "350m"  # rounds 1 and 3 on GPUs (ANCHORS: 40% MFU on one H200)
 HELP = """Full training steps of a workload: throughput, MFU, where the step time goes.
 
 \b
---model takes the built-in GPT sizes (tiny, 125m, 350m, 760m, 1.3b), torchvision:NAME (resnet50,
-vit_b_16, ...: weights=None, --image-size images, channels-last, SGD with momentum), hf:NAME
-(bert-base, bert-large, gpt2, llama-1b: published dimensions, random weights) or
+--model takes the built-in GPT sizes (tiny, 125m, 350m, 760m, 1.3b), torchvision:NAME
+(resnet50, vit_b_16, ...: weights=None, --image-size images, channels-last, SGD with momentum),
+hf:NAME (bert-base, bert-large, gpt2, llama-1b: published dimensions, random weights) or
 hf:path/config.json, and your own module:function or path/file.py:function (README: "Your
 model"). torchvision and transformers: pip install "mgpu-bench[models]".
 
@@ -42,20 +42,21 @@ median of 5 steps stays within 5% of the median of the last half (its length is 
 samples/s = batch x grad-accum x GPUs / median step time; tokens/s = samples/s x tokens per
 sample, where the workload has tokens. FLOPs per sample are counted by torch's FlopCounterMode
 over one forward and backward on the meta device (on the GPU where the model does not run on
-meta); for the GPT the formula 6N + 12 L d T is shown beside the count. MFU = samples/s per GPU x
-FLOPs per sample / the bf16 dense peak of the GPU (hardware database, or --peak-tflops). Exposed communication (2+ GPUs) = 1 - step time without gradient sync (DDP's
-no_sync(), FSDP2's set_requires_gradient_sync(False)) / step time; healthy is under 10%.
---data both runs synthetic (effective) and a real DataLoader (gross) and names the gap as
-input-pipeline loss. --scaling 1,2 repeats the run at each GPU count with the same per-GPU
-batch: efficiency = T_N / (N x T_1). FSDP is FSDP2 per block with bf16 parameters and fp32
-gradient reduction, the next block's all-gather prefetched.
+meta); for the GPT the formula 6N + 12 L d T is shown beside the count. MFU = samples/s per GPU
+x FLOPs per sample / the bf16 dense peak of the GPU (hardware database, or --peak-tflops).
+Exposed communication (2+ GPUs) = 1 - step time without gradient sync (DDP's no_sync(), FSDP2's
+set_requires_gradient_sync(False)) / step time; healthy is under 10%. --data both runs
+synthetic (effective) and a real DataLoader (gross) and names the gap as input-pipeline loss.
+--scaling 1,2 repeats the run at each GPU count with the same per-GPU batch: efficiency = T_N /
+(N x T_1). FSDP is FSDP2 per block with bf16 parameters and fp32 gradient reduction, the next
+block's all-gather prefetched.
 
 \b
 On GPUs the verdict is read from a profile of 3 steps (kernel intervals: matmuls, attention,
 other kernels, NCCL with nothing beside it, GPU idle) and from the model's own matmul shapes
-(its matmuls and convolutions, as counted) timed alone: the ceiling they could reach on this GPU: communication-, input-,
-memory-, launch- (GPU idle over 10%) or compute-bound (GPU busy), or an unexplained gap
-below that ceiling.
+(its matmuls and convolutions, as counted) timed alone: the ceiling they could reach on this
+GPU: communication-, input-, memory-, launch- (GPU idle over 10%) or compute-bound (GPU busy),
+or an unexplained gap below that ceiling.
 """
 
 
