@@ -290,7 +290,6 @@ def _model_rank(rank: int, world: int, steps: int, step_s: float, *, loader: boo
     """model.measure.worker()'s dict on an H200: per-phase seconds from CUDA events, the
     allocator's peaks, the profile of three steps (the recorded 350m trace's split, with NCCL
     kernels on two ranks) and the matmul ceiling on the model's own shapes."""
-    from mgpu_bench import models
     from mgpu_bench.probes.model.analyse import kernel_split
 
     data = 0.012 if loader else 4.8e-6
@@ -306,9 +305,9 @@ def _model_rank(rank: int, world: int, steps: int, step_s: float, *, loader: boo
         t0, t1 = kernels[0][0], kernels[-1][1]
         kernels += [(t0 + (t1 - t0) * (0.3 + i / 3), t0 + (t1 - t0) * (0.3 + i / 3 + 0.08),
                      "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)") for i in range(3)]
-    spec = models.get_model_spec("350m")
-    shapes = [{"m": m, "n": n, "k": k, "count": c, "seconds": 2.0 * m * n * k / 7.05e14,
-               "flops_per_s": 7.05e14} for m, n, k, c in models.matmul_shapes(spec, 8 * 2048)]
+    shapes = [{"op": op["op"], "shapes": [a["tensor"] for a in op["args"] if isinstance(a, dict) and "tensor" in a],
+               "count": op["count"], "flops": op["flops"], "seconds": op["flops"] / 7.05e14, "flops_per_s": 7.05e14}
+              for op in _count_350m().dense_ops]
     out = {"rank": rank, "world": world, "device": f"cuda:{rank}", "error": None, "gpu_name": H200,
            "torch": "2.11.0+cu130", "wall_s": steps * step_s, "phases": phases(1.0),
            "peak_allocated": 27916489216 // (2 if fsdp else 1), "peak_reserved": 30089936896, "total_memory": 150109880320,
@@ -322,21 +321,36 @@ def _model_rank(rank: int, world: int, steps: int, step_s: float, *, loader: boo
     return out
 
 
+def _count_350m():
+    """The 350m's FLOPs at batch 8, seq 2048, counted on the meta device as `model` counts them."""
+    from mgpu_bench import workloads
+
+    if not _COUNT:
+        w = workloads.resolve("350m")
+        _COUNT.append((w.facts(), w.count_flops(8)))
+    return _COUNT[0][1]
+
+
+_COUNT: list = []
+
+
 def _model_document(name: str, cfg_changes: dict, counts: list[int], modes: list[str], **rank) -> dict:
     from mgpu_bench.probes.model import document as dd
     from mgpu_bench.probes.model.analyse import ModelRun, analyse
-    from mgpu_bench.probes.model.measure import ModelConfig
+    from mgpu_bench.probes.model.measure import ModelConfig, flop_facts
 
     cfg = ModelConfig(**{"model": "350m", "seq_len": 2048, "batch_size": 8, "steps": 12, "warmup_steps": 3,
                          **cfg_changes})
     peak = hardware.peak_flops(H200, "bf16")
-    run = ModelRun(cfg, counts, modes, H200, peak, wall_seconds=31.0)
+    count = _count_350m()
+    run = ModelRun(cfg, counts, modes, H200, peak, wall_seconds=31.0,
+                   workload={**_COUNT[0][0], "flops": flop_facts(count)})
     for n in counts:
         for mode in modes:
             c = replace(cfg, data=mode)
             ranks = [_model_rank(r, n, cfg.steps, 0.1056 * (1.3 if cfg.checkpointing else 1), loader=mode == "loader",
                                  no_sync=n > 1, fsdp=cfg.parallel == "fsdp", **rank) for r in range(n)]
-            run.stats.append(analyse(c, n, ranks, peak.value))
+            run.stats.append(analyse(c, n, ranks, peak.value, count.per_sample, 2048))
     args = ["mgpu-bench", "model", *name.split()]
     return dd.document(run, ENV_2 if max(counts) > 1 else ENV_1, args, _occupancy(max(counts)))
 
@@ -354,7 +368,7 @@ def _model_oom() -> dict:
             "error": "out of memory: CUDA out of memory. Tried to allocate 96.00 GiB. GPU 0 has a total capacity of "
                      "139.81 GiB of which 71.50 GiB is free.", "peak_allocated": 21474836480}
     run = ModelRun(cfg, [1], ["synthetic"], H200, peak, wall_seconds=14.0)
-    run.stats.append(analyse(cfg, 1, [rank], peak.value))
+    run.stats.append(analyse(cfg, 1, [rank], peak.value, 6 * 1.3e9 * 2048, 2048))
     return dd.document(run, ENV_1, ["mgpu-bench", "model", "--model", "1.3b", "--batch-size", "512"], _occupancy())
 
 

@@ -162,7 +162,7 @@ def test_a_loader_batch_reaches_the_device_in_the_models_form():
     (["--model", "hf:{tmp}/unknown.json"], "unknown model_type 'bertt'; near: bert"),
     (["--model", f"{HERE / 'broken_import.py'}:workload"],
      "does not import: ModuleNotFoundError: No module named 'mgpu_bench_no_such_package'"),
-    (["--model", f"{STEP}:nothere"], "has no function nothere (it has as_tuple, bad_loss, raises, workload, wrong)"),
+    (["--model", f"{STEP}:nothere"], "has no function nothere (it has as_tuple, bad_loss, data_dependent, raises, workload, wrong)"),
     (["--model", f"{STEP}:raises"], "raised on device meta: ValueError: no data set configured"),
     (["--model", f"{STEP}:wrong"], "returned Net: expected (model, make_batch or DataLoader, loss"),
     (["--model", f"{STEP}:bad_loss"], "the loss returned a tensor of shape (4, 10): expected a 0-d"),
@@ -298,3 +298,17 @@ def test_max_batch_runs_the_workloads_own_steps(text, size, ckpt):
     assert res.get("error") is None, res
     assert res["max_batch"] == 2 and [t["batch"] for t in res["trials"]] == [1, 2]
     assert res["model"] == workloads.resolve(text, **size).key and res["checkpointing"] is ckpt
+
+
+def test_a_model_that_does_not_run_on_meta_is_counted_on_the_ranks_device(tmp_path):
+    out = tmp_path / "m.json"
+    proc = _cli("model", "--model", f"{STEP}:data_dependent", "--batch-size", "4", "--nproc", "1", "--steps", "2",
+                "--warmup-steps", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    flops = doc["workload"]["flops"]
+    assert flops["device"] == "cpu" and "does not run on the meta device" in flops["note"]
+    assert any("FLOPs counted on the ranks' device" in n for n in doc["notes"])
+    # the same network without the branch, counted on meta: the same FLOPs
+    assert flops["per_sample"] == pytest.approx(workloads.resolve(f"{STEP}:workload").count_flops(4).per_sample)
+    assert doc["runs"][0]["derived"]["tokens_per_s"] > 0

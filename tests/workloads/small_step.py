@@ -67,3 +67,19 @@ def wrong(device: torch.device):
 def bad_loss(device: torch.device):
     model = Net().to(device)
     return model, lambda n: (torch.randint(0, VOCAB, (n, SEQ), device=device), None), lambda model, batch: model(batch[0])
+
+
+class Gated(Net):
+    """A model whose forward reads a value (a data-dependent branch): it cannot run on the meta
+    device, so mgpu-bench counts its FLOPs on the ranks' own device instead."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = super().forward(ids)
+        return out if bool(ids.max() < VOCAB) else out * 0
+
+
+def data_dependent(device: torch.device):
+    model = Gated().to(device)
+    return (model, lambda n: (torch.randint(0, VOCAB, (n, SEQ), device=device),
+                              torch.randint(0, CLASSES, (n,), device=device)),
+            lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]), SEQ)
