@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from mgpu_bench import workloads
 from mgpu_bench.cli import cli
 from mgpu_bench.errors import InputError
+from mgpu_bench.probe import load_document
 from mgpu_bench.schema import NAME
 from mgpu_bench.workloads import gpt
 
@@ -26,6 +27,8 @@ TINY_BERT = f"hf:{HERE / 'tiny_bert.json'}"
 
 
 def _cli(*args: str, timeout: float = 280) -> subprocess.CompletedProcess:
+    """`mgpu-bench ARGS` in a process of its own; its --json document is read back with
+    load_document, which checks it against the model document's declared shape."""
     return subprocess.run([sys.executable, "-m", "mgpu_bench.cli", *args, "--no-progress", "--no-store"],
                           capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -148,7 +151,7 @@ def test_a_loader_batch_reaches_the_device_in_the_models_form():
                      ("tiny", {"seq_len": 16})):
         w = workloads.resolve(text, **kw)
         batch = w.prepare(next(iter(w.loader(2, num_workers=0, samples=4, data_dir="/tmp"))), torch.device("cpu"))
-        assert float(w.loss(w.build("cpu"), batch)) > 0  # the loss takes a loader's batch as a synthetic one
+        assert float(w.loss(w.build("cpu"), batch).detach()) > 0  # a loader's batch goes where a synthetic one does
 
 
 # -- bad input ------------------------------------------------------------------------------------
@@ -220,7 +223,7 @@ def resnet_ddp(tmp_path_factory):
     proc = _cli("model", "--model", "torchvision:resnet18", "--image-size", "32", "--batch-size", "2", "--nproc", "2",
                 "--steps", "3", "--warmup-steps", "1", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text()), proc.stdout
+    return load_document(out), proc.stdout
 
 
 def test_resnet_on_two_processes_reports_samples_per_second(resnet_ddp):
@@ -264,7 +267,7 @@ def test_tiny_bert_under_fsdp_on_two_processes(tmp_path):
                 "--nproc", "2", "--steps", "3", "--warmup-steps", "1", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "UserWarning" not in proc.stderr
-    doc = json.loads(out.read_text())
+    doc = load_document(out)
     (run,) = doc["runs"]
     assert doc["workload"]["kind"] == "hf" and doc["config"]["workload"] == TINY_BERT
     assert run["error"] is None and run["tokens_per_step"] == 2 * 2 * 32
@@ -279,7 +282,7 @@ def test_a_users_module_with_its_own_dataloader(tmp_path):
     proc = _cli("model", "--model", f"{STEP}:workload", "--batch-size", "4", "--nproc", "1", "--data", "both",
                 "--steps", "3", "--warmup-steps", "1", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    doc = load_document(out)
     assert {r["data"] for r in doc["runs"]} == {"synthetic", "loader"}
     assert all(r["tokens_per_step"] == 4 * 32 and r["derived"]["tokens_per_s"] > 0 for r in doc["runs"])
     assert any("input-pipeline loss" in f or "input-bound" in f for f in doc["findings"])
@@ -305,7 +308,7 @@ def test_a_model_that_does_not_run_on_meta_is_counted_on_the_ranks_device(tmp_pa
     proc = _cli("model", "--model", f"{STEP}:data_dependent", "--batch-size", "4", "--nproc", "1", "--steps", "2",
                 "--warmup-steps", "1", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    doc = load_document(out)
     flops = doc["workload"]["flops"]
     assert flops["device"] == "cpu" and "does not run on the meta device" in flops["note"]
     assert any("FLOPs counted on the ranks' device" in n for n in doc["notes"])

@@ -17,7 +17,7 @@ HELP = """The three rounds of a throughput stress test, one report, stored and c
 
 \b
 Round 1, single-GPU baseline: GEMM per dtype on every GPU (gemm), HBM bandwidth and
-  fragmentation (memory), the 350m GPT's training step on one GPU (model).
+  fragmentation (memory), the 350m GPT's training step on one GPU (model; --model: yours).
 Round 2, multi-GPU scaling: collective busbw against theory (comm), GPU-to-GPU links (links),
   the model over 1, 2, 4 ... N GPUs with scaling efficiency (model --scaling).
 Round 3, limit throughput: the largest batch that fits (memory --max-batch), then a sustained
