@@ -144,13 +144,13 @@ def test_checkpointing_recomputes_the_blocks_with_the_same_gradients():
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 
 
-def test_a_loader_batch_reaches_the_device_in_the_models_form():
+def test_a_loader_batch_reaches_the_device_in_the_models_form(tmp_path):
     import torch
 
     for text, kw in (("torchvision:resnet18", {"image_size": 32}), (TINY_BERT, {"seq_len": 16}),
                      ("tiny", {"seq_len": 16})):
         w = workloads.resolve(text, **kw)
-        batch = w.prepare(next(iter(w.loader(2, num_workers=0, samples=4, data_dir="/tmp"))), torch.device("cpu"))
+        batch = w.prepare(next(iter(w.loader(2, num_workers=0, samples=4, data_dir=str(tmp_path)))), torch.device("cpu"))
         assert float(w.loss(w.build("cpu"), batch).detach()) > 0  # a loader's batch goes where a synthetic one does
 
 
