@@ -11,7 +11,7 @@ estimate of a comparison) and labels (for Prometheus). The names, by kind:
     gemm.gpu{i}.{dtype}.sustained_tflops      FLOP/s, median of a --duration series
     memory.gpu{i}.hbm.{copy_ce|copy_sm|read|write}              B/s
     memory.gpu{i}.{allocator}.{pattern}.fragmentation           fraction, lower is better
-    memory.{model}.seq{n}.{ckpt|nockpt}.max_batch               samples per GPU
+    memory.{model}.{seq{n}|img{n}|own}.{ckpt|nockpt}.max_batch  samples per GPU
     model.{model}.{parallel}.{n}gpu.{data}.{samples_per_s|tokens_per_s|mfu|exposed_comm|peak_memory}
     model.{model}.{parallel}.{n}gpu.scaling_efficiency          fraction, n > 1
     links.gpu{a}-gpu{b}.{ce|sm}.{uni|bidir}.bandwidth           B/s per direction
