@@ -33,7 +33,21 @@ __all__ = [
     "CudaError",
     "InputError",
     "MgpuError",
+    "MonitorError",
+    "MonitorWarning",
     "NcclError",
     "OutOfMemoryError",
+    "StepMonitor",
     "__version__",
 ]
+
+_LAZY = {"StepMonitor", "MonitorError", "MonitorWarning"}  # the in-job monitor (mgpu_bench.monitor)
+
+
+def __getattr__(name: str):
+    """The monitor's names, imported when first used: importing mgpu_bench stays light."""
+    if name in _LAZY:
+        from . import monitor
+
+        return getattr(monitor, name)
+    raise AttributeError(f"module 'mgpu_bench' has no attribute {name!r}")

@@ -1,0 +1,14 @@
+"""The in-job step monitor: `from mgpu_bench import StepMonitor`.
+
+    monitor.py   StepMonitor (the public face: step(), compute(), finish()), the hot path, windows
+    clock.py     the pooled marks (CUDA events on GPUs, the host clock on CPU), read at window edges
+    counting.py  the FLOP count of the first step (FlopCounterMode) and the profiled window
+    ranks.py     every rank's figures through the job's store; the straggler
+    result.py    the model probe's run and document of the job: printed, stored, written
+"""
+
+from __future__ import annotations
+
+from .monitor import MonitorError, MonitorWarning, StepMonitor
+
+__all__ = ["MonitorError", "MonitorWarning", "StepMonitor"]

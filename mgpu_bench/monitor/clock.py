@@ -1,0 +1,130 @@
+"""The monitor's clocks: per timed step four marks (the step starts, its compute starts, its
+compute ends, the step ends), recorded into a preallocated pool of slots and read back only at
+window edges.
+
+On a GPU a mark is a CUDA event recorded on the device's current stream (no synchronisation:
+the host runs on, the GPU stamps the event when it gets there), so every figure is the GPU's
+timeline, as `mgpu-bench model` times it: host time spent waiting for a batch while the GPU is
+still busy with the previous step is no loss, and is not counted as one. On CPU a mark is the
+host clock (time.perf_counter, seconds).
+
+A step's wall runs from its start to the next step's start when that step is the next one
+(time between the `with` blocks, where `for batch in loader` fetches the batch, belongs to the
+step before it), else to its own end (the last step, one before a profiled or discarded step).
+Its data wait is the wall outside compute(): (compute start - start) + (next start - compute
+end). Base units: seconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+START, COMPUTE_START, COMPUTE_END, END = range(4)
+
+
+class HostPool:
+    """`size` slots of host-clock marks; slot k holds the step's index, its four marks, its
+    samples and tokens, and whether compute() ran in it. `n` slots are filled."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.n = size, 0
+        self.index = [0] * size
+        self.samples = [0] * size
+        self.tokens: list[int | None] = [None] * size
+        self.computed = [False] * size
+        self.marks: list[list] = [[0.0, 0.0, 0.0, 0.0] for _ in range(size)]
+
+    def mark(self, which: int) -> None:
+        self.marks[self.n][which] = time.perf_counter()
+
+    def between(self, a, b) -> float:
+        return b - a
+
+    def settle(self, mark) -> None:
+        """Waits until `mark` has happened (the device caught up); nothing to wait for on the host."""
+
+    def read(self, following: HostPool | None) -> dict[str, list]:
+        """The filled slots as per-step columns (index, wall_s, data_s, compute_s, samples,
+        tokens, computed). `following`: the pool filled after this one, whose first step may
+        be the next step of this pool's last."""
+        n = self.n
+        out: dict[str, list] = {"index": self.index[:n], "wall_s": [], "data_s": [], "compute_s": [],
+                                "samples": self.samples[:n], "tokens": self.tokens[:n], "computed": self.computed[:n]}
+        if not n:
+            return out
+        nxt = None
+        if following is not None and following.n and following.index[0] == self.index[n - 1] + 1:
+            nxt = following.marks[0][START]
+        self.settle(nxt if nxt is not None else self.marks[n - 1][END])
+        for k in range(n):
+            m = self.marks[k]
+            if k + 1 < n and self.index[k + 1] == self.index[k] + 1:
+                stop = self.marks[k + 1][START]
+            elif k + 1 == n and nxt is not None:
+                stop = nxt
+            else:
+                stop = m[END]
+            wall = self.between(m[START], stop)
+            out["wall_s"].append(wall)
+            if self.computed[k]:
+                compute = self.between(m[COMPUTE_START], m[COMPUTE_END])
+                out["compute_s"].append(compute)
+                out["data_s"].append(max(0.0, wall - compute))
+            else:
+                out["compute_s"].append(0.0)
+                out["data_s"].append(0.0)
+        return out
+
+
+class CudaPool(HostPool):
+    """The same slots with CUDA events (enable_timing) made once on `device`, recorded on its
+    current stream; elapsed_time reads them back (milliseconds, converted to seconds)."""
+
+    def __init__(self, size: int, device) -> None:
+        import torch
+
+        super().__init__(size)
+        self.device = device
+        self._current_stream = torch.cuda.current_stream
+        with torch.cuda.device(device):
+            self.marks = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(size)]
+
+    def mark(self, which: int) -> None:
+        self.marks[self.n][which].record(self._current_stream(self.device))
+
+    def between(self, a, b) -> float:
+        try:
+            return a.elapsed_time(b) / 1e3
+        except RuntimeError:  # recorded on another stream that has not reached it yet
+            a.synchronize()
+            b.synchronize()
+            return a.elapsed_time(b) / 1e3
+
+    def settle(self, mark) -> None:
+        mark.synchronize()
+
+
+def summary(cols: dict[str, list], window: int) -> dict:
+    """One window's figures: its steps (first and last index), the medians of wall, data wait and
+    compute (seconds), samples and tokens in all, steps that ran compute()."""
+    walls = cols["wall_s"]
+    out = {"window": window, "first": cols["index"][0], "last": cols["index"][-1], "steps": len(walls),
+           "step_s": statistics.median(walls), "data_s": None, "compute_s": None,
+           "samples": sum(cols["samples"]), "tokens": None, "computed": sum(cols["computed"]),
+           "seconds": sum(walls)}
+    if out["computed"] == len(walls):
+        out["data_s"] = statistics.median(cols["data_s"])
+        out["compute_s"] = statistics.median(cols["compute_s"])
+    if all(t is not None for t in cols["tokens"]):
+        out["tokens"] = sum(cols["tokens"])
+    return out
+
+
+def joined(windows) -> dict[str, list]:
+    """Kept windows' columns end to end (oldest first)."""
+    out: dict[str, list] = {}
+    for cols in windows:
+        for key, values in cols.items():
+            out.setdefault(key, []).extend(values)
+    return out

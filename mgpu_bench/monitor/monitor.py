@@ -1,0 +1,624 @@
+"""StepMonitor: the user's own training loop timed as `mgpu-bench model` times its own.
+
+    mon = StepMonitor(name="bert-large-pretrain", tokens_per_sample=512)
+    for batch in loader:
+        with mon.step(samples=batch["input_ids"].shape[0]):   # the whole step
+            with mon.compute():                                # after the batch is in hand
+                loss = model(**batch).loss; loss.backward(); opt.step(); opt.zero_grad()
+    report = mon.finish()
+
+The steps, in order: warm-up steps (`warmup`, not timed; the first one that enters compute() is
+counted by FlopCounterMode, never timed), the profiled window (`profile_steps` steps from
+`profile_at`, not timed: torch.profiler on, then off for good), then timed steps. Timed steps
+are recorded into a pool of `window` slots (clock.py); at each window edge the pool before is
+read back (its events are long done: no wait), summarised and put into the job's store for rank
+0 (ranks.py). The last `keep_steps` steps are kept per step; finish() reads the rest, gathers
+every rank's record on rank 0, which builds the model probe's result (result.py), prints it,
+stores it and hands the document to every rank.
+
+Misuse never stops the training: a step inside a step, compute() outside a step or inside
+compute(), a step without a valid sample count, a step after finish() are ignored with a
+MonitorWarning (once per kind; counted in the document's notes), or raise MonitorError with
+strict=True. A step without compute() counts as compute only (its data wait 0) and is said. An
+exception inside a step is re-raised untouched; that step is left out, the steps before it are
+kept and finish() still reports them. A fault in the monitor itself turns it off with one
+warning; the training goes on. finish() never raises for misuse: with no step measured it warns
+and returns a document whose status says so (nothing stored). Bad arguments to StepMonitor()
+raise MonitorError at once, before any step.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import operator
+import os
+import sys
+import time
+import warnings
+from typing import Any
+
+from mgpu_bench.errors import InputError
+
+from . import clock
+
+IDLE, IN_STEP, IN_COMPUTE = 0, 1, 2
+_INSTANCES = itertools.count()  # monitors made in this process: the same order on every rank names their keys
+
+
+class MonitorError(InputError):
+    """StepMonitor misused: bad arguments to StepMonitor() (always raised, before any step), or
+    misuse during the training with strict=True."""
+
+
+class MonitorWarning(UserWarning):
+    """StepMonitor misused during the training (the default): the monitor ignores the call and
+    the training goes on; each kind is warned once and counted in the document's notes."""
+
+
+class _Noop:
+    """What a misused step() or compute() returns: a context that does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+_NOOP = _Noop()
+
+
+class _Step:
+    __slots__ = ("mon",)
+
+    def __init__(self, mon: StepMonitor) -> None:
+        self.mon = mon
+
+    def __enter__(self):
+        self.mon._step_enter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.mon._step_exit(exc_type)
+        return False  # an exception in the step goes on to the training's own code, untouched
+
+
+class _Compute:
+    __slots__ = ("mon",)
+
+    def __init__(self, mon: StepMonitor) -> None:
+        self.mon = mon
+
+    def __enter__(self):
+        self.mon._compute_enter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.mon._compute_exit(exc_type)
+        return False
+
+
+def _positive_int(value: Any, what: str, low: int = 1, high: int = 1 << 40, none: bool = False) -> int | None:
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MonitorError(f"StepMonitor({what}={value!r}): give a whole number from {low}" + (" or None" if none else ""))
+    if not low <= value <= high:
+        raise MonitorError(f"StepMonitor({what}={value}): give a whole number from {low} to {high}")
+    return value
+
+
+def _positive(value: Any, what: str, unit: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = float("nan")
+    if isinstance(value, bool) or not (x > 0 and x < float("inf")):
+        raise MonitorError(f"StepMonitor({what}={value!r}): give a positive number of {unit}, or None")
+    return x
+
+
+class StepMonitor:
+    """Times the steps of a training loop inside the job and reports what `mgpu-bench model`
+    reports for its own: samples/s and tokens/s (gross and effective), the data wait, MFU,
+    peak memory, exposed communication from a short profiled window, the straggler, the verdict.
+
+    name: the job's name; the history keys it as workload "job:NAME" (characters outside
+        [A-Za-z0-9_+-.:] become '-').
+    tokens_per_sample: tokens per sample, for tokens/s (None: samples/s only, unless step()
+        is given tokens).
+    model, optimizer: optional; the model gives the device, the parameter count and the
+        parallelism (DDP or FSDP); the optimizer's class is recorded.
+    flops_per_step: FLOPs of one rank's step (forward + backward, model FLOPs); None: counted
+        by FlopCounterMode on the first step that enters compute() (count_flops=False: none).
+    peak_tflops: the dense peak per GPU MFU is held against; None: the hardware database's
+        figure for `dtype` on this GPU.
+    warmup: steps left out first (compile, allocator, autotuning).
+    window: steps per window: the pool read back and the ranks' figures gathered at its edges.
+    keep_steps: the most recent steps kept per step for the document (older ones stay in
+        the window summaries).
+    profile: profile `profile_steps` steps from step `profile_at` (default: the first after
+        warm-up) with torch.profiler; None: on GPUs, off on CPU processes.
+    ceiling: at finish() on GPUs, time the counted matmuls and convolutions alone (the measured
+        ceiling); without a count, the best stored gemm run of this GPU is the reference.
+    store, db, prometheus: keep the run in the history database (the default one unless `db`);
+        also write a Prometheus textfile.
+    json, report: also write the result document / the model report folder.
+    print: print the table, the findings and the verdict on rank 0 (stdout).
+    progress: a line per window on rank 0 (stderr).
+    device: where the step runs; None: the model's device, else the current CUDA device when
+        CUDA is available, else the CPU.
+    strict: misuse raises MonitorError instead of warning.
+    gather_timeout_s: how long rank 0 waits in finish() for the other ranks' records.
+    """
+
+    def __init__(self, name: str, tokens_per_sample: int | None = None, *, model: Any = None, optimizer: Any = None,
+                 flops_per_step: float | None = None, count_flops: bool = True, peak_tflops: float | None = None,
+                 dtype: str = "bf16", warmup: int = 5, window: int = 50, keep_steps: int = 1000,
+                 profile: bool | None = None, profile_at: int | None = None, profile_steps: int = 3,
+                 ceiling: bool = True, store: bool = True, db: str | None = None, json: str | None = None,
+                 report: str | None = None, prometheus: str | None = None, print: bool = True,
+                 progress: bool = False, device: Any = None, strict: bool = False,
+                 gather_timeout_s: float = 120.0) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise MonitorError(f"StepMonitor(name={name!r}): give the job's name, e.g. name=\"bert-large-pretrain\"")
+        self.name = name.strip()
+        self.tokens_per_sample = _positive_int(tokens_per_sample, "tokens_per_sample", none=True)
+        self.flops_per_step = _positive(flops_per_step, "flops_per_step", "FLOPs per rank and step")
+        self.peak_tflops = _positive(peak_tflops, "peak_tflops", "TFLOP/s per GPU")
+        self.gather_timeout_s = _positive(gather_timeout_s, "gather_timeout_s", "seconds") or 120.0
+        self.warmup = _positive_int(warmup, "warmup", 0)
+        self.window = _positive_int(window, "window", 1, 1_000_000)
+        self.keep_steps = _positive_int(keep_steps, "keep_steps", 1, 10_000_000)
+        self.profile_steps = _positive_int(profile_steps, "profile_steps", 1, 100)
+        self.profile_at = _positive_int(profile_at, "profile_at", 0, none=True)
+        if profile not in (None, True, False):
+            raise MonitorError(f"StepMonitor(profile={profile!r}): give True, False or None (on GPUs only)")
+        from mgpu_bench import hardware
+
+        try:
+            self.dtype = hardware.peak_dtype(str(dtype))
+        except InputError:
+            raise MonitorError(f"StepMonitor(dtype={dtype!r}): give one of {', '.join(hardware.PEAK_DTYPES)} (the "
+                               "dtype whose dense peak MFU is held against)") from None
+        self.model, self.optimizer, self._device_arg = model, optimizer, device
+        self.count_flops, self.profile, self.ceiling = bool(count_flops), profile, bool(ceiling)
+        self.store, self.db, self.prometheus, self.json, self.report = bool(store), db, prometheus, json, report
+        self.print, self.progress, self.strict = bool(print), bool(progress), bool(strict)
+        if self._writer():  # an output that cannot be written is found now, not after the training
+            from mgpu_bench.paths import check_report_dir, check_writable
+
+            try:
+                check_writable(json, "StepMonitor(json=...)")
+                check_writable(prometheus, "StepMonitor(prometheus=...)")
+                check_report_dir(report, "StepMonitor(report=...)")
+                if self.store:
+                    from mgpu_bench.history import History
+
+                    History.open(db).close()
+            except InputError as exc:
+                raise MonitorError(str(exc)) from None
+        self._instance = next(_INSTANCES)
+        self._state, self._seen, self._raised = IDLE, 0, 0
+        self._samples, self._tokens = 0, None
+        self._step_ctx, self._compute_ctx = _Step(self), _Compute(self)
+        self._pool: Any = None  # made at the first step, on the device the step runs on
+        self._other: Any = None
+        self._unread = False
+        self._slot_open = self._discard = False
+        self._off: str | None = None  # why the monitor stopped measuring (its own fault)
+        self._kept: collections.deque = collections.deque(maxlen=max(1, -(-self.keep_steps // self.window)))
+        self.windows: list[dict] = []  # this rank's window summaries (clock.summary)
+        self._others: dict[int, dict[int, dict]] = {}  # rank 0: other ranks' window summaries by window
+        self._count_pending = self.count_flops and self.flops_per_step is None
+        self._counter: Any = None
+        self.flop_count: Any = None  # workloads.FlopCount of the first step, when counted
+        self._flop_note: str | None = None
+        self._profiling: Any = None
+        self.profile_record: dict | None = None
+        self._prof_start = self._prof_end = -1
+        self._misuse_counts: dict[str, int] = {}
+        self._notes: list[str] = []
+        self._no_compute = 0  # timed steps that never entered compute()
+        self._first_step_s: float | None = None
+        self._t_first = 0.0
+        self._doc: dict | None = None
+        self._finished = False
+        self.device: Any = None
+        self.rank, self.world, self._exchange = self._launcher_rank(), 1, None
+
+    # -- the public face ---------------------------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        """Steps completed so far (warm-up and profiled ones included; steps that raised not)."""
+        return self._seen
+
+    def step(self, samples: int, tokens: int | None = None):
+        """A context timing one whole step of `samples` samples on this rank (and `tokens`
+        tokens, where they vary per step; else tokens_per_sample x samples)."""
+        if self._state != IDLE or self._finished:
+            return self._misuse("step-after-finish" if self._finished else "nested-step",
+                                "step() after finish(): the step is not measured" if self._finished else
+                                "step() inside a step: the inner step is ignored (one step per iteration of the "
+                                "training loop)")
+        if samples.__class__ is not int or samples <= 0:
+            samples = self._samples_of(samples)
+            if samples is None:
+                return _NOOP
+        if tokens is not None and (tokens.__class__ is not int or tokens < 0):
+            tokens = self._tokens_of(tokens)
+        self._samples, self._tokens = samples, tokens
+        return self._step_ctx
+
+    def compute(self):
+        """A context around the part of the step after the batch is in hand (forward, backward,
+        optimizer step); the rest of the step is the data wait."""
+        if self._state != IN_STEP:
+            return self._misuse("compute-outside" if self._state == IDLE else "nested-compute",
+                                "compute() outside a step: ignored (put it inside `with mon.step(...)`)"
+                                if self._state == IDLE else "compute() inside compute(): the inner one is ignored")
+        return self._compute_ctx
+
+    def finish(self) -> dict:
+        """Ends the monitoring: reads back the last steps, gathers every rank's figures on rank 0,
+        which prints the table, the findings and the verdict, stores the run and writes the
+        files it was asked for. Returns the result document (a `model` document of workload
+        job:NAME) on every rank. Never raises for misuse (see the module's docs); a second call
+        returns the same document."""
+        if self._doc is not None:
+            return self._doc
+        self._finished = True
+        try:
+            doc = self._finish()
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the training is done; its end must not be a traceback of ours
+            text = f"mgpu-bench monitor: finish() failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); nothing stored"
+            warnings.warn(text, MonitorWarning, stacklevel=2)
+            doc = {"kind": "model", "status": {"completed": False, "stopped": "failed", "message": text}, "runs": []}
+        self._doc = doc
+        return doc
+
+    def __repr__(self) -> str:
+        return f"StepMonitor({self.name!r}, steps={self._seen}, windows={len(self.windows)})"
+
+    # -- misuse ------------------------------------------------------------------------------------
+
+    def _misuse(self, kind: str, text: str, stacklevel: int = 3):
+        """Ignored with a MonitorWarning (once per kind, every one counted), or MonitorError
+        when strict; `stacklevel` points the warning at the training's own line."""
+        if self.strict:
+            raise MonitorError(text)
+        self._misuse_counts[kind] = self._misuse_counts.get(kind, 0) + 1
+        if self._misuse_counts[kind] == 1:
+            warnings.warn(f"mgpu-bench monitor: {text}", MonitorWarning, stacklevel=stacklevel)
+        return _NOOP
+
+    def _samples_of(self, samples: Any) -> int | None:
+        if type(samples).__module__.startswith("torch") and hasattr(samples, "device"):
+            self._misuse("samples", "step(samples=<a tensor>): give an int (batch.shape[0]; reading a tensor's value "
+                                    "would synchronise the device): the step is not measured", stacklevel=4)
+            return None
+        try:
+            n = operator.index(samples) if not isinstance(samples, bool) else -1
+        except TypeError:
+            n = -1
+        if n <= 0:
+            self._misuse("samples", f"step(samples={samples!r}): give the step's samples on this rank as a positive int: "
+                                    "the step is not measured", stacklevel=4)
+            return None
+        return n
+
+    def _tokens_of(self, tokens: Any) -> int | None:
+        try:
+            n = operator.index(tokens) if not isinstance(tokens, bool) and not hasattr(tokens, "device") else -1
+        except TypeError:
+            n = -1
+        if n < 0:
+            self._misuse("tokens", f"step(tokens={tokens!r}): give the step's tokens as a whole number (or leave it out): "
+                                   "tokens_per_sample x samples counts instead", stacklevel=4)
+            return None
+        return n
+
+    def _fault(self, exc: BaseException) -> None:
+        """The monitor's own fault: it stops measuring, the training goes on."""
+        if self._off is None:
+            self._off = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            warnings.warn(f"mgpu-bench monitor: stopped measuring after {self._seen} step(s) ({self._off}); the "
+                          "steps measured before are kept", MonitorWarning, stacklevel=4)
+        self._slot_open = False
+        if self._profiling is not None:
+            self._profiling.abandon()
+            self._profiling = None
+        if self._counter is not None:
+            counter, self._counter = self._counter, None
+            with contextlib.suppress(Exception):  # it is dropped either way
+                counter.__exit__(None, None, None)
+
+    # -- the hot path ------------------------------------------------------------------------------
+
+    def _step_enter(self) -> None:
+        self._state = IN_STEP
+        if self._off is not None:
+            return
+        try:
+            if self._pool is None:
+                self._setup()
+            i = self._seen
+            if i == self._prof_start:
+                from .counting import ProfileWindow
+
+                self._profiling = ProfileWindow(self.device.type == "cuda")
+            if i == 0:
+                self._t_first = time.perf_counter()
+            if i >= self.warmup and self._profiling is None:
+                pool = self._pool
+                n = pool.n
+                pool.index[n] = i
+                pool.samples[n] = self._samples
+                pool.tokens[n] = self._tokens
+                pool.computed[n] = False
+                pool.mark(clock.START)
+                self._slot_open = True
+        except Exception as exc:  # noqa: BLE001 - the monitor's fault, not the training's
+            self._fault(exc)
+
+    def _compute_enter(self) -> None:
+        self._state = IN_COMPUTE
+        if self._off is not None:
+            return
+        try:
+            if self._slot_open:
+                pool = self._pool
+                if not pool.computed[pool.n]:
+                    pool.computed[pool.n] = True
+                    pool.mark(clock.COMPUTE_START)
+            if self._count_pending and self._profiling is None:
+                self._count_pending = False
+                self._discard = True  # a counted step runs slower: never timed
+                from .counting import StepCounter
+
+                counter = StepCounter()
+                counter.__enter__()
+                self._counter = counter
+        except Exception as exc:  # noqa: BLE001
+            self._fault(exc)
+
+    def _compute_exit(self, exc_type) -> None:
+        self._state = IN_STEP
+        if self._off is not None:
+            return
+        try:
+            if self._slot_open:
+                self._pool.mark(clock.COMPUTE_END)
+            if self._counter is not None:
+                counter, self._counter = self._counter, None
+                counter.__exit__(exc_type, None, None)
+                if exc_type is None:
+                    self.flop_count, self._flop_note = counter.result(self._samples, str(self.device))
+                else:
+                    self._count_pending = True  # the step raised: the next one is counted
+        except Exception as exc:  # noqa: BLE001
+            self._fault(exc)
+
+    def _step_exit(self, exc_type) -> None:
+        self._state = IDLE
+        if self._off is not None:
+            if exc_type is None:
+                self._seen += 1
+            return
+        try:
+            pool = self._pool
+            if self._slot_open:
+                self._slot_open = False
+                if exc_type is None and not self._discard:
+                    pool.mark(clock.END)
+                    if not pool.computed[pool.n]:
+                        self._no_compute += 1
+                        if self._no_compute == 1:
+                            self._misuse("no-compute", f"step {self._seen} ran without mon.compute(): its data wait "
+                                                       "cannot be told apart and counts as 0 (wrap the forward, "
+                                                       "backward and optimizer step in `with mon.compute():`)", stacklevel=4)
+                    pool.n += 1
+            self._discard = False
+            if exc_type is not None:
+                self._raised += 1
+                if self._profiling is not None:
+                    self._profiling.abandon()
+                    self._profiling = None
+                    self._notes.append("the profiled window ended in an exception: no profile")
+                return
+            if self._seen == 0:
+                self._first_step_s = time.perf_counter() - self._t_first
+            self._seen += 1
+            if self._profiling is not None and self._seen == self._prof_end:
+                window, self._profiling = self._profiling, None
+                self.profile_record = window.stop(self.profile_steps)
+            if pool.n == pool.size:
+                self._edge()
+        except MonitorError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self._fault(exc)
+
+    # -- window edges ------------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        """At the first step: the device (the user has placed the model by now), the ranks, the
+        pools and the profiled window."""
+        import torch
+
+        dev = self._device_arg
+        if dev is None and self.model is not None:
+            dev = next((p.device for p in self.model.parameters()), None)
+        if dev is None:
+            dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        dev = torch.device(dev)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.device = dev
+        cuda = dev.type == "cuda"
+        self._pool = clock.CudaPool(self.window, dev) if cuda else clock.HostPool(self.window)
+        self._other = clock.CudaPool(self.window, dev) if cuda else clock.HostPool(self.window)
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            if self.world > 1:
+                from .ranks import Exchange, default_store
+
+                store = default_store()
+                if store is None:
+                    self._notes.append("the job's store could not be reached: each rank's figures stay its own")
+                else:
+                    run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
+                    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                    self._exchange = Exchange(store, f"mgpu_bench/monitor/{run}/{restart}/{self.name}/{self._instance}",
+                                              self.rank, self.world)
+        elif self.rank != 0:
+            self._notes.append(f"rank {self.rank} of a launcher's job without a process group "
+                               "(torch.distributed.init_process_group before the first step gathers the ranks)")
+        wanted = self.profile if self.profile is not None else cuda
+        if wanted:
+            self._prof_start = self.warmup if self.profile_at is None else self.profile_at
+            self._prof_end = self._prof_start + self.profile_steps
+
+    def _edge(self) -> None:
+        """The pool is full: the one before it is read (its steps ended a window ago), and the
+        two change places."""
+        cur, other = self._pool, self._other
+        if self._unread:
+            cols = other.read(cur)
+            other.n = 0
+            self._add_window(cols)
+        self._pool, self._other, self._unread = other, cur, True
+
+    def _add_window(self, cols: dict) -> None:
+        tps = self.tokens_per_sample
+        cols["tokens"] = [t if t is not None else (tps * s if tps else None)
+                          for t, s in zip(cols["tokens"], cols["samples"])]
+        s = clock.summary(cols, len(self.windows))
+        if self.device.type == "cuda":
+            import torch
+
+            s["peak_allocated"] = torch.cuda.max_memory_allocated(self.device)
+        self.windows.append(s)
+        self._kept.append(cols)
+        if self._exchange is None:
+            if self.progress and self.rank == 0:
+                self._say(s, None)
+            return
+        try:
+            self._exchange.put_window(s)
+            if self.rank == 0:
+                got = self._exchange.windows()
+                for r, w in enumerate(got or []):
+                    self._others.setdefault(r, {})[w["window"]] = w
+                if self.progress:
+                    self._say(s, got)
+        except Exception as exc:  # noqa: BLE001 - the store went away (a rank's exit): figures stay per rank
+            self._notes.append(f"gathering at window edges stopped ({type(exc).__name__}): a rank's store went away")
+            self._exchange = None
+
+    def _say(self, s: dict, ranks: list[dict] | None) -> None:
+        """Rank 0's line for a window (stderr)."""
+        rate = s["samples"] / s["seconds"] if s["seconds"] > 0 else 0.0
+        text = (f"mgpu-bench monitor {self.name}: steps {s['first']}-{s['last']}: {1e3 * s['step_s']:.1f} ms/step, "
+                f"{rate * self.world:,.0f} samples/s")
+        if s["data_s"] is not None:
+            text += f", data wait {100 * s['data_s'] / s['step_s']:.1f}%"
+        if ranks and len(ranks) > 1:
+            slow = max(range(len(ranks)), key=lambda r: ranks[r]["step_s"] + (ranks[r]["data_s"] or 0.0))
+            text += f"; slowest rank {slow} (window {ranks[slow]['window']})"
+        print(text, file=sys.stderr, flush=True)
+
+    # -- finish ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _launcher_rank() -> int:
+        from mgpu_bench.launch import detect
+
+        try:
+            le = detect()
+        except InputError:
+            return 0
+        return 0 if le is None else le.rank
+
+    def _writer(self) -> bool:
+        return self._launcher_rank() == 0
+
+    def _finish(self) -> dict:
+        from . import result
+
+        if self._state != IDLE:
+            self._misuse("finish-in-step", "finish() inside a step: the open step is left out")
+            self._state, self._slot_open = IDLE, False
+            if self._counter is not None:
+                self._fault(RuntimeError("finish() inside the counted step"))
+        if self._profiling is not None:
+            self._profiling.abandon()
+            self._profiling = None
+            self._notes.append(f"finish() came inside the profiled window (steps {self._prof_start}-"
+                               f"{self._prof_end - 1}): no profile")
+        if self._pool is not None and self._off is None:
+            try:
+                if self.device.type == "cuda":
+                    import torch
+
+                    torch.cuda.synchronize(self.device)
+                if self._unread:
+                    cols = self._other.read(self._pool)
+                    self._other.n = 0
+                    self._add_window(cols)
+                if self._pool.n:
+                    cols = self._pool.read(None)
+                    self._pool.n = 0
+                    self._add_window(cols)
+                self._unread = False
+            except Exception as exc:  # noqa: BLE001
+                self._fault(exc)
+        record = result.record(self)
+        if self._exchange is None:
+            return result.conclude(self, [record])
+        try:
+            self._exchange.put_final(record)
+        except Exception as exc:  # noqa: BLE001 - the store is gone: this rank reports alone
+            self._notes.append(f"the job's store went away ({type(exc).__name__}): this rank's figures alone")
+            self._exchange = None
+            return result.conclude(self, [record])
+        if self.rank == 0:
+            records = self._exchange.finals(self.gather_timeout_s)
+            records[0] = record
+            doc = result.conclude(self, records)
+            with contextlib.suppress(Exception):  # the others fall back to their own record
+                self._exchange.put_doc(doc)
+            return doc
+        doc = self._exchange.doc(2 * self.gather_timeout_s)
+        if doc is None:
+            warnings.warn(f"mgpu-bench monitor: rank 0 gave no result document within {2 * self.gather_timeout_s:g} "
+                          "s; this rank's own figures are returned", MonitorWarning, stacklevel=3)
+            return result.conclude(self, [record], alone=True)
+        return doc
+
+    def misuse_notes(self) -> list[str]:
+        """The misuse counted, in words, for the document's notes."""
+        words = {"nested-step": "step() inside a step (ignored)", "compute-outside": "compute() outside a step (ignored)",
+                 "nested-compute": "compute() inside compute() (ignored)", "samples": "step() without a valid samples= "
+                 "(not measured)", "tokens": "step() with an invalid tokens= (tokens_per_sample counted instead)",
+                 "step-after-finish": "step() after finish() (not measured)", "finish-in-step": "finish() inside a "
+                 "step (that step left out)"}
+        out = [f"{n} x {words[k]}" for k, n in self._misuse_counts.items() if k in words]
+        if self._no_compute:
+            out.append(f"{self._no_compute} timed step(s) never entered compute(): their data wait counts as 0")
+        if self._raised:
+            out.append(f"{self._raised} step(s) raised an exception and are left out")
+        if self._off:
+            out.append(f"the monitor stopped measuring after a fault of its own ({self._off})")
+        return out
