@@ -137,7 +137,7 @@ def main() -> None:
           + (f", MFU {100 * d['mfu']:.1f}%" if d.get("mfu") is not None else ""), flush=True)
     if args.no_model_cli:
         return
-    del model, opt
+    model = opt = mon = None  # the model run beside it needs the memory
     if cuda:
         torch.cuda.empty_cache()
     with tempfile.TemporaryDirectory() as tmp:

@@ -205,7 +205,7 @@ class StepMonitor:
             except InputError as exc:
                 raise MonitorError(str(exc)) from None
         self._instance = next(_INSTANCES)
-        self._state, self._seen, self._raised = IDLE, 0, 0
+        self._state, self._seen, self._raised, self._entered = IDLE, 0, 0, 0
         self._samples, self._tokens = 0, None
         self._step_ctx, self._compute_ctx = _Step(self), _Compute(self)
         self._pool: Any = None  # made at the first step, on the device the step runs on
@@ -358,10 +358,12 @@ class StepMonitor:
                 self._profiling = ProfileWindow(self.device.type == "cuda")
             if i == 0:
                 self._t_first = time.perf_counter()
+            k = self._entered  # steps entered, the ones that raise included: a slot's index
+            self._entered = k + 1
             if i >= self.warmup and self._profiling is None:
                 pool = self._pool
                 n = pool.n
-                pool.index[n] = i
+                pool.index[n] = k
                 pool.samples[n] = self._samples
                 pool.tokens[n] = self._tokens
                 pool.computed[n] = False
@@ -534,9 +536,12 @@ class StepMonitor:
                 f"{rate * self.world:,.0f} samples/s")
         if s["data_s"] is not None:
             text += f", data wait {100 * s['data_s'] / s['step_s']:.1f}%"
-        if ranks and len(ranks) > 1:
-            slow = max(range(len(ranks)), key=lambda r: ranks[r]["step_s"] + (ranks[r]["data_s"] or 0.0))
-            text += f"; slowest rank {slow} (window {ranks[slow]['window']})"
+        if ranks and len(ranks) > 1:  # each rank's latest window (ranks.py's lag, on the window medians)
+            from .ranks import lags
+
+            lag = [x[0] for x in lags([[r["step_s"]] for r in ranks], [[r["data_s"] or 0.0] for r in ranks])]
+            slow = max(range(len(ranks)), key=lambda r: lag[r])
+            text += f"; slowest rank {slow}, {1e3 * lag[slow]:.1f} ms behind (its window {ranks[slow]['window']})"
         print(text, file=sys.stderr, flush=True)
 
     # -- finish ------------------------------------------------------------------------------------

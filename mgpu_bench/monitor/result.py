@@ -69,6 +69,7 @@ def _parallel(model) -> str:
     the job's own, not known to the monitor."""
     if model is None:
         return "job"
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
     names = {c.__name__ for c in type(model).__mro__}
     if "DistributedDataParallel" in names:
         return "ddp"

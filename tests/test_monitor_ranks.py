@@ -1,0 +1,126 @@
+"""StepMonitor in a real two-process job: gloo ranks started by torch's elastic launcher (through
+mgpu_bench.launch, as `mgpu-bench model` starts its own), each training the package's GPT under
+DDP with its own DataLoader. Two monitored runs in the same job: both ranks' loaders slowed on
+purpose (the verdict: input-bound), then rank 1's alone (rank 1 named the straggler, its lag the
+sleep). Rank 0 stores both runs; every rank gets rank 0's document; the history shows them and
+compares them (the same job twice)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+SLEEP_S = 0.04  # a slowed loader's cost per batch
+BATCH, SEQ = 4, 32
+
+
+class Tokens(torch.utils.data.Dataset):
+    """Random token samples; the first sample of each batch sleeps `sleep_s` (a slow decoder)."""
+
+    def __init__(self, vocab: int, n: int, sleep_s: float) -> None:
+        self.vocab, self.n, self.sleep_s = vocab, n, sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if self.sleep_s and i % BATCH == 0:
+            time.sleep(self.sleep_s)
+        t = torch.randint(0, self.vocab, (SEQ + 1,), generator=torch.Generator().manual_seed(i))
+        return t[:-1], t[1:]
+
+
+def job(db: str) -> list[dict]:
+    """One rank of the job: the user's own training script, monitored twice."""
+    import torch.distributed as dist
+
+    from mgpu_bench import StepMonitor, models
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    spec = models.ModelSpec("mini", layers=2, d_model=64, heads=2, vocab=512, max_seq=64)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(models.GPT(spec, device=torch.device("cpu")))
+    opt = models.make_optimizer(model)
+    docs = []
+    for slow in (True, rank == 1):  # both ranks' loaders slowed, then rank 1's alone
+        loader = torch.utils.data.DataLoader(Tokens(spec.vocab, BATCH * 24, SLEEP_S if slow else 0.0),
+                                             batch_size=BATCH)
+        mon = StepMonitor("ranks", tokens_per_sample=SEQ, model=model, optimizer=opt, warmup=2, window=5,
+                          db=db, print=rank == 0)
+        for x, y in loader:
+            with mon.step(samples=x.shape[0]), mon.compute():
+                models.train_step(model, opt, x, y, None)
+        docs.append(mon.finish())
+    dist.destroy_process_group()
+    return docs
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    import uuid
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from mgpu_bench import launch
+
+    db = str(tmp_path_factory.mktemp("ranks") / "h.sqlite3")
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=f"monitor-{uuid.uuid4().hex[:8]}",
+                      rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,
+                      monitor_interval=0.1, start_method="spawn")
+    results = launch.run_elastic(lc, job, db, children="die")
+    return {"db": db, "ranks": [results[r] for r in sorted(results)]}
+
+
+def test_both_loaders_slowed_the_job_is_input_bound(two_ranks):
+    from mgpu_bench.probe import validate
+
+    doc = two_ranks["ranks"][0][0]
+    validate(json.loads(json.dumps(doc)), "rank 0's document")
+    assert doc["config"]["model"] == "job:ranks" and doc["config"]["parallel"] == "ddp"
+    assert doc["gpu_counts"] == [2] and len(doc["runs"][0]["ranks"]) == 2
+    assert any(f.startswith("2 process(es): input-bound: waiting for data is") for f in doc["findings"])
+    assert doc["runs"][0]["derived"]["data_s"] == pytest.approx(SLEEP_S, rel=0.6)
+    assert not doc["job"]["straggler"]["named"]  # both as slow: nobody waits for one rank
+
+
+def test_one_rank_slowed_is_named_the_straggler_with_its_lag(two_ranks):
+    doc = two_ranks["ranks"][0][1]
+    s = doc["job"]["straggler"]
+    assert (s["rank"], s["by"], s["named"]) == (1, "arrival", True)
+    assert 0.6 * SLEEP_S < s["lag_s"] < 2.5 * SLEEP_S
+    assert s["per_rank_lag_s"][0] < 0.3 * s["lag_s"]
+    assert any(f.startswith("straggler: rank 1 (cpu on ") for f in doc["findings"])
+    per_rank = {r["rank"]: r for r in doc["job"]["ranks"]}
+    assert per_rank[1]["data_s"] > per_rank[0]["data_s"] + 0.5 * SLEEP_S  # rank 1 waits for data, rank 0 for rank 1
+
+
+def test_every_rank_gets_rank_0s_document(two_ranks):
+    zero, one = two_ranks["ranks"]
+    assert [d["created"] for d in zero] == [d["created"] for d in one]
+    assert one[1]["job"]["straggler"] == zero[1]["job"]["straggler"]
+
+
+def test_the_history_stores_both_runs_and_compares_them(two_ranks):
+    from click.testing import CliRunner
+
+    from mgpu_bench.cli import cli
+    from mgpu_bench.history import History
+
+    db = two_ranks["db"]
+    with History.open(db) as h:
+        runs = sorted(r.run_id for r in h.list(10, kind="model"))
+    assert len(runs) == 2
+    show = CliRunner().invoke(cli, ["history", "show", runs[1], "--db", db])
+    metric = "model.job:ranks.ddp.2gpu.loader.tokens_per_s"
+    assert show.exit_code == 0 and metric in show.output
+    # the same job twice: compare holds the second run's figures against the first's, with their noise
+    cmp = CliRunner().invoke(cli, ["compare", runs[1], "--baseline", runs[0], "--db", db])
+    assert cmp.exit_code in (0, 1) and f"{runs[1]} against {runs[0]}" in cmp.output, cmp.output
+    assert metric in cmp.output
+    trend = CliRunner().invoke(cli, ["history", "trend", metric, "--db", db])
+    assert trend.exit_code == 0 and runs[0] in trend.output and runs[1] in trend.output
