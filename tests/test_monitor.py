@@ -264,8 +264,10 @@ def test_strict_misuse_raises_the_packages_error():
     mon = _bare(strict=True)
     with pytest.raises(MonitorError, match="compute\\(\\) outside a step"):
         mon.compute()
-    with mon.step(samples=1), pytest.raises(MonitorError, match="inside a step"):
+    with mon.step(samples=1), mon.compute(), pytest.raises(MonitorError, match="inside a step"):
         mon.step(samples=1)
+    with pytest.raises(MonitorError, match="ran without mon.compute"), mon.step(samples=1):
+        pass
     assert issubclass(MonitorError, ValueError)  # an InputError: the package's bad-input class
 
 
