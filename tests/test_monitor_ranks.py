@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +41,7 @@ def job(db: str) -> list[dict]:
 
     from mgpu_bench import StepMonitor, models
 
+    torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for several processes on a host
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     spec = models.ModelSpec("mini", layers=2, d_model=64, heads=2, vocab=512, max_seq=64)
@@ -119,8 +121,10 @@ def test_the_history_stores_both_runs_and_compares_them(two_ranks):
     metric = "model.job:ranks.ddp.2gpu.loader.tokens_per_s"
     assert show.exit_code == 0 and metric in show.output
     # the same job twice: compare holds the second run's figures against the first's, with their noise
-    cmp = CliRunner().invoke(cli, ["compare", runs[1], "--baseline", runs[0], "--db", db])
+    out = Path(db).with_name("compare.json")
+    cmp = CliRunner().invoke(cli, ["compare", runs[1], "--baseline", runs[0], "--db", db, "--json", str(out)])
     assert cmp.exit_code in (0, 1) and f"{runs[1]} against {runs[0]}" in cmp.output, cmp.output
-    assert metric in cmp.output
+    changes = {c["name"]: c for c in json.loads(out.read_text())["changes"]}
+    assert changes[metric]["base"] > 0 and changes[metric]["new"] > 0
     trend = CliRunner().invoke(cli, ["history", "trend", metric, "--db", db])
     assert trend.exit_code == 0 and runs[0] in trend.output and runs[1] in trend.output

@@ -123,7 +123,7 @@ def summary(cols: dict[str, list], window: int) -> dict:
 
 def joined(windows) -> dict[str, list]:
     """Kept windows' columns end to end (oldest first)."""
-    out: dict[str, list] = {}
+    out: dict[str, list] = {k: [] for k in ("index", "wall_s", "data_s", "compute_s", "samples", "tokens", "computed")}
     for cols in windows:
         for key, values in cols.items():
             out.setdefault(key, []).extend(values)

@@ -277,7 +277,7 @@ class StepMonitor:
         self._finished = True
         try:
             doc = self._finish()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, MonitorError):  # MonitorError: misuse with strict=True
             raise
         except Exception as exc:  # noqa: BLE001 - the training is done; its end must not be a traceback of ours
             text = f"mgpu-bench monitor: finish() failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); nothing stored"

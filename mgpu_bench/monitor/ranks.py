@@ -13,7 +13,8 @@ the others', who spend the difference waiting inside compute(). Without a collec
 step, the slow rank's wall is longer. A rank's lag at a step is the larger of the two excesses
 over the fastest rank at that step; in a profiled window on GPUs also the excess of its
 compute kernels' time (a slower GPU: the others wait in NCCL). The straggler is the rank with
-the largest median lag, named when that is over STRAGGLER_LIMIT of the step.
+the largest median lag, named when that is over STRAGGLER_LIMIT of the step and it is the last
+rank in LATE_SHARE of the steps.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from collections.abc import Sequence
 # STABLE_TOLERANCE, 5%), so it cannot be told from noise; above it every rank of the job loses
 # that share of its throughput.
 STRAGGLER_LIMIT = 0.05
+# ... and when it is the last rank in at least this share of the steps: noise makes each rank the
+# last about as often as the others (the comm probe's straggler rule, STRAGGLER_SHARE, likewise).
+LATE_SHARE = 0.75
 
 
 def default_store():
@@ -140,8 +144,12 @@ def straggler(walls: Sequence[Sequence[float]], outside: Sequence[Sequence[float
                 median_lag[r], by[r] = k - k0, "kernels"
     r = max(range(len(walls)), key=lambda i: median_lag[i])
     share = median_lag[r] / step if step > 0 else 0.0
+    steps = len(walls[0])
+    last = sum(1 for i in range(steps) if max(range(len(walls)), key=lambda q: per_step[q][i]) == r) / steps
+    if by[r] == "kernels":
+        last = 1.0  # one figure per rank over the profiled window
     return {"rank": r, "lag_s": median_lag[r], "lag_share": share, "by": by[r], "limit": STRAGGLER_LIMIT,
-            "named": share > STRAGGLER_LIMIT, "per_rank_lag_s": median_lag}
+            "last_share": last, "named": share > STRAGGLER_LIMIT and last >= LATE_SHARE, "per_rank_lag_s": median_lag}
 
 
 _BY = {"arrival": "it reaches the step's collectives late (its time outside compute(): waiting for data, host work "
@@ -157,4 +165,7 @@ def straggler_text(s: dict, where: str) -> str:
             f"({100 * s['lag_share']:.1f}% of the step")
     if s["named"]:
         return f"straggler: {line}; healthy is under {100 * s['limit']:.0f}%): {_BY[s['by']]}"
-    return f"no straggler: the slowest rank, {line}, is under the {100 * s['limit']:.0f}% that names one)"
+    if s["lag_share"] > s["limit"]:
+        return (f"no straggler: the slowest rank, {line}), is the last in only {100 * s['last_share']:.0f}% of the "
+                f"steps (one is named when it is in {100 * LATE_SHARE:.0f}%): the ranks take turns, noise")
+    return f"no straggler: the slowest rank, {line}), is under the {100 * s['limit']:.0f}% that names one"

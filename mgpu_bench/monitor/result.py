@@ -120,6 +120,8 @@ def conclude(mon, records: list[dict | None], alone: bool = False) -> dict:
         doc["findings"].append(job["straggler_text"])
     if not run.stats:
         doc["status"] = status("failed", run.stop_message)
+        if not alone and mon.rank == 0:
+            mon._misuse("no-step", f"finish(): {run.stop_message}; nothing stored", stacklevel=5)
     if alone or mon.rank != 0:
         return doc
     _report(mon, doc, run, job)
@@ -221,13 +223,11 @@ def _workload(mon, key: str, tps, counted, flops_step, batch) -> dict:
     params = None
     if mon.model is not None:
         params = sum(p.numel() for p in {id(p): p for p in mon.model.parameters()}.values())
-    out = {"key": key, "text": key, "kind": "job", "params": params, "tokens_per_sample": tps, "seq_len": tps,
-           "image_size": None}
-    if flops_step and batch:
-        out["flops"] = {"per_sample": flops_step / batch, "batch_size": counted["batch_size"] if counted else batch,
-                        "device": counted["device"] if counted else "given",
-                        "note": counted.get("note") if counted else "flops_per_step given",
-                        "dense_ops": counted.get("dense_ops") if counted else None}
+    out = {"key": key, "text": key, "kind": "job", "tokens_per_sample": tps, "seq_len": tps, "image_size": None,
+           **({"params": params} if params is not None else {})}
+    if counted and flops_step and batch and not mon.flops_per_step:  # as counted (given FLOPs: the job section)
+        out["flops"] = {"per_sample": counted["flops"] / counted["batch_size"], "batch_size": counted["batch_size"],
+                        "device": counted["device"], "note": counted.get("note"), "dense_ops": counted.get("dense_ops")}
     return out
 
 
@@ -341,13 +341,13 @@ def _report(mon, doc, run, job) -> None:
 def job_lines(job: dict, run) -> list[str]:
     """The monitor's own lines under the model table: gross against effective throughput, the
     ceiling's source, the per-rank figures."""
-    lines = []
+    lines: list[str] = []
     st = run.stats[0]
     if job.get("effective_samples_per_s"):
         gross, eff = job["gross_samples_per_s"], job["effective_samples_per_s"]
         lines.append(f"gross {gross:,.1f} samples/s (the whole step), effective {eff:,.1f} samples/s (compute() alone): "
                      f"the time outside compute() costs {100 * max(0.0, 1 - gross / eff):.1f}%")
-    if job.get("flops_source"):
+    if job.get("flops_source") and "given" in job["flops_source"]:  # a count is said by the model table's lines
         lines.append(f"FLOPs per step and rank: {job['flops_per_step'] / 1e9:,.2f} GFLOP, {job['flops_source']}")
     c = job.get("ceiling")
     if c:
@@ -361,6 +361,9 @@ def job_lines(job: dict, run) -> list[str]:
                          f"compute {1e3 * r['data_s']:.1f} ms, compute {1e3 * r['compute_s']:.1f} ms"
                          + (f", lag {1e3 * lag[idx]:.1f} ms" if idx < len(lag) else ""))
     if job.get("first_step_s") is not None:
-        lines.append(f"first step {job['first_step_s']:.2f} s (FLOPs counted there; not timed), window of "
-                     f"{st.derived.get('window_steps', 0)} of {run.config.steps} kept steps")
+        lines.append(f"first step {job['first_step_s']:.2f} s (not timed"
+                     + ("; its FLOPs counted" if (job.get("flops_source") or "").startswith("counted") else "") + ")")
+    if job.get("profile_steps") and st.derived.get("gpu_idle_share") is None:
+        lines.append(f"profiled steps {job['profile_steps'][0]}-{job['profile_steps'][1]} (not timed): no CUDA kernels "
+                     "to split on CPU processes")
     return lines

@@ -125,8 +125,9 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
     d["flops_per_s_per_gpu"] = d["samples_per_s_per_gpu"] * (flops_per_sample or 0.0)
     d["mfu"] = d["flops_per_s_per_gpu"] / peak_flops if peak_flops and flops_per_sample else None
     r0 = good[0]["phases"]
-    for p in PHASES:
-        d[f"{p}_s"] = statistics.median(r0[p][start:end])
+    for p in (*PHASES, "compute"):  # the in-job monitor times data and compute, not forward/backward/optimizer
+        if p in r0:
+            d[f"{p}_s"] = statistics.median(r0[p][start:end])
     d["data_share"] = d["data_s"] / step_s
     nosync = [r.get("no_sync_phases") for r in good if r.get("no_sync_phases")]
     if nosync:

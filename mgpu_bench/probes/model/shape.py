@@ -71,19 +71,25 @@ RUN = Obj({
 CONFIG = Obj({
     "model": Str(pattern=NAME), "seq_len": Int(1, 1 << 24, null=True), "batch_size": Int(1, 1 << 24),
     "grad_accum": Int(1, 1 << 20), "steps": Int(0, 1 << 24), "warmup_steps": Int(0, 1 << 24),
-    "parallel": Str(("ddp", "fsdp")), "data": Str(("synthetic", "loader", "both")), "num_workers": Int(0, 1 << 12),
+    "parallel": Str(("ddp", "fsdp", "job")), "data": Str(("synthetic", "loader", "both")), "num_workers": Int(0, 1 << 12),
     "preprocess_ms": Num(0), "data_dir": Str(null=True), "checkpointing": Bool(), "exposed_comm": Bool(),
     "profile": Bool(), "device": Str(("cuda", "cpu")), "seed": Int(), "progress": Bool(), "compile": Bool(null=True),
     "workload": Str(max_len=4096, null=True), "image_size": Int(1, 1 << 16, null=True),
 }, what="a model config", null=True)
 # The workload trained (workloads.Workload.facts()) and its FLOPs as counted (measure.flop_facts).
 WORKLOAD = Obj({
-    "key": Str(pattern=NAME), "text": Str(max_len=4096), "kind": Str(("gpt", "torchvision", "hf", "module")),
+    "key": Str(pattern=NAME), "text": Str(max_len=4096), "kind": Str(("gpt", "torchvision", "hf", "module", "job")),
     "params": Int(0), "tokens_per_sample": Int(1, null=True), "seq_len": Int(1, null=True),
     "image_size": Int(1, null=True), "formula_per_sample": Num(0, null=True), "formula": Str(null=True),
     "flops": Obj({"per_sample": Num(0), "batch_size": Int(1), "device": Str(max_len=100), "note": Str(null=True),
                   "dense_ops": Int(0, null=True)}, what="a FLOP count", null=True),
 }, required=("key", "kind"), what="a workload", null=True)
+# What the in-job StepMonitor adds (mgpu_bench.monitor.result): per-rank figures, the straggler, windows.
+JOB = Obj({
+    "name": Str(max_len=4096), "key": Str(pattern=NAME), "ranks": List(AnyValue()), "windows": List(AnyValue()),
+    "straggler": Obj({"rank": Int(0, MAX_RANKS), "lag_s": Num(0), "lag_share": Num(0), "named": Bool(),
+                      "by": Str(("arrival", "wall", "kernels"))}, what="a straggler", null=True),
+}, required=("name", "key"), what="a job's monitor figures", null=True)
 SCHEMA = Obj({
     "config": CONFIG, "status": STATUS, "gpu_counts": List(Int(1, MAX_RANKS), null=True),
     "data_modes": List(Str(("synthetic", "loader")), null=True), "gpu_name": Str(null=True),
@@ -91,4 +97,5 @@ SCHEMA = Obj({
                 null=True),
     "scaling": Map(Num(null=True), keys=r"\d{1,7}", null=True, keys_what="a GPU count"),
     "runs": List(RUN), "findings": List(Str(), null=True), "workload": WORKLOAD,
+    "job": JOB,
 }, required=("config", "status", "gpu_counts", "data_modes", "runs"), what="a model result")
