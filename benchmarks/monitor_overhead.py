@@ -13,7 +13,7 @@ report, and `mgpu-bench model` runs the same model, batch and sequence length; b
 printed with their difference.
 
     python benchmarks/monitor_overhead.py --model 350m --seq-len 2048 --batch-size 8 --steps 30 --reps 5
-    python benchmarks/monitor_overhead.py --device cpu --model tiny --vocab 512 --seq-len 64 --batch-size 8 --steps 40 --reps 15 --no-model-cli
+    python benchmarks/monitor_overhead.py --device cpu --model tiny --vocab 512 --seq-len 64 --batch-size 8 --steps 10 --reps 40
 """
 
 from __future__ import annotations
@@ -107,9 +107,12 @@ def main() -> None:
     step_ms = 1e3 * statistics.median(plains) / args.steps
     print(f"plain loop {spec.name} seq {args.seq_len} batch {args.batch_size} on {dev}: {step_ms:.2f} ms/step "
           f"(median of {args.reps} blocks of {args.steps} steps; block-to-block noise {100 * _noise(plains):.2f}%)")
+    med = statistics.median(ratios)
+    # the median's standard error: 1.2533 x sigma / sqrt(n), sigma from the pairs' MAD (1.4826 x MAD)
+    se = 1.2533 * 1.4826 * statistics.median(abs(r - med) for r in ratios) / len(ratios) ** 0.5
     print(f"monitored loop: {1e3 * statistics.median(mons) / args.steps:.2f} ms/step; overhead "
-          f"{100 * statistics.median(ratios):+.3f}% (median over {args.reps} ABBA pairs; pairs range "
-          f"{100 * min(ratios):+.2f}% to {100 * max(ratios):+.2f}%; target < 1%)", flush=True)
+          f"{100 * med:+.3f}% +- {100 * se:.3f}% (median over {args.reps} ABBA pairs +- its standard error; pairs "
+          f"range {100 * min(ratios):+.2f}% to {100 * max(ratios):+.2f}%; target < 1%)", flush=True)
 
     # the hot path alone: an empty step with compute, per call
     mon = bare_monitor()
@@ -135,7 +138,9 @@ def main() -> None:
     mine = d["tokens_per_s"]
     print(f"monitor: {mine:,.0f} tokens/s, {1e3 * d['step_s']:.1f} ms/step"
           + (f", MFU {100 * d['mfu']:.1f}%" if d.get("mfu") is not None else ""), flush=True)
-    if args.no_model_cli:
+    if args.no_model_cli or args.vocab:
+        if args.vocab:
+            print("no `mgpu-bench model` beside it: it trains the built-in vocabulary, not --vocab")
         return
     model = opt = mon = None  # the model run beside it needs the memory
     if cuda:
