@@ -354,3 +354,23 @@ def test_given_flops_and_peak_make_the_mfu_and_tokens_per_step_make_tokens_per_s
     assert d["tokens_per_s"] == pytest.approx(100 / d["step_s"]) and doc["config"]["seq_len"] == 50
     assert doc["job"]["flops_source"] == "given (flops_per_step)" and "flops" not in doc["workload"]
     assert doc["peak"]["source"] == "user override"
+
+
+def test_without_counted_shapes_the_ceiling_is_a_stored_gemm_run_of_this_gpu(tmp_path):
+    from pathlib import Path
+
+    from mgpu_bench.history import History
+    from mgpu_bench.monitor import result
+
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "gpu" / "gemm-shared.json").read_text())
+    db = tmp_path / "h.sqlite3"
+    with History.open(db) as h:
+        run_id = h.save(fixture)
+        best = max(m.value for m in h.metrics(run_id) if m.name.endswith(".bf16.tflops"))
+    mon = StepMonitor("ceiling", db=str(db), print=False)
+    host, gpu = fixture["environment"]["host"], fixture["results"][0]["gpu_name"]
+    c = result._stored_gemm(mon, gpu, host, 0.5 * best)
+    assert c["flops_per_s"] == best and c["of_ceiling"] == pytest.approx(0.5)
+    assert f"stored gemm run {run_id}" in c["source"] and gpu in c["source"]
+    assert result._stored_gemm(mon, "NVIDIA B200", host, best) is None  # another GPU model: no reference
+    assert result._stored_gemm(mon, gpu, "another-host", best) is None
