@@ -22,7 +22,7 @@ import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from mgpu_bench.errors import InputError
 
@@ -98,38 +98,77 @@ def _attention_formulas() -> dict:
     return out
 
 
+class Counter:
+    """torch.utils.flop_counter.FlopCounterMode with torch's formulas, the CPU flash-attention
+    ones it lacks, and the record of every dense op (DENSE_OPS) it sees, entered around what is
+    to be counted: `with Counter() as c: ...; c.result(batch_size, device)`.
+
+    `guarded`: every formula runs inside a guard, and one that fails on an odd argument counts 0
+    and is said in `failed` (for counting a user's live training step, which the count must never
+    break); unguarded, a formula's error is raised (a workload mgpu-bench builds)."""
+
+    def __init__(self, guarded: bool = False) -> None:
+        import torch
+        from torch.utils.flop_counter import FlopCounterMode
+
+        base = FlopCounterMode(display=False).flop_registry  # torch's formulas, each taking raw arguments
+        self.seen: dict[str, dict] = {}
+        self.failed: list[str] = []
+        dense = {getattr(torch.ops.aten, n, None): n for n in DENSE_OPS}
+        dense.pop(None, None)
+        packets = base if guarded else {p: base[p] for p in dense if p in base}
+        mapping = {p: self._wrap(formula, dense.get(p), raw=True, guarded=guarded) for p, formula in packets.items()}
+        for packet, formula in _attention_formulas().items():  # shape formulas: FlopCounterMode wraps them
+            mapping[packet] = self._wrap(formula, None, raw=False, guarded=guarded) if guarded else formula
+        self.mode = FlopCounterMode(display=False, custom_mapping=mapping)
+
+    def _wrap(self, formula: Callable, dense_name: str | None, raw: bool, guarded: bool) -> Callable:
+        def counted(*args, out_val=None, **kwargs):
+            try:
+                n = formula(*args, out_val=out_val, **kwargs)
+            except Exception as exc:
+                if not guarded:
+                    raise
+                if len(self.failed) < 5:
+                    self.failed.append(f"{getattr(formula, '__name__', 'formula')}: {type(exc).__name__}")
+                return 0
+            if dense_name is not None:
+                spec = {"op": dense_name, "args": _spec(args), "kwargs": _spec(kwargs)}
+                row = self.seen.setdefault(json.dumps(spec, sort_keys=True), {**spec, "count": 0, "flops": float(n)})
+                row["count"] += 1
+            return n
+
+        counted._get_raw = raw  # FlopCounterMode passes the tensors themselves, not their shapes
+        return counted
+
+    def __enter__(self) -> Self:
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.mode.__exit__(*exc)
+
+    @property
+    def total(self) -> float:
+        return float(self.mode.get_total_flops())
+
+    def result(self, batch_size: int, device: str, note: str | None = None) -> FlopCount:
+        """The count as a FlopCount of `batch_size` samples on `device`, its dense ops largest
+        share first."""
+        ops = tuple(sorted(self.seen.values(), key=lambda r: -r["flops"] * r["count"]))
+        return FlopCount(self.total, batch_size, device, ops, note)
+
+
 def count(model, batch, loss_fn: Callable, batch_size: int, device: str, autocast_dtype=None,
           note: str | None = None) -> FlopCount:
-    """FLOPs of loss_fn(model, batch) and its backward, counted by FlopCounterMode, with the
-    dense ops recorded. The model's gradients are set to None afterwards. InputError when the
-    loss is not a 0-d floating tensor (the workload protocol's contract)."""
+    """FLOPs of loss_fn(model, batch) and its backward, counted by FlopCounterMode (Counter),
+    with the dense ops recorded. The model's gradients are set to None afterwards. InputError
+    when the loss is not a 0-d floating tensor (the workload protocol's contract)."""
     import contextlib
 
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
-    base = FlopCounterMode(display=False).flop_registry  # torch's formulas, each taking raw arguments
-    seen: dict[str, dict] = {}
-
-    def recorder(packet, name: str):
-        formula = base[packet]
-
-        def record(*args, out_val=None, **kwargs):
-            flops = formula(*args, out_val=out_val, **kwargs)
-            spec = {"op": name, "args": _spec(args), "kwargs": _spec(kwargs)}
-            row = seen.setdefault(json.dumps(spec, sort_keys=True), {**spec, "count": 0, "flops": float(flops)})
-            row["count"] += 1
-            return flops
-
-        record._get_raw = True  # FlopCounterMode passes the tensors themselves, not their shapes
-        return record
-
-    mapping = _attention_formulas()
-    for name in DENSE_OPS:
-        packet = getattr(torch.ops.aten, name, None)
-        if packet is not None and packet in base:
-            mapping[packet] = recorder(packet, name)
-    counter = FlopCounterMode(display=False, custom_mapping=mapping)
+    counter = Counter()
     dev_type = device.split(":")[0]
     amp = torch.autocast(device_type=dev_type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     with counter:
@@ -140,12 +179,10 @@ def count(model, batch, loss_fn: Callable, batch_size: int, device: str, autocas
             raise InputError(f"the loss returned {got}: expected a 0-d floating tensor (the mean loss of the batch)")
         loss.backward()
     model.zero_grad(set_to_none=True)
-    flops = float(counter.get_total_flops())
-    if flops <= 0:
+    if counter.total <= 0:
         raise InputError("the step has no counted FLOPs (no matmul, convolution or attention in forward or "
                          "backward): nothing for MFU to measure")
-    ops = tuple(sorted(seen.values(), key=lambda r: -r["flops"] * r["count"]))
-    return FlopCount(flops, batch_size, device, ops, note)
+    return counter.result(batch_size, device, note)
 
 
 def _tensor(spec: dict, device, dtype, channels_last: bool, gen):

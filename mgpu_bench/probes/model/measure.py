@@ -249,24 +249,29 @@ def _fsdp(model, blocks: list, on_gpu: bool):
 def _profile_split(run) -> dict:
     """Where a few steps' GPU time goes, from the CUDA kernels' own intervals (torch.profiler's
     trace): analyse.kernel_split of them, so that overlapping streams are counted once."""
-    import json
-
     from torch.profiler import ProfilerActivity, profile
-
-    from mgpu_bench import children
 
     with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle": one cycle here
         warnings.simplefilter("ignore", UserWarning)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             marks = run()
+    return {"steps": len(marks), **kernel_split(profiled_kernels(prof))}
+
+
+def profiled_kernels(prof) -> list[tuple[float, float, str]]:
+    """The CUDA kernels of a finished torch.profiler run as (start us, end us, name), read from
+    its chrome trace (the kernels' own device intervals)."""
+    import json
+
+    from mgpu_bench import children
+
     with children.temp_folder("mgpu-prof-") as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f).get("traceEvents") or []
-    kernels = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur") or 0.0), str(e.get("name")))
-               for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
-    return {"steps": len(marks), **kernel_split(kernels)}
+    return [(float(e["ts"]), float(e["ts"]) + float(e.get("dur") or 0.0), str(e.get("name")))
+            for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
 
 
 # ------------------------------------------------------------------------------------ launching
