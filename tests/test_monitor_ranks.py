@@ -85,7 +85,8 @@ def test_both_loaders_slowed_the_job_is_input_bound(two_ranks):
     validate(json.loads(json.dumps(doc)), "rank 0's document")
     assert doc["config"]["model"] == "job:ranks" and doc["config"]["parallel"] == "ddp"
     assert doc["gpu_counts"] == [2] and len(doc["runs"][0]["ranks"]) == 2
-    assert any(f.startswith("2 process(es): input-bound: waiting for data is") for f in doc["findings"])
+    verdict = next(f for f in doc["findings"] if f.startswith("2 process(es): input-bound: waiting for data is"))
+    assert "--num-workers" not in verdict and "give the DataLoader more workers" in verdict  # the job's own lever
     assert doc["runs"][0]["derived"]["data_s"] == pytest.approx(SLEEP_S, rel=0.6)
     assert not doc["job"]["straggler"]["named"]  # both as slow: nobody waits for one rank
 
@@ -97,6 +98,11 @@ def test_one_rank_slowed_is_named_the_straggler_with_its_lag(two_ranks):
     assert 0.6 * SLEEP_S < s["lag_s"] < 2.5 * SLEEP_S
     assert s["per_rank_lag_s"][0] < 0.3 * s["lag_s"]
     assert any(f.startswith("straggler: rank 1 (cpu on ") for f in doc["findings"])
+    # drawn again from the document (mgpu-bench report rN, the suite page): the same finding
+    from mgpu_bench.probe import get
+
+    again = [f.text for f in get("model").findings(json.loads(json.dumps(doc)))]
+    assert sum(t.startswith("straggler: rank 1 (cpu on ") for t in again) == 1
     per_rank = {r["rank"]: r for r in doc["job"]["ranks"]}
     assert per_rank[1]["data_s"] > per_rank[0]["data_s"] + 0.5 * SLEEP_S  # rank 1 waits for data, rank 0 for rank 1
 

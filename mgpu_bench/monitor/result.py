@@ -107,6 +107,7 @@ def conclude(mon, records: list[dict | None], alone: bool = False) -> dict:
     missing = [i for i, r in enumerate(records) if r is None]
     steps, cols = _aligned(present) if present else ([], [])
     run, job = build(mon, present, missing, steps, cols)
+    run.job = job  # the straggler among the findings, wherever the run is drawn again
     from mgpu_bench.env import fingerprint
     from mgpu_bench.probes.model.document import document
 
@@ -116,8 +117,6 @@ def conclude(mon, records: list[dict | None], alone: bool = False) -> dict:
         environment = {}
     doc = Document.of(document(run, environment, list(sys.argv)), run)
     doc["job"] = job
-    if job.get("straggler_text"):
-        doc["findings"].append(job["straggler_text"])
     if not run.stats:
         doc["status"] = status("failed", run.stop_message)
         if not alone and mon.rank == 0:

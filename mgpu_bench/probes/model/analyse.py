@@ -283,6 +283,7 @@ class ModelRun:
     stop_message: str | None = None
     wall_seconds: float = 0.0
     workload: dict = field(default_factory=dict)  # Workload.facts() and "flops" (measure.flop_facts)
+    job: dict = field(default_factory=dict)  # the in-job monitor's own figures (straggler, ranks), for a job
 
     def get(self, world: int, data: str) -> StepStats | None:
         return next((s for s in self.stats if s.world == world and s.data == data), None)
@@ -329,7 +330,7 @@ def verdicts(run: ModelRun, shared: Sequence = ()) -> list[Verdict]:
         main = eff or gross
         if main is None:
             continue
-        text = verdict(main, gross if eff is not None else None)
+        text = in_words_of(run, verdict(main, gross if eff is not None else None))
         causes = list(dict.fromkeys(c for p in shared if (c := cause(p.gpu, list(shared)))))
         if causes and run.config.device == "cuda":
             text = (f"shared GPU: {'; '.join(causes)}: the step's figures are not this GPU's alone "
@@ -395,13 +396,34 @@ def findings(run: ModelRun, shared: Sequence = ()) -> list[Finding]:
                                  f"{throughput(gross.derived):.0f} against synthetic "
                                  f"{throughput(eff.derived):.0f} {unit(eff.derived)})"))
         if main.derived and not main.window[2]:
-            lines.append(Finding(WARNING, f"{at}: no stable window (step times kept moving by more than "
-                                          f"{100 * STABLE_TOLERANCE:.0f}%): figures over every step after warm-up; "
-                                          "add --steps"))
+            lines.append(Finding(WARNING, in_words_of(run, f"{at}: no stable window (step times kept moving by more "
+                                                      f"than {100 * STABLE_TOLERANCE:.0f}%): figures over every "
+                                                      "step after warm-up; add --steps")))
     for n, e in run.scaling().items():
         if n > 1:
             lines.append(_scaling(run, n, e))
+    if run.job.get("straggler_text"):  # a job the in-job monitor measured: its slowest rank
+        lines.append(Finding(WARNING, run.job["straggler_text"]))
     return lines
+
+
+# A job the in-job monitor (mgpu_bench.monitor) measured has no mgpu-bench options: its verdicts
+# name what to change in the job instead.
+_JOB_WORDS = {
+    "raise --num-workers": "give the DataLoader more workers",
+    "add --steps": "let the job run more steps before finish()",
+    "lower --batch-size": "lower the batch size",
+}
+
+
+def in_words_of(run: ModelRun, text: str) -> str:
+    """A verdict or finding as the run's user acts on it: mgpu-bench's options for its own runs,
+    the job's own levers for a job the monitor measured."""
+    if run.workload.get("kind") != "job":
+        return text
+    for option, words in _JOB_WORDS.items():
+        text = text.replace(option, words)
+    return text
 
 
 def _scaling(run: ModelRun, n: int, eff: float) -> Finding:

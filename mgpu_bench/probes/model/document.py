@@ -60,6 +60,7 @@ def run_from_document(doc: dict) -> ModelRun:
         stop_message=st.get("message"),
         wall_seconds=doc.get("wall_seconds") or 0.0,
         workload=dict(doc.get("workload") or {}),
+        job=dict(doc.get("job") or {}),
     )
     for s in doc.get("runs") or []:
         w = s.get("window") or (0, 0, False)
