@@ -75,6 +75,7 @@ def cli() -> None:
     mgpu-bench fleet                  under srun/torchrun: the bad node, GPU, rail or link of a cluster
     mgpu-bench check --drain          this node fit for jobs, within 60 s: Slurm, NHC, node-problem-detector
     mgpu-bench suite --quick          the three rounds in one report, stored and compared
+    mgpu-bench plan --tokens 300B     will it fit, how many GPUs, how many days: from the history
     mgpu-bench history list           stored runs; compare RUN gates on regressions (exit 1)
     """
 

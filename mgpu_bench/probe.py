@@ -33,6 +33,7 @@ REGISTRY: dict[str, str] = {
     "overlap": "mgpu_bench.probes.overlap",
     "check": "mgpu_bench.probes.check",
     "suite": "mgpu_bench.suite",
+    "plan": "mgpu_bench.probes.plan",
 }
 
 PROBLEM, WARNING, OK = "problem", "warning", "ok"

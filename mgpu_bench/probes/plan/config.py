@@ -1,0 +1,110 @@
+"""What `mgpu-bench plan` is asked: the workload, the budget (tokens or samples), days or GPUs, and
+how it trains. Plain data and the parsers of its options (bad input is InputError: exit code 2)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from mgpu_bench.errors import InputError
+
+MAX_COUNT = 1e18  # a token or sample budget beyond this is a typo (the largest published budgets are ~1e13)
+MAX_DAYS = 36_500.0
+MAX_GPUS = 1_000_000
+COUNT_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}  # decimal: 300B = 3e11 tokens
+_COUNT = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([kmbgt]?)\s*(?:tokens?|samples?)?\s*$",
+                    re.IGNORECASE)
+# A bare GPT size: layers=L,width=D[,heads=H][,vocab=V]; its parameters come from the GPT formula.
+BARE_KEYS = ("layers", "width", "heads", "vocab")
+
+
+@dataclass(frozen=True)
+class BareSize:
+    """A GPT shape given by its sizes, not built: the built-in GPT's layout (pre-LayerNorm blocks,
+    an MLP 4x wide, learned positions, the LM head tied to the token table) at these sizes."""
+
+    layers: int
+    width: int
+    heads: int
+    vocab: int = 50304
+
+    @property
+    def key(self) -> str:
+        return f"gpt-L{self.layers}-d{self.width}"
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """model: what --model said (a workload form, or a bare size); tokens / samples: the budget
+    (one of them); days xor gpus: the question (neither: the curve alone); parallel ddp or fsdp;
+    seq_len / batch_size None: the workload's defaults; network: a hardware.json network for the
+    traffic between nodes; gpus_per_node None: read from the history; measure: run what is missing
+    first; db: the history database (None: the default)."""
+
+    model: str
+    tokens: float | None = None
+    samples: float | None = None
+    days: float | None = None
+    gpus: int | None = None
+    parallel: str = "ddp"
+    seq_len: int | None = None
+    batch_size: int | None = None
+    network: str | None = None
+    gpus_per_node: int | None = None
+    measure: bool = False
+    db: str | None = None
+
+    @property
+    def budget(self) -> float:
+        return self.tokens if self.tokens is not None else float(self.samples or 0.0)
+
+    @property
+    def budget_unit(self) -> str:
+        return "tokens" if self.tokens is not None else "samples"
+
+
+def parse_count(text: str, flag: str) -> float:
+    """'300B' -> 3e11, '1.2T' -> 1.2e12, '5e11' -> 5e11 (K, M, B or G, T: 10^3, 10^6, 10^9, 10^12,
+    case-insensitive; a trailing 'tokens' or 'samples' is allowed); InputError otherwise."""
+    m = _COUNT.match(text or "")
+    if not m:
+        raise InputError(f"{flag} {text!r}: write a count like 300B, 1.2T or 5e11 (K, M, B, T: thousand, million, "
+                         "billion, trillion)")
+    value = float(m.group(1)) * COUNT_UNITS[m.group(2).lower()]
+    if not math.isfinite(value) or value < 1:
+        raise InputError(f"{flag} {text!r}: give at least 1")
+    if value > MAX_COUNT:
+        raise InputError(f"{flag} {text!r}: at most 1e18; check the unit")
+    return value
+
+
+def parse_bare_size(text: str) -> BareSize | None:
+    """`layers=48,width=6144[,heads=48][,vocab=50304]` -> BareSize; None for any other --model
+    form (they have no '='). heads defaults to width / 64 (GPT-2's 64-wide heads: it only enters
+    the activation formula's attention term)."""
+    if "=" not in text:
+        return None
+    values: dict[str, int] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in BARE_KEYS:
+            raise InputError(f"--model {text!r}: a bare size is layers=L,width=D[,heads=H][,vocab=V]; "
+                             f"{part.strip()!r} is not one of its parts")
+        if key in values:
+            raise InputError(f"--model {text!r}: {key} is given twice")
+        try:
+            values[key] = int(value.strip())
+        except ValueError:
+            raise InputError(f"--model {text!r}: {key}={value.strip()!r} is not a whole number") from None
+        if not 1 <= values[key] <= 10_000_000:
+            raise InputError(f"--model {text!r}: {key} must be from 1 to 10000000")
+    for key in ("layers", "width"):
+        if key not in values:
+            raise InputError(f"--model {text!r}: a bare size needs layers and width (layers=48,width=6144)")
+    width = values["width"]
+    heads = values.get("heads") or max(1, width // 64)
+    if width % heads:
+        raise InputError(f"--model {text!r}: width {width} is not a multiple of heads {heads}")
+    return BareSize(values["layers"], width, heads, values.get("vocab", 50304))

@@ -1,0 +1,29 @@
+"""plan's headline metrics: what the plan projects, so that `history trend` shows a projection move
+when the figures under it do (a driver upgrade, a slower link):
+
+    plan.{model}.{parallel}.{n}gpu.step               s, the step time on n GPUs (the answer's n)
+    plan.{model}.{parallel}.{n}gpu.time_to_train      s, for the plan's budget on n GPUs
+
+{model} is the workload's key. No samples: a projection has no noise of its own (its range is in
+the document)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mgpu_bench.metrics import Metric, slug
+
+
+def headline(doc: Mapping) -> list[Metric]:
+    answer = doc.get("answer") or {}
+    n = answer.get("gpus")
+    point = next((p for p in doc.get("curve") or [] if p.get("gpus") == n), None)
+    if not n or point is None:
+        return []
+    key, parallel = slug((doc.get("workload") or {}).get("key")), slug((doc.get("config") or {}).get("parallel"))
+    prefix = f"plan.{key}.{parallel}.{int(n)}gpu"
+    labels = {"model": str((doc.get("workload") or {}).get("key")), "parallel": parallel, "gpus": str(n)}
+    out = [Metric(f"{prefix}.step", float(point["step_s"]), "s", "lower", (), labels)]
+    if point.get("days") is not None:
+        out.append(Metric(f"{prefix}.time_to_train", float(point["days"]) * 86400.0, "s", "lower", (), labels))
+    return out

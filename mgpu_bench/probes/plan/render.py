@@ -1,0 +1,57 @@
+"""The plan on the terminal: the figures with their sources, then the step and days per GPU count.
+One table model (rows built once, here), printed by rich here and by report.py as HTML/Markdown."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from . import text
+
+
+def figure_rows(doc: Mapping) -> tuple[list[str], list[list[str]]]:
+    return ["figure", "value", "source"], [[f["name"], text.value(f["value"], f["unit"]), f["source"]]
+                                           for f in doc.get("figures") or []]
+
+
+def curve_rows(doc: Mapping) -> tuple[list[str], list[list[str]]]:
+    """Per GPU count: the step and its range, throughput per GPU, efficiency against one GPU, days
+    and their range, and whether it was measured (the run) or projected."""
+    unit = "tokens/s" if (doc.get("workload") or {}).get("tokens_per_sample") else "samples/s"
+    headers = ["GPUs", "step", "range", f"{unit} per GPU", "efficiency", "days", "range", "from"]
+    rows = []
+    for p in doc.get("curve") or []:
+        rows.append([str(p["gpus"]), text.value(p["step_s"], "s"),
+                     text.span(p["low_s"], p["high_s"], lambda s: text.value(s, "s")),
+                     text.rate(p["rate_per_gpu"]), f"{100 * p['efficiency']:.1f}%",
+                     text.days(p.get("days")), text.span(p.get("days_low"), p.get("days_high"), text.days),
+                     f"measured {p['measured']}" if p.get("measured") else "projected"])
+    return headers, rows
+
+
+def title(doc: Mapping) -> str:
+    w, cfg, dev = doc.get("workload") or {}, doc.get("config") or {}, doc.get("device") or {}
+    budget = doc.get("budget") or {}
+    size = f"seq {w['tokens_per_sample']}" if w.get("tokens_per_sample") else ""
+    amount = f", {text.count(budget['value'])} {budget['unit']}" if budget.get("value") else ""
+    return (f"plan: {w.get('key')} ({text.value(w.get('params'), 'params')} parameters{', ' + size if size else ''}), "
+            f"{cfg.get('parallel', 'ddp').upper()}, batch {doc.get('batch')} per GPU on {dev.get('name')}{amount}")
+
+
+def render_terminal(doc: Mapping, console) -> None:
+    from rich.table import Table
+
+    from mgpu_bench.output.tables import print_table
+
+    for caption, (headers, rows) in ((title(doc) + ": the figures and where they come from", figure_rows(doc)),
+                                     ("step and days per GPU count (range: see --help)", curve_rows(doc))):
+        if not rows:
+            continue
+        t = Table(title=caption, title_justify="left", pad_edge=False, box=None, header_style="bold")
+        for h in headers:
+            t.add_column(h, justify="left" if h in ("figure", "source", "from", "range") else "right")
+        for r in rows:
+            t.add_row(*r)
+        print_table(console, t)
+    for m in doc.get("measured_now") or []:
+        console.print(f"measured: {m['command']}: {m['status']} in {m['seconds']:.1f} s"
+                      + (f", stored as {m['run']}" if m.get("run") else ""), highlight=False, soft_wrap=True)

@@ -1,0 +1,47 @@
+"""The plan result document's declared shape (mgpu_bench.schema), checked on every read.
+Import-light: the history validates stored documents through it without loading a backend.
+
+What the readers rely on (the findings, the tables, the curve plot, the headline): the question
+(config), the workload's key (part of metric names), each figure with its source, the fit per
+parallelism, the curve of step times with their ranges and days, the measured points, the answer
+and what is missing. The run is the document itself: nothing is derived again from raw samples."""
+
+from __future__ import annotations
+
+from mgpu_bench.schema import MAX_RANKS, NAME, STATUS, AnyValue, Bool, Int, List, Num, Obj, Str
+
+_GPUS = Int(1, MAX_RANKS)
+_SECONDS = Num(0, null=True)
+FIGURE = Obj({"name": Str(max_len=200), "value": Num(null=True), "unit": Str(max_len=20), "source": Str()},
+             required=("name", "value", "unit", "source"), what="a figure")
+POINT = Obj({
+    "gpus": _GPUS, "step_s": Num(positive=True), "low_s": Num(0), "high_s": Num(0), "measured": Str(null=True),
+    "compute_s": _SECONDS, "comm_s": _SECONDS, "exposed_s": _SECONDS, "noise": Num(0, null=True),
+    "rate_per_gpu": Num(0), "efficiency": Num(0), "days": _SECONDS, "days_low": _SECONDS, "days_high": _SECONDS,
+}, required=("gpus", "step_s", "low_s", "high_s", "measured", "rate_per_gpu", "efficiency"), what="a curve point")
+FIT = Obj({
+    "parallel": Str(("ddp", "fsdp")), "gpus": _GPUS, "batch": Int(1), "states": Num(0),
+    "activations": Num(0, null=True), "other": Num(0), "allocated": Num(0, null=True), "reserved": Num(0, null=True),
+    "capacity": Num(0, null=True), "fits": Bool(null=True),
+}, required=("parallel", "gpus", "batch", "states", "allocated", "reserved", "capacity", "fits"), what="a fit")
+MISSING = Obj({"what": Str(), "command": Str(null=True), "args": List(Str(), null=True), "why": Str(null=True)},
+              required=("what", "command"), what="a missing figure")
+SCHEMA = Obj({
+    "status": STATUS,
+    "config": Obj({"model": Str(max_len=4096), "parallel": Str(("ddp", "fsdp")), "gpus": Int(1, null=True),
+                   "days": Num(0, null=True)}, required=("model", "parallel"), what="a plan config"),
+    "workload": Obj({"key": Str(pattern=NAME), "params": Int(0), "tokens_per_sample": Int(1, null=True)},
+                    required=("key", "params"), what="a workload"),
+    "budget": Obj({"value": Num(0), "unit": Str(("tokens", "samples"))}, what="a budget"),
+    "device": Obj({"name": Str(max_len=200), "gpus_per_node": Int(1, 1 << 16)}, required=("name", "gpus_per_node"),
+                  what="a device"),
+    "batch": Int(1), "figures": List(FIGURE),
+    "fit": Obj({"ddp": FIT, "fsdp": FIT, "fewest_gpus_ddp": Int(1, null=True), "fewest_gpus_fsdp": Int(1, null=True),
+                "largest_batch_ddp": Int(0, null=True), "largest_batch_fsdp": Int(0, null=True),
+                "max_batch_measured": List(AnyValue(), null=True)}, required=("ddp", "fsdp"), what="the fit"),
+    "curve": List(POINT), "measured_points": List(POINT, null=True),
+    "answer": Obj({"question": Str(("gpus", "days")), "gpus": Int(1, null=True), "days": Num(0, null=True)},
+                  required=("question",), what="an answer", null=True),
+    "missing": List(MISSING), "measured_now": List(AnyValue(), null=True), "findings": List(Str(), null=True),
+}, required=("status", "config", "workload", "device", "batch", "figures", "fit", "curve", "missing"),
+    what="a plan result")

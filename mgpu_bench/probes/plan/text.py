@@ -1,0 +1,52 @@
+"""Figures in words: base units in the document, units chosen here (GiB, ms, GB/s, days)."""
+
+from __future__ import annotations
+
+GIB = float(1 << 30)
+
+
+def value(v, unit: str) -> str:
+    """A figure with its unit, readable: bytes as GiB, seconds as ms below 10 s, B/s as GB/s."""
+    if v is None:
+        return "-"
+    if unit == "B":
+        return f"{v / GIB:.2f} GiB" if v >= 0.01 * GIB else f"{v / (1 << 20):.2f} MiB"
+    if unit == "s":
+        return f"{1e3 * v:.1f} ms" if v < 10 else f"{v:.1f} s"
+    if unit == "B/s":
+        return f"{v / 1e9:.1f} GB/s"
+    if unit == "params":
+        return f"{v / 1e9:.3g}B" if v >= 1e9 else f"{v / 1e6:.4g}M"
+    if unit == "FLOP":
+        return f"{v / 1e12:.4g} TFLOP" if v >= 1e11 else f"{v / 1e9:.4g} GFLOP"
+    if unit == "fraction":
+        return f"{100 * v:.1f}%"
+    if unit == "x":
+        return f"{v:.3f}x"
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:.4g} {unit}"
+    return f"{int(v):,} {unit}"
+
+
+def count(n: float) -> str:
+    """A budget: 3e11 -> '300B'."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.4g}{suffix}"
+    return f"{n:g}"
+
+
+def days(d: float | None) -> str:
+    if d is None:
+        return "-"
+    if d < 1:
+        return f"{24 * d:.1f} h"
+    return f"{d:.1f} days" if d < 1000 else f"{d:,.0f} days"
+
+
+def rate(r: float) -> str:
+    return f"{r / 1e3:.1f}k" if r >= 1e4 else f"{r:.1f}"
+
+
+def span(lo, hi, fmt) -> str:
+    return f"{fmt(lo)} - {fmt(hi)}"

@@ -1,0 +1,113 @@
+"""The workload a plan is for, reduced to what the plan computes with: parameters, their tensors
+(DDP's buckets), the repeated blocks (FSDP's units), tokens per sample, FLOPs per sample, and for a
+GPT-shaped model its layers, width and heads (the activation formula). Built through
+mgpu_bench.workloads on the meta device (shapes, no memory), as every probe builds its workload;
+a bare size (layers=L,width=D) is the built-in GPT at those sizes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from mgpu_bench.errors import InputError
+
+from .config import BareSize, parse_bare_size
+
+
+@dataclass(frozen=True)
+class Facts:
+    """key: the history name its runs are stored under; kind: gpt, torchvision, hf, module or bare;
+    params and params_source ("counted ..." or "formula: ..."); tensors: each parameter's element
+    count in registration order, shared ones once; blocks x block_params: the repeated blocks;
+    shape: layers, width, heads, vocab where the model is GPT-shaped (else None); flops_per_sample
+    of one forward and backward and where it comes from; default_batch per GPU."""
+
+    key: str
+    text: str
+    kind: str
+    params: int
+    params_source: str
+    tokens_per_sample: int | None
+    seq_len: int | None
+    image_size: int | None
+    tensors: tuple[int, ...]
+    blocks: int
+    block_params: int
+    shape: BareSize | None
+    flops_per_sample: float | None
+    flops_source: str
+    default_batch: int
+
+    @property
+    def other_params(self) -> int:
+        """Parameters outside the repeated blocks (embeddings, heads, final norms)."""
+        return max(0, self.params - self.blocks * self.block_params)
+
+    @property
+    def sample_text(self) -> str:
+        if self.tokens_per_sample:
+            return f"seq {self.tokens_per_sample}"
+        return f"{self.image_size} px" if self.image_size else "the module's batches"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["tensors"] = len(self.tensors)  # the count: the list itself is rebuilt from the model
+        d["shape"] = None if self.shape is None else asdict(self.shape)
+        return d
+
+
+def describe(text: str, seq_len: int | None, on_gpu: bool) -> Facts:
+    """The workload `text` names (any form `model` takes, or a bare size), at `seq_len` tokens per
+    sample (None: its default; the CPU default where the plan is for CPU processes). InputError
+    (exit code 2) for one that cannot be built, in one line."""
+    from mgpu_bench import workloads
+
+    bare = parse_bare_size(text)
+    if bare is not None:
+        from mgpu_bench.workloads.gpt import GptWorkload, ModelSpec, param_count
+
+        seq = 2048 if seq_len is None else seq_len
+        if not 1 <= seq <= 1 << 20:
+            raise InputError(f"--seq-len {seq}: give 1 to 1048576 tokens")
+        spec = ModelSpec(bare.key, layers=bare.layers, d_model=bare.width, heads=bare.heads, vocab=bare.vocab,
+                         max_seq=seq)
+        w = GptWorkload(spec, seq)
+        params, source = param_count(spec), "formula: GPT (V + T) d + L (12 d^2 + 13 d) + 2 d"
+        kind, shape = "bare", bare
+    else:
+        w = workloads.resolve(text, seq_len=seq_len, cpu_defaults=not on_gpu)
+        kind = w.kind
+        params, source = None, "counted on the meta device (workloads)"
+        spec = getattr(w, "spec", None)
+        shape = None if spec is None else BareSize(spec.layers, spec.d_model, spec.heads, spec.vocab)
+    try:
+        model = w.build("meta")
+        unique = {id(p): p for p in model.parameters()}.values()
+        tensors = tuple(int(p.numel()) for p in unique)
+        blocks = w.blocks(model)
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a model that cannot be built is bad input, in one line
+        raise InputError(f"--model {text}: the model cannot be built ({workloads.last_line(exc)})") from None
+    if params is None:
+        params = sum(tensors)
+    block_params = sum(int(p.numel()) for p in blocks[0].parameters()) if blocks else 0
+    flops, flops_source = _flops(w)
+    return Facts(key=w.key, text=text, kind=kind, params=int(params), params_source=source,
+                 tokens_per_sample=w.tokens_per_sample, seq_len=w.seq_len, image_size=w.image_size, tensors=tensors,
+                 blocks=len(blocks), block_params=block_params, shape=shape, flops_per_sample=flops,
+                 flops_source=flops_source, default_batch=w.default_batch(on_gpu))
+
+
+def _flops(w) -> tuple[float | None, str]:
+    """FLOPs of one sample's forward and backward: the published formula where the workload has one
+    (the GPT's 6N + 12 L d T), else counted by FlopCounterMode on the meta device."""
+    formula = w.formula_flops(1)
+    if formula is not None:
+        return float(formula[0]), f"formula: {formula[1]} per token"
+    try:
+        count = w.count_flops(1, "meta")
+    except Exception as exc:  # noqa: BLE001 - a model meta cannot run: no FLOP figure, said so
+        from mgpu_bench.workloads import last_line
+
+        return None, f"not counted: {last_line(exc)}"
+    return float(count.per_sample), "counted by FlopCounterMode on the meta device"
