@@ -155,7 +155,7 @@ def test_every_figure_of_the_h200_plan_comes_from_its_run(tmp_path, h200):
     assert doc["fit"]["largest_batch_ddp"] == math.floor((run["total_memory"] / ratio - fixed) / slope)
     # the collective: the bucketed gradient bytes at the comm run's busbw, nothing hidden (no 2-GPU model run)
     two = _point(doc, 2)
-    assert _fig(doc, "allreduce busbw within a node")["source"].startswith(ids["comm"])
+    assert _fig(doc, "allreduce busbw, one node")["source"].startswith(ids["comm"])
     grad = _fig(doc, "gradient traffic")["value"]
     assert grad == pytest.approx(4 * params, rel=1e-9)
     busbw = [m["spec"]["bytes"] / max(m["burst_seconds"]) for m in fx["docs"]["comm"]["measurements"]
@@ -163,7 +163,7 @@ def test_every_figure_of_the_h200_plan_comes_from_its_run(tmp_path, h200):
     assert grad / max(busbw) <= two["comm_s"] <= grad / min(busbw)  # 2 ranks: bus factor 1
     assert two["step_s"] == pytest.approx(two["compute_s"] + two["comm_s"]) and two["measured"] is None
     # between nodes: the node's ring or 8 NDR ports at NCCL's 80%, the slower
-    assert "8 x NDR 50 GB/s x 80%" in _fig(doc, "allreduce busbw between nodes")["source"]
+    assert "8 x NDR 50 GB/s x 80%" in _fig(doc, "allreduce busbw, across nodes")["source"]
     assert _point(doc, 16)["comm_s"] >= grad * 2 * 15 / 16 / 320e9
     # the answer: days from the step at 64 GPUs
     p64, a = _point(doc, 64), doc["answer"]
@@ -180,7 +180,7 @@ def test_fsdp_shards_the_states_and_times_gather_and_scatter(tmp_path, h200):
     params = fsdp["workload"]["params"]
     assert 16 * params / 8 < fsdp["fit"]["fsdp"]["states"] < ddp["fit"]["ddp"]["states"]
     names = [f["name"] for f in fsdp["figures"]]
-    assert "allgather busbw within a node" in names and "reducescatter busbw within a node" in names
+    assert "allgather busbw, one node" in names and "reducescatter busbw, one node" in names
     assert _fig(fsdp, "allgather busbw")["source"].startswith(fx["ids"]["comm"])
     # each gather and scatter at its measured busbw: (n-1)/n of the traffic over the slowest and fastest figure
     traffic = _fig(fsdp, "gradient traffic")["value"]
@@ -274,7 +274,7 @@ def test_measure_runs_what_is_missing_into_the_same_history(tmp_path, cpu):
                        "--measure")
     ran = [m for m in doc["measured_now"] if m["command"].startswith("mgpu-bench comm")]
     assert ran and ran[0]["status"] == "ok", doc["measured_now"]
-    assert _fig(doc, "allreduce busbw within a node")["source"].startswith(ran[0]["run"])
+    assert _fig(doc, "allreduce busbw, one node")["source"].startswith(ran[0]["run"])
     with History.open(db) as h:
         assert h.get(ran[0]["run"]).kind == "comm"
     assert _point(doc, 4)["measured"] is None and _point(doc, 4)["comm_s"] > 0

@@ -33,7 +33,7 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
     sample = "tokens" if facts.tokens_per_sample else "samples"
     figures.append(figure("parameters", facts.params, "params", facts.params_source))
     if facts.flops_per_sample:
-        figures.append(figure("FLOPs per sample (forward + backward)", facts.flops_per_sample, "FLOP", facts.flops_source))
+        figures.append(figure("FLOPs per sample (fwd + bwd)", facts.flops_per_sample, "FLOP", facts.flops_source))
 
     run_here = (here, local_gpus)
     gpn, gpn_source = _gpus_per_node(cfg, ev, local_gpus)
@@ -47,11 +47,11 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
     capacity, cap_source = _capacity(ev)
     ratio, ratio_source = _reserved_ratio(ev)
     mem = Memory(facts, acts, capacity, ratio, param_bytes)
-    figures.append(figure("model states per GPU, DDP", STATE_BYTES * facts.params, "B",
+    figures.append(figure("model states per GPU (DDP)", STATE_BYTES * facts.params, "B",
                           "formula: 16 B/param, mixed-precision AdamW (ZeRO, Rajbhandari et al. 2020, section 3.1)"))
     figures.append(figure("activations per sample", acts.per_sample, "B", acts.source))
     if acts.other:
-        figures.append(figure("other fixed memory (beyond the model states)", acts.other, "B", acts.source))
+        figures.append(figure("other fixed memory", acts.other, "B", acts.source))
     figures.append(figure("device memory", capacity, "B", cap_source))
     if ratio != 1.0:
         figures.append(figure("reserved / allocated at peak", ratio, "x", ratio_source))
@@ -67,7 +67,7 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
 
     # -- time
     coll = collectives(facts, cfg.parallel, param_bytes)
-    figures.append(figure(f"gradient traffic per step ({cfg.parallel.upper()})", coll.total_bytes(), "B",
+    figures.append(figure("gradient traffic per step", coll.total_bytes(), "B",
                           _traffic_source(cfg.parallel, coll)))
     compute = compute_time(ev, facts, batch)
     if compute is None:
@@ -86,7 +86,7 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
                                for p in ev.steps):
             missing.append(_missing("the overlap of the gradient collective with the backward pass",
                                     _model_cmd(cfg, facts, ev, batch, run_here, scaling=True)))
-        figures.append(figure("share of the collective hidden by the backward pass", f, "fraction", source))
+        figures.append(figure("collective hidden by backward", f, "fraction", source))
         answer = _answer(cfg, facts, projection, mem, batch, gpn, missing)
         top = max(cfg.gpus or 0, (answer or {}).get("gpus_high") or (answer or {}).get("gpus") or 0, 8 * gpn, 8)
         top = min(MAX_GPUS, top)
@@ -215,7 +215,7 @@ def _node_bandwidth(ev, coll, gpn, figures, missing, run_here, on_gpu) -> dict[s
         if bw.ranks < gpn:
             bw = replace(bw, source=f"{bw.source}, held for up to {gpn} GPUs")
         out[op] = bw
-        figures.append(figure(f"{op} busbw within a node", bw.points[-1][1], "B/s",
+        figures.append(figure(f"{op} busbw, one node", bw.points[-1][1], "B/s",
                               f"{bw.source}, at {_size(bw.points[-1][0])}"))
     return out
 
@@ -262,7 +262,7 @@ def _world_bandwidth(cfg, ev, ops, node_bw, gpn, figures, missing) -> dict[str, 
                                     "database)"))
             return None
         out[op] = bw
-        figures.append(figure(f"{op} busbw between nodes", bw.points[-1][1], "B/s", bw.source))
+        figures.append(figure(f"{op} busbw, across nodes", bw.points[-1][1], "B/s", bw.source))
     return out
 
 

@@ -17,13 +17,14 @@ def curve_rows(doc: Mapping) -> tuple[list[str], list[list[str]]]:
     """Per GPU count: the step and its range, throughput per GPU, efficiency against one GPU, days
     and their range, and whether it was measured (the run) or projected."""
     unit = "tokens/s" if (doc.get("workload") or {}).get("tokens_per_sample") else "samples/s"
-    headers = ["GPUs", "step", "range", f"{unit} per GPU", "efficiency", "days", "range", "from"]
+    headers = ["GPUs", "step", "range", f"{unit} per GPU", "vs 1 GPU", "days", "range", "from"]
     rows = []
     for p in doc.get("curve") or []:
         rows.append([str(p["gpus"]), text.value(p["step_s"], "s"),
-                     text.span(p["low_s"], p["high_s"], lambda s: text.value(s, "s")),
+                     text.span(p["low_s"], p["high_s"], p["step_s"], lambda s: text.value(s, "s")),
                      text.rate(p["rate_per_gpu"]), f"{100 * p['efficiency']:.1f}%",
-                     text.days(p.get("days")), text.span(p.get("days_low"), p.get("days_high"), text.days),
+                     text.days(p.get("days")), text.span(p.get("days_low"), p.get("days_high"), p.get("days"),
+                                                         text.days),
                      f"measured {p['measured']}" if p.get("measured") else "projected"])
     return headers, rows
 

@@ -48,5 +48,10 @@ def rate(r: float) -> str:
     return f"{r / 1e3:.1f}k" if r >= 1e4 else f"{r:.1f}"
 
 
-def span(lo, hi, fmt) -> str:
-    return f"{fmt(lo)} - {fmt(hi)}"
+def span(lo, hi, like, fmt) -> str:
+    """'lo - hi' in the unit `fmt` chose for `like` (the central figure beside it)."""
+    if lo is None or hi is None:
+        return "-"
+    unit = fmt(like).split(" ", 1)[1] if " " in fmt(like) else ""
+    scale = {"ms": 1e3, "h": 24.0}.get(unit, 1.0)
+    return f"{lo * scale:.1f} - {hi * scale:.1f}"
