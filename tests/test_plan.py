@@ -101,6 +101,7 @@ def test_a_bare_size_reads_layers_and_width():
     (["--model", "350m", "--tokens", "300B", "--days", "0"], "--days 0"),
     (["--model", "350m", "--tokens", "1B", "--samples", "1B"], "--tokens and --samples together"),
     (["--tokens", "300B"], "--model"),
+    (["--model", "350m", "--days", "3"], "--days needs the budget"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     r = invoke(*args, "--db", str(tmp_path / "h.sqlite3"))
@@ -251,6 +252,14 @@ def test_measured_scaling_is_used_as_measured(tmp_path, cpu):
     assert p["efficiency"] == pytest.approx(one["step_s"] / two["step_s"])
     assert doc["device"]["name"] == "CPU processes" and doc["fit"]["ddp"]["capacity"] is None
     assert any("between nodes" in m["what"] for m in doc["missing"])
+
+
+def test_a_sample_budget_counts_samples(tmp_path, cpu):
+    db, _ = cpu
+    doc, _ = plan_json(tmp_path, db, "--model", "tiny", "--samples", "1M", "--gpus", "2")
+    p = _point(doc, 2)
+    assert doc["budget"] == {"value": 1e6, "unit": "samples"}
+    assert p["days"] == pytest.approx(1e6 / (2 * doc["batch"]) * p["step_s"] / 86400)
 
 
 def test_an_empty_history_names_the_command_for_each_figure(tmp_path):

@@ -111,6 +111,8 @@ class PlanProbe(Probe):
         samples = parse_count(o["samples_text"], "--samples") if o.get("samples_text") is not None else None
         if o.get("days") is not None:
             within("--days", o["days"], 0, MAX_DAYS, "days to train in", above=True)
+            if tokens is None and samples is None:
+                raise InputError("--days needs the budget to train: give --tokens (or --samples for images)")
         if o.get("gpus_count") is not None:
             within("--gpus", o["gpus_count"], 1, MAX_GPUS, "GPUs to train on")
         if o.get("seq_len") is not None:

@@ -30,7 +30,6 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
     figures: list[dict] = []
     missing: list[dict] = []
     notes: list[str] = []
-    sample = "tokens" if facts.tokens_per_sample else "samples"
     figures.append(figure("parameters", facts.params, "params", facts.params_source))
     if facts.flops_per_sample:
         figures.append(figure("FLOPs per sample (fwd + bwd)", facts.flops_per_sample, "FLOP", facts.flops_source))
@@ -115,7 +114,7 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
         notes.append(f"the global batch grows with the GPUs ({batch} x N samples of {facts.tokens_per_sample} tokens): "
                      "the budget is the same, the optimizer's batch is not")
     return {
-        "workload": facts.to_dict(), "budget": {"value": cfg.budget, "unit": sample},
+        "workload": facts.to_dict(), "budget": {"value": cfg.budget, "unit": cfg.budget_unit},
         "device": {"name": ev.device, "source": ev.device_source, "gpus_per_node": gpn, "memory": capacity},
         "batch": batch, "figures": figures, "fit": fit, "curve": curve, "measured_points": measured,
         "answer": answer, "missing": missing, "notes": notes,
@@ -275,8 +274,9 @@ def _size(n: int) -> str:
 def _point(e, facts: Facts, batch: int, cfg: PlanConfig, one_gpu_s: float) -> dict | None:
     if e is None:
         return None
-    per_step = batch * (facts.tokens_per_sample or 1)
-    days = [cfg.budget / (e.gpus * per_step) * s / SECONDS_PER_DAY if cfg.budget else None
+    per_step = batch * (facts.tokens_per_sample or 1)  # the rate's unit: tokens where the workload has them
+    budget_per_step = batch * (facts.tokens_per_sample or 1) if cfg.tokens is not None else batch
+    days = [cfg.budget / (e.gpus * budget_per_step) * s / SECONDS_PER_DAY if cfg.budget else None
             for s in (e.step_s, e.low_s, e.high_s)]
     d = asdict(e)
     d.update(rate_per_gpu=per_step / e.step_s, efficiency=one_gpu_s / e.step_s, days=days[0], days_low=days[1],
@@ -287,7 +287,10 @@ def _point(e, facts: Facts, batch: int, cfg: PlanConfig, one_gpu_s: float) -> di
 def _answer(cfg: PlanConfig, facts: Facts, proj: Projection, mem: Memory, batch: int, gpn: int,
             missing: list) -> dict | None:
     """--gpus N: the days at N; --days D: the fewest GPUs (central, and the range's two ends)."""
-    per_step = batch * (facts.tokens_per_sample or 1)
+    per_step = batch * (facts.tokens_per_sample or 1) if cfg.tokens is not None else batch
+    if not cfg.budget:
+        return {"question": "gpus", "gpus": cfg.gpus, "days": None,
+                "text": "no --tokens or --samples: the step and throughput per GPU count only"}
 
     def days(e, attr: str) -> float:
         return cfg.budget / (e.gpus * per_step) * getattr(e, attr) / SECONDS_PER_DAY
