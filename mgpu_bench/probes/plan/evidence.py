@@ -173,7 +173,8 @@ def _model(ev: Evidence, run_id: str, doc: Mapping, facts: Facts) -> None:
             continue
         world = int(r["world"])
         batch = int(r.get("samples_per_step") or 0) // max(1, world)
-        if world == 1 and d.get("flops_per_s_per_gpu") and (r.get("flops_per_token") or r.get("flops_per_sample")):
+        gpt = (doc.get("workload") or {}).get("kind", "gpt") == "gpt"  # before workloads every model run was the GPT
+        if gpt and world == 1 and d.get("flops_per_s_per_gpu") and (r.get("flops_per_token") or r.get("flops_per_sample")):
             per_sample = r.get("flops_per_sample") or float(r["flops_per_token"]) * int(cfg.get("seq_len") or 0)
             if per_sample:
                 ev.flop_rates.append((float(d["flops_per_s_per_gpu"]), float(per_sample), str(cfg.get("model")),
@@ -191,8 +192,9 @@ def _model(ev: Evidence, run_id: str, doc: Mapping, facts: Facts) -> None:
 
 def _memory(ev: Evidence, run_id: str, doc: Mapping, facts: Facts) -> None:
     for mb in doc.get("max_batch") or []:
-        if (mb.get("model") != facts.key or mb.get("seq_len") != facts.seq_len or mb.get("checkpointing")
-                or mb.get("error") or not mb.get("max_batch")):
+        if (mb.get("model") != facts.key or mb.get("seq_len") != facts.seq_len
+                or mb.get("image_size") != facts.image_size or mb.get("checkpointing") or mb.get("error")
+                or not mb.get("max_batch")):
             continue
         ev.max_batch.append((int(mb["max_batch"]), run_id))
         trials = [t for t in mb.get("trials") or [] if t.get("ok") and t.get("peak_allocated_bytes")]
