@@ -86,7 +86,7 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
             missing.append(_missing("the overlap of the gradient collective with the backward pass",
                                     _model_cmd(cfg, facts, ev, batch, run_here, scaling=True)))
         figures.append(figure("collective hidden by backward", f, "fraction", source))
-        answer = _answer(cfg, facts, projection, mem, batch, gpn, missing)
+        answer = _answer(cfg, facts, projection, mem, batch, gpn)
         top = max(cfg.gpus or 0, (answer or {}).get("gpus_high") or (answer or {}).get("gpus") or 0, 8 * gpn, 8)
         top = min(MAX_GPUS, top)
         asked = {(answer or {}).get(k) for k in ("gpus", "gpus_low", "gpus_high")} | {cfg.gpus}
@@ -284,8 +284,7 @@ def _point(e, facts: Facts, batch: int, cfg: PlanConfig, one_gpu_s: float) -> di
     return d
 
 
-def _answer(cfg: PlanConfig, facts: Facts, proj: Projection, mem: Memory, batch: int, gpn: int,
-            missing: list) -> dict | None:
+def _answer(cfg: PlanConfig, facts: Facts, proj: Projection, mem: Memory, batch: int, gpn: int) -> dict | None:
     """--gpus N: the days at N; --days D: the fewest GPUs (central, and the range's two ends)."""
     per_step = batch * (facts.tokens_per_sample or 1) if cfg.tokens is not None else batch
     if not cfg.budget:
