@@ -102,6 +102,8 @@ def test_a_bare_size_reads_layers_and_width():
     (["--model", "350m", "--tokens", "1B", "--samples", "1B"], "--tokens and --samples together"),
     (["--tokens", "300B"], "--model"),
     (["--model", "350m", "--days", "3"], "--days needs the budget"),
+    (["--model", "torchvision:resnet18", "--tokens", "1B"], "has no tokens"),
+    (["--model", "350m", "--image-size", "64", "--samples", "1M"], "--image-size does not apply"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     r = invoke(*args, "--db", str(tmp_path / "h.sqlite3"))
@@ -269,6 +271,15 @@ def test_an_empty_history_names_the_command_for_each_figure(tmp_path):
     assert whats["allreduce bus bandwidth within a node"].startswith("mgpu-bench comm --ops allreduce --backend torch")
     assert doc["curve"] == [] and doc["answer"]["days"] is None and "no estimate" in out
     assert "missing: the step time of tiny" in out and _fig(doc, "activations")["source"].startswith("formula")
+
+
+def test_a_vision_workload_plans_in_samples(tmp_path):
+    doc, _ = plan_json(tmp_path, tmp_path / "empty.sqlite3", "--model", "torchvision:resnet18", "--samples", "115M",
+                       "--gpus", "8", "--image-size", "64")
+    assert doc["workload"]["tokens_per_sample"] is None and doc["budget"]["unit"] == "samples"
+    assert _fig(doc, "FLOPs per sample")["source"].startswith("counted by FlopCounterMode")
+    step = next(m["command"] for m in doc["missing"] if m["what"].startswith("the step time"))
+    assert "--model torchvision:resnet18 --image-size 64" in step
 
 
 def test_measure_runs_what_is_missing_into_the_same_history(tmp_path, cpu):

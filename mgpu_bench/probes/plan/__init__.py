@@ -87,6 +87,8 @@ class PlanProbe(Probe):
             option("--parallel", default="ddp", show_default=True, type=click.Choice(["ddp", "fsdp"])),
             option("--seq-len", default=None, type=int,
                    help="Tokens per sample [default: the newest stored run's, else the workload's]."),
+            option("--image-size", default=None, type=int,
+                   help="Pixels per side, vision workloads [default: the newest stored run's, else the workload's]."),
             option("--batch-size", default=None, type=int,
                    help="Samples per GPU per step [default: the newest stored run's, else the workload's]."),
             option("--network", default=None,
@@ -117,6 +119,8 @@ class PlanProbe(Probe):
             within("--gpus", o["gpus_count"], 1, MAX_GPUS, "GPUs to train on")
         if o.get("seq_len") is not None:
             within("--seq-len", o["seq_len"], 1, 1 << 20, "tokens per sample")
+        if o.get("image_size") is not None:
+            within("--image-size", o["image_size"], 1, 1 << 16, "pixels per side")
         if o.get("batch_size") is not None:
             within("--batch-size", o["batch_size"], 1, 1_000_000, "samples per GPU per step")
         if o.get("gpus_per_node") is not None:
@@ -125,10 +129,10 @@ class PlanProbe(Probe):
             hardware.network_rate(o["network"])  # an unknown name is InputError naming the known ones
         cfg = PlanConfig(model=o["model_text"], tokens=tokens, samples=samples, days=o.get("days"),
                          gpus=o.get("gpus_count"), parallel=o.get("parallel") or "ddp", seq_len=o.get("seq_len"),
-                         batch_size=o.get("batch_size"), network=o.get("network"),
+                         image_size=o.get("image_size"), batch_size=o.get("batch_size"), network=o.get("network"),
                          gpus_per_node=o.get("gpus_per_node"), measure=bool(o.get("measure")))
         local_gpu, local_n = _local_gpus()
-        facts = describe(cfg.model, cfg.seq_len, on_gpu=local_n > 0)  # a model that cannot be built: exit 2 now
+        facts = describe(cfg.model, cfg.seq_len, local_n > 0, cfg.image_size)  # one that cannot be built: exit 2 now
         if tokens is not None and not facts.tokens_per_sample:
             raise InputError(f"--tokens: {facts.key} has no tokens (its samples are {facts.sample_text}): give "
                              "--samples")
@@ -186,8 +190,8 @@ def _plan(request: Request, history, say) -> tuple[dict, bool]:
     device, source, seq = evidence.newest(history, request.local_gpu, facts.key)
     on_gpu = device != evidence.CPU
     if cfg.seq_len is None and seq is not None and seq != facts.seq_len and facts.kind in ("gpt", "hf"):
-        facts = describe(cfg.model, seq, on_gpu)
-    elif on_gpu != (request.local_gpus > 0) and cfg.seq_len is None:
+        facts = describe(cfg.model, seq, on_gpu, cfg.image_size)
+    elif on_gpu != (request.local_gpus > 0) and cfg.seq_len is None and cfg.image_size is None:
         facts = describe(cfg.model, None, on_gpu)  # the other device's default sample size
     here = device == (request.local_gpu or evidence.CPU)
     local = request.local_gpus if here else 0

@@ -138,6 +138,8 @@ def _model_cmd(cfg: PlanConfig, facts: Facts, ev: Evidence, batch: int, run_here
     args = ["model", "--model", facts.text]
     if facts.seq_len and facts.kind in ("gpt", "hf"):
         args += ["--seq-len", str(facts.seq_len)]
+    if facts.image_size:
+        args += ["--image-size", str(facts.image_size)]
     args += ["--batch-size", str(batch), "--parallel", cfg.parallel]
     on_gpu = ev.device != CPU
     two = (local_gpus >= 2 or not here) if on_gpu else True

@@ -38,7 +38,7 @@ class BareSize:
 class PlanConfig:
     """model: what --model said (a workload form, or a bare size); tokens / samples: the budget
     (one of them); days xor gpus: the question (neither: the curve alone); parallel ddp or fsdp;
-    seq_len / batch_size None: the workload's defaults; network: a hardware.json network for the
+    seq_len / image_size / batch_size None: the workload's defaults; network: a hardware.json network for the
     traffic between nodes; gpus_per_node None: read from the history; measure: run what is missing
     first; db: the history database (None: the default)."""
 
@@ -49,6 +49,7 @@ class PlanConfig:
     gpus: int | None = None
     parallel: str = "ddp"
     seq_len: int | None = None
+    image_size: int | None = None
     batch_size: int | None = None
     network: str | None = None
     gpus_per_node: int | None = None

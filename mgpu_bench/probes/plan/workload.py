@@ -55,13 +55,15 @@ class Facts:
         return d
 
 
-def describe(text: str, seq_len: int | None, on_gpu: bool) -> Facts:
+def describe(text: str, seq_len: int | None, on_gpu: bool, image_size: int | None = None) -> Facts:
     """The workload `text` names (any form `model` takes, or a bare size), at `seq_len` tokens per
-    sample (None: its default; the CPU default where the plan is for CPU processes). InputError
-    (exit code 2) for one that cannot be built, in one line."""
+    sample or `image_size` pixels (None: its default; the CPU default where the plan is for CPU
+    processes). InputError (exit code 2) for one that cannot be built, in one line."""
     from mgpu_bench import workloads
 
     bare = parse_bare_size(text)
+    if bare is not None and image_size is not None:
+        raise InputError(f"--image-size does not apply to {text}: a GPT has no images")
     if bare is not None:
         from mgpu_bench.workloads.gpt import GptWorkload, ModelSpec, param_count
 
@@ -74,7 +76,7 @@ def describe(text: str, seq_len: int | None, on_gpu: bool) -> Facts:
         params, source = param_count(spec), "formula: GPT (V + T) d + L (12 d^2 + 13 d) + 2 d"
         kind, shape = "bare", bare
     else:
-        w = workloads.resolve(text, seq_len=seq_len, cpu_defaults=not on_gpu)
+        w = workloads.resolve(text, seq_len=seq_len, image_size=image_size, cpu_defaults=not on_gpu)
         kind = w.kind
         params, source = None, "counted on the meta device (workloads)"
         spec = getattr(w, "spec", None)
