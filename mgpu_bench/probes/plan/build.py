@@ -180,6 +180,8 @@ def _capacity(ev: Evidence) -> tuple[float | None, str]:
             return float(p.total_memory), f"{p.run} (the device's total memory as torch reports it)"
     if ev.device == CPU:
         return None, "CPU processes: no device memory to fit in (host memory is the limit)"
+    if ev.device_memory is not None:
+        return ev.device_memory[0], f"{ev.device_memory[1]} (the device's total memory in its fingerprint)"
     gpu = hardware.find_gpu(ev.device)
     if gpu is not None and gpu.memory.value:
         return float(gpu.memory.value), f"hardware database: {gpu.name} ({gpu.memory.source})"

@@ -84,7 +84,8 @@ class Evidence:
     max_batch: list[tuple[int, str]] = field(default_factory=list)  # (largest batch, run) of memory --max-batch
     bus: list[BusPoint] = field(default_factory=list)
     gpus_per_node: tuple[int, str] | None = None  # (count, where it was read)
-    flop_rates: list[tuple[float, float, str, str]] = field(default_factory=list)  # (FLOP/s per GPU, FLOPs/sample, key, run)
+    device_memory: tuple[float, str] | None = None  # (bytes, run): a stored run's fingerprint of this device
+    flop_rates: list[tuple] = field(default_factory=list)  # (FLOP/s per GPU, FLOPs/sample, key, run, noise): GPT runs
 
     def one_gpu(self) -> list[StepPoint]:
         return [p for p in self.steps if p.world == 1]
@@ -144,10 +145,14 @@ def read(history, facts: Facts, device: str, device_source: str) -> Evidence:
 
 
 def _host_gpus(ev: Evidence, run_id: str, doc: Mapping) -> None:
-    """GPUs per node: the most any stored run's host showed (a run may see only those it was given)."""
-    gpus = len((doc.get("environment") or {}).get("gpus") or [])
-    if gpus and (ev.gpus_per_node is None or gpus > ev.gpus_per_node[0]):
-        ev.gpus_per_node = (gpus, f"the GPUs of {run_id}'s host, the most any stored run's host showed")
+    """GPUs per node: the most any stored run's host showed (a run may see only those it was given);
+    the device's memory from the newest fingerprint that has it."""
+    gpus = (doc.get("environment") or {}).get("gpus") or []
+    if gpus and (ev.gpus_per_node is None or len(gpus) > ev.gpus_per_node[0]):
+        ev.gpus_per_node = (len(gpus), f"the GPUs of {run_id}'s host, the most any stored run's host showed")
+    total = gpus[0].get("total_memory") if gpus and isinstance(gpus[0], Mapping) else None
+    if ev.device_memory is None and isinstance(total, (int, float)) and total > 0:
+        ev.device_memory = (float(total), run_id)
 
 
 def _window_steps(run: Mapping) -> list[float]:
@@ -178,7 +183,7 @@ def _model(ev: Evidence, run_id: str, doc: Mapping, facts: Facts) -> None:
             per_sample = r.get("flops_per_sample") or float(r["flops_per_token"]) * int(cfg.get("seq_len") or 0)
             if per_sample:
                 ev.flop_rates.append((float(d["flops_per_s_per_gpu"]), float(per_sample), str(cfg.get("model")),
-                                      run_id))
+                                      run_id, noise(_window_steps(r))))
         if not same or batch < 1:
             continue
         ev.steps.append(StepPoint(
@@ -191,6 +196,7 @@ def _model(ev: Evidence, run_id: str, doc: Mapping, facts: Facts) -> None:
 
 
 def _memory(ev: Evidence, run_id: str, doc: Mapping, facts: Facts) -> None:
+    _host_gpus(ev, run_id, doc)
     for mb in doc.get("max_batch") or []:
         if (mb.get("model") != facts.key or mb.get("seq_len") != facts.seq_len
                 or mb.get("image_size") != facts.image_size or mb.get("checkpointing") or mb.get("error")

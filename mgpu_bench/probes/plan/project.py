@@ -184,8 +184,8 @@ def compute_time(ev: Evidence, facts, batch: int) -> Compute | None:
         p = pts[b0]
         return Compute(p.step_s * batch / b0, p.noise, f"{p.run} at batch {b0}, scaled by {batch}/{b0}")
     if facts.kind in ("gpt", "bare") and facts.flops_per_sample and ev.flop_rates:
-        rate, _, key, run = min(ev.flop_rates, key=lambda r: abs(math.log(r[1] / facts.flops_per_sample)))
-        return Compute(batch * facts.flops_per_sample / rate, None,
+        rate, _, key, run, spread = min(ev.flop_rates, key=lambda r: abs(math.log(r[1] / facts.flops_per_sample)))
+        return Compute(batch * facts.flops_per_sample / rate, spread,
                        f"FLOPs per step / the {rate / 1e12:.3g} TFLOP/s per GPU {key} reached ({run}): scaled by FLOPs")
     return None
 
