@@ -4,7 +4,7 @@ then measured, both printed.
     python benchmarks/plan_holdout.py cpu [--json OUT]   # 2 gloo processes, one thread each (any machine)
     python benchmarks/plan_holdout.py gpu [--json OUT]   # one GPU (the lead's H200 run)
 
-cpu: the 2-process DDP step of the tiny GPT at batch 4, predicted from the 1-process step at batch 4,
+cpu: the 2-process DDP step of the tiny GPT at batch 4 and seq 32, predicted from the 1-process step at batch 4,
   comm's measured gloo allreduce of the gradient's bytes and the overlap a 2-process run at batch 2
   measured; then measured. The 1- and 2-process steps at batch 4 come from one `model --scaling 1,2`
   run (back to back); the 2-process one is removed from the document before it is stored. Target:
@@ -73,7 +73,8 @@ def cpu(tmp: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread each: two processes on two cores do not contend
     db = tmp / "h.sqlite3"
     before = load()
-    tiny = ["--model", "tiny", "--steps", "10", "--warmup-steps", "2"]
+    # seq 32: a short step, so that the gradient allreduce (13 MB, the token table's) is a tenth of it, not a hundredth
+    tiny = ["--model", "tiny", "--seq-len", "32", "--steps", "10", "--warmup-steps", "2"]
     overlap = tmp / "overlap.json"
     cli(["model", *tiny, "--nproc", "2", "--batch-size", "2", "--json", str(overlap), "--no-store"], env)
     store(db, json.loads(overlap.read_text()))
@@ -85,7 +86,8 @@ def cpu(tmp: Path) -> dict:
     cli(["model", *tiny, "--scaling", "1,2", "--batch-size", "4", "--json", str(pair), "--no-store"], env)
     rest, two = held_out(json.loads(pair.read_text()), 2)
     store(db, rest)
-    predicted = curve_step(plan(db, tmp, "--model", "tiny", "--batch-size", "4", "--gpus", "2", "--tokens", "1M"), 2)
+    predicted = curve_step(plan(db, tmp, "--model", "tiny", "--seq-len", "32", "--batch-size", "4", "--gpus", "2",
+                                "--tokens", "1M"), 2)
     measured = float(two["derived"]["step_s"])
     after = load()
     error = predicted["step_s"] / measured - 1

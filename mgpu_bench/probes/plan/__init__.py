@@ -42,9 +42,9 @@ Rajbhandari et al. 2020, section 3.1), activations L s h x 34 + logits (Korthika
 
 \b
 Step on N GPUs = compute + the collectives' time at the measured bus bandwidth x (1 - the share
-the backward pass hid where it was measured). Range: that share held or the hidden time held,
-divided and multiplied by 1 + twice the measured noise. Days = tokens / (N x batch x seq) x
-step / 86400.
+the backward pass hid where it was measured). Range: that share held, or the hidden time held,
+or the share at the exposed time +- twice its noise, divided and multiplied by 1 + twice the
+measured noise. Days = tokens / (N x batch x seq) x step / 86400.
 A line for every figure the history lacks names the command that measures it; --measure runs
 the ones this machine can (child commands storing into the same history), then plans.
 """

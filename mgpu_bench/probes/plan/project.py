@@ -17,9 +17,10 @@ projected from its parts, each from what was measured.
                there, and hidden time H = t_comm - exposed. Central: f held, exposed = (1 - f) t_comm(N).
                No multi-GPU model run: nothing hidden assumed, and the range reaches to all hidden.
 
-The range (low, high): the lower and higher of f held and H held (H scaled by the compute time
-where the batch differs), divided and multiplied by 1 + twice the measured noise (the robust
-spread of the step times and of the bus-bandwidth samples, combined in quadrature by their
+The range (low, high): the lowest and highest of f held, H held (H scaled by the compute time
+where the batch differs) and f from the exposed time plus and less twice its noise (the measuring
+run's step spread, in seconds), divided and multiplied by 1 + twice the measured noise (the
+robust spread of the step times and of the bus-bandwidth samples, combined in quadrature by their
 shares of the step).
 """
 
@@ -222,17 +223,28 @@ class Projection:
 
     def overlap(self) -> tuple[float, float, str]:
         """(hidden share f, hidden seconds H at this batch, where they come from)."""
+        f, _, hidden, source = self._overlap(0.0)
+        return f, hidden, source
+
+    def _overlap(self, k: float) -> tuple[float, tuple[float, float], float, str]:
+        """f, (f's lower and upper end: the exposed time plus and less k times its noise, the
+        reference step's spread as seconds), H, the source."""
         if self.reference is None:
-            return 0.0, 0.0, "no multi-GPU model run with exposed communication: nothing hidden assumed"
+            return 0.0, (0.0, 1.0), 0.0, "no multi-GPU model run with exposed communication: nothing hidden assumed"
         p, t = self.reference
         exposed = p.exposed_s or 0.0
-        f = min(1.0, max(0.0, 1.0 - exposed / t))
+        spread = k * (p.noise or 0.0) * p.step_s
+
+        def share(e: float) -> float:
+            return min(1.0, max(0.0, 1.0 - e / t))
+
         hidden = max(0.0, t - exposed)
         one = next((q for q in self.ev.one_gpu() if q.batch == p.batch), None)
         if p.batch != self.batch and one is not None:
             hidden *= self.compute.seconds / one.step_s  # backward time scales with the batch
-        return f, hidden, (f"{p.run}: {p.world} GPUs at batch {p.batch}, exposed {1e3 * exposed:.3g} ms of a "
-                           f"{1e3 * t:.3g} ms collective")
+        return share(exposed), (share(exposed + spread), share(exposed - spread)), hidden, (
+            f"{p.run}: {p.world} GPUs at batch {p.batch}, exposed {1e3 * exposed:.3g} ms of a {1e3 * t:.3g} ms "
+            "collective")
 
     def estimate(self, n: int) -> Estimate | None:
         """step(N) with its range; None where a figure for N's scope is missing."""
@@ -251,12 +263,10 @@ class Projection:
         wider = [p for w, p in self.measured.items() if w < n and p.no_sync_s]
         if wider:
             compute = max(wider, key=lambda p: p.world).no_sync_s
-        f, hidden, _ = self.overlap()
+        f, (f_lo, f_hi), hidden, _ = self._overlap(NOISE_K)
         central = compute + (1.0 - f) * t
-        window = compute + max(0.0, t - hidden)
-        lo, hi = min(central, window), max(central, window)
-        if self.reference is None:
-            lo = compute  # no overlap measured: anything from all hidden to nothing hidden
+        ends = (central, compute + max(0.0, t - hidden), compute + (1.0 - f_lo) * t, compute + (1.0 - f_hi) * t)
+        lo, hi = min(ends), max(ends)  # no overlap measured: f from 0 to 1, all hidden to nothing hidden
         bw = self.bandwidths(n) or {}
         bw_noise = max((b.noise for b in bw.values() if b.noise is not None), default=0.0)
         comp_noise = self.compute.noise or 0.0
