@@ -64,6 +64,14 @@ model-fsdp-2x       | 2 | 0 | 300 | yes | model --model 125m --seq-len 512 --ste
 sdc                 | 1 | 0 | 120 | yes | sdc --repetitions 3 --gemms 16
 overlap             | 1 | 0 | 120 | yes | overlap --duration 2s --report {dir}
 fleet-2x            | 2 | 0 | 300 | yes | :fleet_two_nodes
+model-torchvision   | 1 | 0 | 240 | yes | model --model torchvision:resnet50 --batch-size 64 --steps 8 --warmup-steps 3 --gpus 1
+model-hf            | 1 | 0 | 240 | yes | model --model hf:bert-base --seq-len 512 --batch-size 8 --steps 8 --warmup-steps 2 --gpus 1
+model-hf-config     | 1 | 0 | 180 | yes | model --model hf:tests/workloads/tiny_bert.json --seq-len 128 --batch-size 32 --steps 8 --warmup-steps 2 --gpus 1
+model-module        | 1 | 0 | 180 | yes | model --model tests/workloads/small_step.py:workload --batch-size 64 --steps 8 --warmup-steps 2 --gpus 1 --data both
+memory-max-batch-hf | 1 | 0 | 300 | yes | memory --no-churn --max-batch hf:bert-base --seq-len 512
+check               | 1 | 0 | 90  | yes | check --budget 60s
+plan                | 1 | 0 | 120 | yes | plan --model 125m --seq-len 512 --tokens 10B --gpus 8
+monitor             | 1 | 0 | 240 | yes | :monitor_job
 suite-quick         | 1 | 0 | 420 | yes | suite --quick --duration 5s --report {dir}
 '
 
@@ -86,6 +94,12 @@ fleet_two_nodes() {
   done
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
   return $rc
+}
+
+# StepMonitor in a job of its own (benchmarks/monitor_example.py, the README's loop): stored like
+# every run; $1 its --json.
+monitor_job() {
+  $PY benchmarks/monitor_example.py --json "$1"
 }
 
 # -- the loop -------------------------------------------------------------------------------------
@@ -167,7 +181,7 @@ while IFS='|' read -r name gpus want limit stores cmd; do
   log=$LOGS/$name.log
   t0=$SECONDS
   if [ "${cmd:0:1}" = : ]; then
-    ( timeout "$limit" bash -c "$(declare -f fleet_two_nodes); PY='$PY'; ${cmd:1} '$json'" ) < /dev/null > "$log" 2>&1
+    ( timeout "$limit" bash -c "$(declare -f fleet_two_nodes monitor_job); PY='$PY'; ${cmd:1} '$json'" ) < /dev/null > "$log" 2>&1
   else
     args=${cmd//\{dir\}/$dir}
     # shellcheck disable=SC2086  # the table's arguments are split as a shell splits them
