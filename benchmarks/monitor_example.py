@@ -37,14 +37,13 @@ def main() -> int:
     mon = StepMonitor(name="smoke-example", tokens_per_sample=w.tokens_per_sample, model=model, optimizer=opt,
                       json=args.json)
     for batch in loader:
-        with mon.step(samples=args.batch_size):
-            with mon.compute():
-                batch = w.prepare(batch, device)
-                with torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext():
-                    loss = w.loss(model, batch)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+        with mon.step(samples=args.batch_size), mon.compute():
+            batch = w.prepare(batch, device)
+            with torch.autocast(device.type, dtype=amp) if amp else contextlib.nullcontext():
+                loss = w.loss(model, batch)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     doc = mon.finish()
     return 0 if (doc.get("status") or {}).get("completed", True) and doc.get("runs") else 1
 

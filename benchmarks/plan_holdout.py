@@ -99,18 +99,26 @@ def cpu(tmp: Path) -> dict:
 
 
 def gpu(tmp: Path) -> list[dict]:
+    """On one GPU: the runs the plan reads (peak memory of 125m, 350m and 760m at batches 4 and 8,
+    with the 350m step times), the held-out 350m step at batch 16, and the largest batch without
+    checkpointing of each model, found as `memory --max-batch MODEL` finds it (torch_memory.max_batch,
+    its without-checkpointing half: the plan's DDP fit has no checkpointing)."""
+    from mgpu_bench.probes.memory import torch_memory
+
     db = tmp / "h.sqlite3"
     out = []
-    steps = ["--steps", "20", "--warmup-steps", "5", "--gpus", "1", "--no-exposed-comm", "--no-profile"]
+    timed = ["--steps", "20", "--warmup-steps", "5", "--gpus", "1", "--no-exposed-comm", "--no-profile"]
+    memory_only = ["--steps", "6", "--warmup-steps", "2", "--gpus", "1", "--no-exposed-comm", "--no-profile"]
     for model in ("125m", "350m", "760m"):
         for batch in (4, 8):
             doc = tmp / f"{model}-{batch}.json"
-            cli(["model", "--model", model, "--batch-size", str(batch), *steps, "--json", str(doc), "--no-store"])
+            cli(["model", "--model", model, "--batch-size", str(batch), *(timed if model == "350m" else memory_only),
+                 "--json", str(doc), "--no-store"])
             store(db, json.loads(doc.read_text()))
     p = plan(db, tmp, "--model", "350m", "--batch-size", "16", "--gpus", "1")
     predicted = curve_step(p, 1)
     doc = tmp / "350m-16.json"
-    cli(["model", "--model", "350m", "--batch-size", "16", *steps, "--json", str(doc), "--no-store"])
+    cli(["model", "--model", "350m", "--batch-size", "16", *timed, "--json", str(doc), "--no-store"])
     measured = float(next(r for r in json.loads(doc.read_text())["runs"] if r["world"] == 1)["derived"]["step_s"])
     error = predicted["step_s"] / measured - 1
     out.append({"what": "350m step at batch 16 from batches 4 and 8", "predicted": predicted["step_s"],
@@ -118,14 +126,14 @@ def gpu(tmp: Path) -> list[dict]:
                 "ok": abs(error) <= STEP_TARGET})
     for model in ("125m", "350m", "760m"):
         p = plan(db, tmp, "--model", model, "--batch-size", "8", "--gpus", "1")
-        mb = tmp / f"{model}-max.json"
-        cli(["memory", "--no-churn", "--max-batch", model, "--json", str(mb), "--no-store"])
-        found = next(m for m in json.loads(mb.read_text())["max_batch"] if not m.get("checkpointing"))
+        found = torch_memory.max_batch(model, 2048, checkpointing=False)
+        if found.get("error"):
+            raise SystemExit(f"max batch of {model}: {found['error']}")
         pred, meas = p["fit"]["largest_batch_ddp"], int(found["max_batch"])
         error = pred / meas - 1 if pred is not None and meas else float("nan")
         out.append({"what": f"{model} largest batch per GPU (seq 2048) from batches 4 and 8", "predicted": pred,
                     "measured": meas, "unit": "samples", "error": error, "target": BATCH_TARGET,
-                    "ok": abs(error) <= BATCH_TARGET,
+                    "ok": abs(error) <= BATCH_TARGET, "search_s": found.get("wall_s"),
                     "fit_at_batch_8": p["fit"]["ddp"]["fits"], "reserved_at_batch_8": p["fit"]["ddp"]["reserved"],
                     "capacity": p["fit"]["ddp"]["capacity"]})
     return out
