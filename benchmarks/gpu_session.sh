@@ -4,10 +4,12 @@
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]
 # Steps: build pytest1 diagnose fleetnode compile1 sdc1 overlap1 suite1 (one GPU); model2 two18 wall16 fleet2
 # (two GPUs: prepared for a session that is lent the two-GPU kind; not run yet).
+# Session 15 (one GPU, issues 23-29): smoke pytestgpu work26 check27 monitor28 plan29.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 L=$OUT/logs
+export MGPU_BENCH_DB=${MGPU_BENCH_DB:-$OUT/logs/history.sqlite3}  # the store on, as users run it; it comes back with the logs
 mkdir -p "$L"
 PY=python3
 MB="$PY -m mgpu_bench.cli"
@@ -99,6 +101,42 @@ fleet2() {  # issue 15: two torchrun agents, one GPU each, NCCL forced onto sock
   done
   wait
   tail -n 30 "$L/fleet2-0.log"
+}
+
+smoke() {  # issue 23: the smoke run, store on; its tarball (documents for the fixtures, logs) beside the logs
+  run gpu-smoke 560 bash benchmarks/gpu_smoke.sh "$OUT/smoke"
+  cp "$OUT/smoke/smoke.tgz" "$OUT/smoke.tgz" 2>/dev/null; cp "$OUT/smoke/summary.txt" "$L/smoke-summary.txt" 2>/dev/null
+  rm -rf "$OUT/smoke"
+}
+
+pytestgpu() {  # issue 23: -m gpu under 5 minutes on one H200, every test passing; durations for RESULTS
+  run pytest-gpu 420 $PY -m pytest -m gpu -q -p no:cacheprovider --durations=40 tests/
+}
+
+work26() {  # issue 26: resnet50 and bert-large against plain loops of the same model; FLOPs of 350m counted
+  run plain-resnet50 240 $PY benchmarks/plain_vision_loop.py --model resnet50 --batch-size 256 --image-size 224 --steps 30
+  run model-resnet50 300 $MB model --model torchvision:resnet50 --batch-size 256 --steps 30 --warmup-steps 5 --gpus 1 --json "$L/model-resnet50.json"
+  run plain-bert16 240 $PY benchmarks/plain_bert_loop.py --seq-len 512 --batch-size 16 --steps 30
+  run model-bert16 300 $MB model --model hf:bert-large --seq-len 512 --batch-size 16 --steps 30 --warmup-steps 5 --gpus 1 --json "$L/model-bert16.json"
+  run flops-350m 120 $PY -c "from mgpu_bench import workloads as W; w=W.resolve('350m'); m=w.count_flops(8); g=w.count_flops(8,'cuda:0'); f,t=w.formula_flops(8); print(f'350m b8 s2048: meta {m.per_sample/1e9:.1f}, cuda {g.per_sample/1e9:.1f} GFLOP/sample; {t} {f/8/1e9:.1f} ({100*(m.flops/f-1):+.2f}% meta, {100*(g.flops/f-1):+.2f}% cuda)')"
+}
+
+check27() {  # issue 27: check on the healthy GPU, then with a GEMM of another process on it (NPD form)
+  run check-healthy 120 bash -c "time $MB check --json $L/check-healthy.json; echo exit \$?"
+  run check-npd 120 bash -c "$MB check --format npd; echo exit \$?"
+  $PY benchmarks/gpu_hog.py 0 100 24 > "$L/hog27.log" 2>&1 &
+  local hog=$!
+  sleep 10
+  run check-shared 120 bash -c "time $MB check --format npd --json $L/check-shared.json; echo exit \$?"
+  kill $hog 2>/dev/null; wait $hog 2>/dev/null
+}
+
+monitor28() {  # issue 28: the 350m loop with and without StepMonitor, beside mgpu-bench model
+  run monitor-overhead 420 $PY benchmarks/monitor_overhead.py --model 350m --seq-len 2048 --batch-size 8 --steps 30 --reps 5
+}
+
+plan29() {  # issue 29: held-out points on one H200
+  run plan-holdout 540 $PY benchmarks/plan_holdout.py gpu --json "$L/plan-holdout.json"
 }
 
 for step in "$@"; do "$step"; done
