@@ -111,7 +111,7 @@ def test_a_plain_progress_line_off_a_terminal_and_the_whole_process_wall(tmp_pat
     assert doc["process_seconds"] > doc["wall_seconds"] > 0
     assert f"{doc['process_seconds']:.2f} s since the process started" in proc.stdout
     lines = proc.stderr.splitlines()
-    assert lines[0].startswith("comm: about ") and "a guess from the sizes" in lines[0]
+    assert lines[0].startswith("comm: about ") and "a guess at" in lines[0]
     assert any(x.startswith("comm: allreduce 1 KiB") and "[0/4]" in x and "s elapsed" in x for x in lines), lines
     assert "\r" not in proc.stderr and "\x1b[" not in proc.stderr
 

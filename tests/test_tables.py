@@ -224,3 +224,39 @@ def test_no_column_is_left_to_ellipsize():
     print_table(c, t)
     assert {col.overflow for col in t.columns} == {"fold"}
     assert c.file.getvalue().count("x") == 50 and c.file.getvalue().count("y") == 50
+
+
+def _cpu_comm() -> dict:
+    """The 2x H200 comm document with every time 300 times longer: a 2-core CPU run's (1 GiB in
+    about a second), whose table at 100 columns is just too wide for every word to fit."""
+    doc = copy.deepcopy(_load("comm_2x_h200.json"))
+    for m in doc["measurements"]:
+        m["burst_seconds"] = [s * 300 for s in m["burst_seconds"]]
+        m["samples"] = [[s * 300 for s in rank] for rank in m["samples"]]
+    return doc
+
+
+HEADED = [*DOCS, ("comm-cpu", _cpu_comm()), ("fleet", _fleet())]
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+@pytest.mark.parametrize("width", (40, 100))
+@pytest.mark.parametrize("name,doc", HEADED, ids=[n for n, _ in HEADED])
+def test_every_header_word_stays_whole(name, doc, width, terminal, monkeypatch):
+    """`#wrong` came out as `#wr`/`ong`, and one letter per line down the right edge of a CPU run's
+    allgather table in a pipe: a header word is kept whole like a figure, in every table."""
+    from mgpu_bench.output import tables
+
+    heads: list[str] = []
+    fit = tables.fit
+
+    def recording(console, table, w):
+        heads.extend(str(col.header) for col in table.columns if table.show_header)
+        return fit(console, table, w)
+
+    monkeypatch.setattr(tables, "fit", recording)
+    console = _console(width, terminal)
+    registry.for_document(doc).render(doc, console)
+    words = set(console.file.getvalue().split())
+    broken = {w for h in heads for w in h.split() if w not in words}
+    assert not broken, f"header words broken at {width} columns: {sorted(broken)}\n{console.file.getvalue()}"

@@ -5,9 +5,9 @@ ellipsis ("153133..." for 153133.2 us). Here the columns are sized before rich s
 
 - a figure stays whole: a cell with a digit that is at most FIGURE_CELLS wide (a number with its
   unit, a shape such as 4096x4096x4096, a date and time) is never narrower than itself, and in
-  longer cells (error texts) and headers every word with a digit that is no wider either; so is
-  a short word of a cell (WORD_CELLS: "n/a", "fp32", "sum");
-- text wraps at spaces, and folds a header's or a long word only when that makes the table fit;
+  longer cells (error texts) every word with a digit that is no wider either; so is a short word
+  of a cell (WORD_CELLS: "n/a", "fp32", "sum") and every word of a header ("#wrong", "%theo");
+- text wraps at spaces, and folds a long word of a cell only when that makes the table fit;
   nothing is ever ellipsized (overflow "fold", never "ellipsis" or "crop");
 - a no_wrap column is never narrowed;
 - when even the narrowest table that keeps every figure whole is wider than the console, the
@@ -59,8 +59,7 @@ def fit(console, table, width: int) -> int:
             heads = [_plain(console, h) for h in _heads(table, col)]
             sizes = [Measurement.get(console, options, r) for r in [*col.cells, *_heads(table, col)]]
             high = max((m.maximum for m in sizes), default=1)
-            low = max([1, col.min_width or 0, *_figure_widths(cells, whole=True),
-                       *_figure_widths(heads, whole=False)])
+            low = max([1, col.min_width or 0, *_figure_widths(cells, whole=True), *_word_widths(heads)])
             if col.no_wrap:
                 low = high
             high = max(high, low)
@@ -111,7 +110,7 @@ def _unfold(base: list[int], top: list[int], extra: int) -> list[int]:
 
 def _figure_widths(texts: Iterable[str], whole: bool) -> list[int]:
     """The widths that must not be broken: each word with a digit (up to FIGURE_CELLS: longer
-    ones are names, paths); in cells (`whole`) also a short line with a digit and every short
+    ones are names, paths); with `whole` (cells) also a short line with a digit and every short
     word."""
     from rich.cells import cell_len
 
@@ -127,6 +126,13 @@ def _figure_widths(texts: Iterable[str], whole: bool) -> list[int]:
                 if n <= (FIGURE_CELLS if any(ch.isdigit() for ch in word) else WORD_CELLS if whole else 0):
                     out.append(n)
     return out
+
+
+def _word_widths(texts: Iterable[str]) -> list[int]:
+    """The width of every word of a header: a header word is never broken ("#wrong", "busbw")."""
+    from rich.cells import cell_len
+
+    return [cell_len(word) for text in texts for word in text.split()]
 
 
 def _heads(table, col) -> list:

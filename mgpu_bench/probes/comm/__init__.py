@@ -207,8 +207,9 @@ class CommProbe(Probe):
         from .document import result_document
         from .measure import run_comm
 
-        def progress(i, total, req):
-            ctx.progress.step(i, total, f"{req.op} {format_bytes(req.size)} {'in' if req.inplace else 'out'}")
+        def progress(i, total, req, note=None):
+            ctx.progress.step(i, total, f"{req.op} {format_bytes(req.size)} {'in' if req.inplace else 'out'}"
+                              + (f" ({note})" if note else ""))
 
         from .tune import TuneConfig
         from .tune_run import run_tune

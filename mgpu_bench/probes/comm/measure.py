@@ -132,34 +132,77 @@ def sized_out_notes(requests: list, skipped: list[tuple[int, str]]) -> list[str]
         sizes = [format_bytes(size) for size, _ in items]
         named = sizes[0] if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]} ({len(sizes)} sizes)"
         kind = f"{dtype}{' ' + redop if redop else ''}, {'in-place' if inplace else 'out-of-place'}"
-        out.append(f"{op} ({kind}): {named} not run on these CPU processes (gloo): {items[0][1]}; a longer "
-                   "--timeout runs them")
+        out.append(f"{op} ({kind}): {named} not run on these CPU processes (gloo): {items[0][1]}")
     return out
 
 
 def _run_torch(run: CommRun, cfg: CommConfig, gpus: list[int], progress: ProgressFn | None) -> None:
-    from .torch_backend import run_sweep
+    from .torch_backend import cpu_allotments, run_sweep
 
     device = "cuda" if run.backend == "torch-nccl" else "cpu"
+    allot = cpu_allotments(run.requests, run.nranks, cfg.timing, cfg.timeout_s) if device == "cpu" else None
+    revision = _Revision(allot) if allot is not None else None
+
+    def advance(i: int) -> None:
+        note = revision.after(i) if revision is not None else None
+        if progress and i + 1 < len(run.requests):
+            progress(i + 1, len(run.requests), run.requests[i + 1], note)
 
     def on_result(i: int, raw: dict) -> None:
         req = run.requests[i]
         spec = spec_of(req, raw["counts"], run.backend, run.devices, False)
         run.measurements.append(CommMeasurement.from_raw(spec, raw, cfg.timing.check))
-        if progress and i + 1 < len(run.requests):
-            progress(i + 1, len(run.requests), run.requests[i + 1])
-
-    def on_skip(i: int, _why: str) -> None:
-        if progress and i + 1 < len(run.requests):
-            progress(i + 1, len(run.requests), run.requests[i + 1])
+        advance(i)
 
     if progress:
         progress(0, len(run.requests), run.requests[0])
     sweep = run_sweep(run.requests, nproc=run.nranks, device=device, timing=cfg.timing,
-                      timeout_s=cfg.timeout_s, on_result=on_result, gpus=gpus or None, on_skip=on_skip)
+                      timeout_s=cfg.timeout_s, on_result=on_result, gpus=gpus or None,
+                      on_skip=lambda i, _why: advance(i), allot=allot,
+                      on_ready=revision.ready if revision is not None else None)
     run.notes += sized_out_notes(run.requests, sweep.skipped)
     failed_at = run.requests[min(len(run.measurements) + len(sweep.skipped), len(run.requests) - 1)]
     if sweep.interrupted:
         stop(run, sweep.interruption or KeyboardInterrupt(), failed_at)
     elif sweep.error is not None:
         stop(run, sweep.error, failed_at)
+
+
+class _Revision:
+    """The first estimate revised as the measured rate says (cpu_sizing.revised_seconds): a
+    progress note when it moves by more than a fifth (and 5 s) from the figure last said, and
+    once when the rate is well below the guess, that sizes will be left out."""
+
+    def __init__(self, allot: list[float]) -> None:
+        from .cpu_sizing import GUESS_STARTUP_S
+
+        self.allot = allot
+        self.said = GUESS_STARTUP_S + sum(allot)  # the first estimate
+        self.started: float | None = None
+        self.startup = 0.0
+        self.slow_said = False
+        self.note: str | None = None
+
+    def ready(self) -> None:
+        self.started = time.monotonic()
+        self.startup = process_seconds() or 0.0
+
+    def after(self, done: int) -> str | None:
+        """The note for the progress line after requests 0..done (the last one said, if any)."""
+        from .cpu_sizing import format_seconds, revised_seconds
+
+        if self.started is None:
+            return self.note
+        used = time.monotonic() - self.started
+        revised = revised_seconds(self.allot, done, used, self.startup)
+        so_far = sum(self.allot[: done + 1])
+        if revised is None or so_far < 1.0:  # too little measured to say
+            return self.note
+        if abs(revised - self.said) > max(0.2 * self.said, 5.0):
+            self.said = revised
+            self.note = f"revised to {format_seconds(revised)} in all at the measured rate"
+        elif not self.slow_said and used > 1.5 * so_far:
+            self.slow_said = True
+            self.note = (f"the measured rate is {used / so_far:.1f}x below the estimate's guess: sizes that do not "
+                         f"fit their share are left out, to keep within {format_seconds(self.said)}")
+        return self.note

@@ -152,27 +152,46 @@ def check_dtype_support(cfg: CommConfig, backend: str, gpus: list[int]) -> None:
             raise InputError(reason)
 
 
-# What an estimate assumes: per size a fixed cost (buffers, warm-up, the check) and the timed
-# iterations at a typical bus bandwidth. A guess to say how long to wait, never a figure.
-_GUESS_RATE = {True: 100e9, False: 0.5e9}  # B/s: GPUs over NVLink or PCIe; CPU processes (gloo)
-_GUESS_FIXED_S = {True: 0.05, False: 0.3}
+# What an estimate on GPUs assumes: per size a fixed cost (buffers, warm-up, the check) and the
+# timed iterations at a typical bus bandwidth. A guess to say how long to wait, never a figure.
+# On CPU processes the sweep is sized to its estimate (cpu_sizing.py).
+_GUESS_RATE = 100e9  # B/s: GPUs over NVLink or PCIe
+_GUESS_FIXED_S = 0.05
 
 
-def estimate_seconds(cfg: CommConfig, on_gpu: bool) -> str:
-    """"about N s/min: ..." for the sweep's sizes, ops and placements (see _GUESS_RATE)."""
+def estimate_seconds(cfg: CommConfig, on_gpu: bool) -> str | None:
+    """"about N s/min: ..." for the sweep's sizes, ops and placements (see _GUESS_RATE and, on CPU
+    processes, cpu_sizing)."""
+    shape = f"{len(cfg.ops)} op(s) x {len(cfg.sizes)} size(s) x {len(cfg.inplace)} placement(s)"
+    if not on_gpu:
+        return _cpu_estimate(cfg, shape)
     t = cfg.timing
     calls = max(2, t.warmup_iters) + 2 * (t.iters if t.iters > 0 else max(t.min_iters, 1)) + 1
-    per_size = []
-    for size in cfg.sizes:
-        s = _GUESS_FIXED_S[on_gpu] + calls * max(size / _GUESS_RATE[on_gpu], t.min_time_s / calls if t.iters <= 0
-                                                 else 0.0)
-        if not on_gpu:  # sized to the machine (torch_backend.CPU_BUDGET_SHARE), large ones left out
-            s = min(s, 0.1 * cfg.timeout_s + _GUESS_FIXED_S[False] * size / (64 << 20))
-        per_size.append(s)
-    total = sum(per_size) * len(cfg.ops) * len(cfg.inplace) + (3.0 if on_gpu else 5.0)
+    per_size = [_GUESS_FIXED_S + calls * max(size / _GUESS_RATE, t.min_time_s / calls if t.iters <= 0 else 0.0)
+                for size in cfg.sizes]
+    total = sum(per_size) * len(cfg.ops) * len(cfg.inplace) + 3.0
     when = f"about {total:.0f} s" if total < 120 else f"about {total / 60:.0f} min"
-    return (f"{when} for {len(cfg.ops)} op(s) x {len(cfg.sizes)} size(s) x {len(cfg.inplace)} placement(s) "
-            f"(a guess from the sizes at {_GUESS_RATE[on_gpu] / 1e9:g} GB/s{'' if on_gpu else ' on CPU processes'})")
+    return f"{when} for {shape} (a guess from the sizes at {_GUESS_RATE / 1e9:g} GB/s)"
+
+
+def _cpu_estimate(cfg: CommConfig, shape: str) -> str | None:
+    """The first estimate on CPU processes: the sum of the requests' allotments (cpu_sizing), which
+    the sweep keeps within by leaving out sizes that the measured rate says cannot fit."""
+    from . import cpu_sizing
+
+    nranks = launcher().world_size if launcher() is not None else cfg.nproc
+    try:
+        requests, _notes = plan(cfg, nranks)
+    except InputError:
+        return None  # the run says what is wrong
+    nbytes = [op_counts(r.op, r.size, r.dtype, nranks)["bytes"] for r in requests]
+    allot = cpu_sizing.allotments(nbytes, cfg.timing, cfg.timeout_s)
+    total = cpu_sizing.GUESS_STARTUP_S + sum(allot)
+    out = sorted({r.size for r, a in zip(requests, allot, strict=True) if a == 0})
+    left = (f"; at that rate {', '.join(format_bytes(s) for s in out)} would pass half of --timeout and "
+            "run only if the sizes before leave room" if out else "")
+    return (f"{cpu_sizing.format_seconds(total)} for {shape} (a guess at {cpu_sizing.GUESS_RATE / 1e9:g} GB/s on CPU "
+            f"processes; the sweep keeps within it, leaving out sizes the measured rate cannot fit{left})")
 
 
 def plan(cfg: CommConfig, nranks: int) -> tuple[list[CommRequest], list[str]]:
@@ -249,7 +268,7 @@ def nvlink_rank_pairs(snapshot: dict | None, gpus: list[int]) -> set[tuple[int, 
             if h.kind == "nvlink"}
 
 
-ProgressFn = Callable[[int, int, CommRequest], None]
+ProgressFn = Callable[..., None]  # (i, total, the request next) and, on CPU processes, a note: the estimate revised
 
 
 def spec_of(req: CommRequest, counts: dict, backend: str, devices: list[str], graph: bool) -> CommSpec:

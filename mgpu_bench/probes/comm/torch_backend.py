@@ -17,6 +17,7 @@ Differences from the native core, forced by torch's API:
 from __future__ import annotations
 
 import math
+import os
 import queue as queue_module
 import signal
 import time
@@ -33,7 +34,8 @@ from mgpu_bench import children
 from mgpu_bench.errors import CommTimeoutError, InputError, MgpuError, OutOfMemoryError, portable
 from mgpu_bench.measurement import CommRequest, TimingOptions
 from mgpu_bench.ops import OPS, op_counts
-from mgpu_bench.sizes import format_bytes
+
+from . import cpu_sizing
 
 # Largest integer N such that every integer in [-N, N] is exact in the dtype (csrc/dtype.cpp).
 EXACT_LIMIT = {
@@ -88,8 +90,10 @@ _INPUT_IS_OUTPUT = ("allreduce", "reduce", "broadcast")
 # least this long whatever timeout_s is.
 STARTUP_TIMEOUT_S = 120.0
 
-# Elements per slice when filling or checking, to bound the int64 index tensors (8 bytes each).
-_CHUNK = 1 << 22
+# Elements per slice when filling or checking: 2 MiB per int64 temporary, so that a slice's
+# arithmetic stays in the CPU's cache (1 << 22 elements, 32 MiB temporaries, made the pattern and
+# the check of a 256 MiB allreduce 13x slower on a 2-core VM: 14 s instead of 1.2 s per rank).
+_CHUNK = 1 << 18
 
 
 def unsupported_reason(op: str, dtype: str, redop: str | None, device: str) -> str | None:
@@ -165,24 +169,30 @@ def make_pattern(dtype: str, op_reduces: bool, redop: str | None, nranks: int) -
     return Pattern(k=k, scale=scale, nranks=nranks)
 
 
-def _hash(i: torch.Tensor, r: int | torch.Tensor) -> torch.Tensor:
-    # int64 arithmetic: (i mod 2^32) * 1103515245 < 2^63, so nothing overflows before the mask.
-    return ((i & 0xFFFFFFFF) * 1103515245 + 12345 + r * 2246822519) & 0xFFFFFFFF
+def _hash_high(i: torch.Tensor, r: int | torch.Tensor) -> torch.Tensor:
+    """hash(i, r) >> 16 as a new int64 tensor, hash = ((i mod 2^32) * 1103515245 + 12345 + r *
+    2246822519) mod 2^32. In place after the first op: (i mod 2^32) * 1103515245 < 2^63, so
+    nothing overflows before the mask."""
+    h = torch.bitwise_and(i, 0xFFFFFFFF)
+    h.mul_(1103515245).add_(12345)
+    h.add_(r * 2246822519)
+    return h.bitwise_and_(0xFFFFFFFF).bitwise_right_shift_(16)
 
 
 def pattern_values(p: Pattern, rank: int | torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """v(rank, index) as int64 (every value is an integer); rank may be a tensor like index."""
     if p.k == 0:
-        owner = (_hash(index, 0) >> 16) % p.nranks
-        return (owner == rank).to(torch.int64) * p.scale
-    return ((_hash(index, rank) >> 16) % (2 * p.k + 1) - p.k) * p.scale
+        owner = _hash_high(index, 0).remainder_(p.nranks)
+        return owner.eq_(rank).mul_(p.scale)
+    v = _hash_high(index, rank).remainder_(2 * p.k + 1).sub_(p.k)
+    return v.mul_(p.scale) if p.scale != 1 else v
 
 
 def _fill(buf: torch.Tensor, rank: int, p: Pattern) -> None:
     for start in range(0, buf.numel(), _CHUNK):
         n = min(_CHUNK, buf.numel() - start)
         idx = torch.arange(start, start + n, dtype=torch.int64, device=buf.device)
-        buf[start:start + n].copy_(pattern_values(p, rank, idx).to(torch.float64).to(buf.dtype))
+        buf[start:start + n].copy_(pattern_values(p, rank, idx))  # small integers: exact in every dtype
 
 
 @dataclass(frozen=True)
@@ -223,18 +233,17 @@ def expected_values(e: Expect, p: Pattern, redop: str | None, index: torch.Tenso
             return pattern_values(p, index // e.chunk, e.base + index % e.chunk).to(torch.float64)
         return pattern_values(p, e.from_rank, e.base + index).to(torch.float64)
     src = e.base + index
-    acc = pattern_values(p, 0, src).to(torch.float64)
+    acc = pattern_values(p, 0, src)  # int64: exact sums
     for r in range(1, p.nranks):
-        v = pattern_values(p, r, src).to(torch.float64)
+        v = pattern_values(p, r, src)
         if redop == "max":
-            acc = torch.maximum(acc, v)
+            torch.maximum(acc, v, out=acc)
         elif redop == "min":
-            acc = torch.minimum(acc, v)
+            torch.minimum(acc, v, out=acc)
         else:
-            acc = acc + v
-    if redop == "avg":
-        acc = acc / p.nranks
-    return acc
+            acc.add_(v)
+    acc = acc.to(torch.float64)
+    return acc.div_(p.nranks) if redop == "avg" else acc
 
 
 def count_wrong(out: torch.Tensor, e: Expect, p: Pattern, redop: str | None, dtype: str) -> int:
@@ -247,6 +256,9 @@ def count_wrong(out: torch.Tensor, e: Expect, p: Pattern, redop: str | None, dty
         idx = torch.arange(start, start + n, dtype=torch.int64, device=out.device)
         want = expected_values(e, p, redop, idx)
         got = out[start:start + n].to(torch.float64)
+        if not tol_rel:  # exact; NaN differs from everything
+            wrong += int(got.ne(want).sum().item())  # got may be `out` itself (fp64): not in place
+            continue
         tol = tol_rel * want.abs().clamp(min=1.0)
         wrong += int((~((got - want).abs() <= tol)).sum().item())
     return wrong
@@ -325,33 +337,13 @@ def _launcher(op: str, send: torch.Tensor, recv: torch.Tensor, redop: str | None
     raise InputError(f"unknown op '{op}'")
 
 
-# On CPU processes (gloo) one large collective can take seconds: a size gets at most this share of
-# --timeout for its timed iterations (then at least CPU_MIN_ITERS of them), and a size whose
-# least work would take more than CPU_SKIP_SHARE of --timeout is not started.
-CPU_BUDGET_SHARE = 0.1
-CPU_SKIP_SHARE = 0.5
-CPU_MIN_ITERS = 3
-# A small size's time is mostly fixed cost, so scaling it linearly projects a far larger size far
-# too slow (1 KiB to 64 MiB: minutes per iteration). A gloo collective over a large buffer moves
-# at least this many bytes/s (about 1 GB/s busbw measured for 16-256 MiB on a loaded 2-core VM),
-# so a projection never exceeds the size at this rate.
-CPU_FLOOR_RATE = 0.2e9
-
-
-def cpu_least_work(seconds_per_iter: float, fixed_s: float = 0.0) -> float:
-    """Seconds the least work of one size takes on CPU: its fixed part (buffers, the data pattern
-    written and checked), 2 warm-up iterations, CPU_MIN_ITERS timed twice (burst and samples),
-    the check."""
-    return fixed_s + (2 + 2 * CPU_MIN_ITERS + 1) * seconds_per_iter
-
-
 def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: TimingOptions, group=None,
              ranks: tuple[int, ...] | None = None, budget_s: float | None = None,
              projected_s: float | None = None) -> dict:
     """Worker::measure, step for step; returns this rank's (burst, samples, wrong) and, on every
     rank, the figures that were agreed (iters, batch, the slowest rank's warm-up estimate) and its
     own warm-up estimate. With a `group` (global `ranks`), rank and nranks count within it. With
-    `budget_s` (CPU), the timed iterations fit in it (at least CPU_MIN_ITERS), and a
+    `budget_s` (CPU), the timed iterations fit in it (at least cpu_sizing.MIN_ITERS), and a
     `projected_s` per iteration that makes the usual warm-up long cuts it to 2."""
     t_begin = time.monotonic()
     op, dtype, redop, inplace, root = plan["op"], plan["dtype"], plan["redop"], plan["inplace"], plan["root"]
@@ -392,9 +384,7 @@ def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: T
         recv_view.copy_(send_view)
 
     # 2. Warm-up; its later iterations give the per-iteration estimate.
-    warm = max(2, timing.warmup_iters)
-    if budget_s is not None and projected_s is not None and warm * projected_s > budget_s / 4:
-        warm = 2
+    warm = cpu_sizing.warmup_count(timing, projected_s, budget_s)
     launch()
     w0 = clock.mark()
     for _ in range(1, warm):
@@ -405,15 +395,7 @@ def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: T
 
     # 3. Iteration count: fixed, or enough to fill min_time at the slowest rank's estimate.
     agreed = _agree_max(int(estimate * 1e9), device, group) * 1e-9
-    iters = timing.iters
-    if iters <= 0:
-        want = math.ceil(timing.min_time_s / agreed) if agreed > 0 else timing.max_iters
-        iters = int(min(max(want, timing.min_iters), timing.max_iters))
-        if budget_s is not None and agreed > 0:  # sized to the machine: burst and samples within the budget
-            iters = max(CPU_MIN_ITERS, min(iters, int(budget_s / (2 * agreed))))
-    want_batch = math.ceil(timing.sample_target_s / agreed) if agreed > 0 else 1
-    batch = min(max(want_batch, 1), max(1, iters // 20))
-    nsamples = iters // batch
+    iters, batch, nsamples = cpu_sizing.timed_counts(agreed, timing, budget_s)  # budget: sized to the machine (CPU)
 
     # 4. Burst: iters back to back, timed at its ends only.
     if on_cpu:
@@ -468,30 +450,33 @@ def _rank_loop(plans: list[dict], rank: int, nranks: int, device: torch.device, 
                skip: Callable[[int, str], None] | None = None) -> None:
     """Every plan on this rank; rank 0 gathers every rank's raw seconds and hands the combined
     result of each plan to emit(index, raw) (the same dict the native session returns). On CPU
-    with `timeout_s`, each size is sized to the machine (CPU_BUDGET_SHARE), and a size whose
-    least work, projected from the last size of its series at the same rate, would pass
-    CPU_SKIP_SHARE of the timeout is not started: rank 0 says why through skip(index, why).
-    Every rank decides from the same agreed figures, so all skip together."""
-    last: dict[tuple, tuple[int, float, float]] = {}  # series -> (bytes, s per iteration, fixed s), agreed
+    with `timeout_s`, the sweep is sized to the machine by cpu_sizing's rule (each plan's
+    "allot_s" its share of the first estimate): a size that does not fit ends its series, and rank
+    0 says why through skip(index, why) for it and each larger size of the series. Every rank
+    decides from the same agreed figures, so all skip together."""
     sized = device.type == "cpu" and timeout_s is not None
+    rule = cpu_sizing.Plan([p.get("allot_s", 0.0) for p in plans], timing, timeout_s) if sized else None
+    last: dict[tuple, cpu_sizing.Measured] = {}  # series -> its last size measured, agreed
+    ended: dict[tuple, tuple[int, str]] = {}  # series -> (the bytes that did not fit, why)
+    t0 = time.monotonic()
     for index, plan in enumerate(plans):
-        projected = None
-        if sized and _series(plan) in last:
-            nbytes, t, fixed = last[_series(plan)]
-            size = plan["counts"]["bytes"]
-            scale = max(1.0, size / max(1, nbytes))
-            projected = min(t * scale, max(t, size / CPU_FLOOR_RATE))
-            least = cpu_least_work(projected, min(fixed * scale, max(fixed, size / CPU_FLOOR_RATE)))
-            if least > CPU_SKIP_SHARE * timeout_s:
-                if rank == 0 and skip is not None:
-                    skip(index, f"projected from {format_bytes(nbytes)} at the same rate (or "
-                                f"{CPU_FLOOR_RATE / 1e9:g} GB/s, whichever is faster), one would take "
-                                f"{least:.0f} s at the least ({projected:.2f} s per iteration), past half of "
-                                f"--timeout {timeout_s:g} s")
-                continue
-        m = _measure(plan, rank, nranks, device, timing,
-                     budget_s=CPU_BUDGET_SHARE * timeout_s if sized else None, projected_s=projected)
-        last[_series(plan)] = (plan["counts"]["bytes"], m["agreed"], m["fixed"])
+        key, size = _series(plan), plan["counts"]["bytes"]
+        decision = cpu_sizing.Decision(True)
+        if rule is not None:
+            if key in ended and size >= ended[key][0]:
+                decision = cpu_sizing.Decision(False, why=ended[key][1])
+            else:
+                used = _agree_max(int((time.monotonic() - t0) * 1e9), device) * 1e-9
+                decision = rule.decide(index, size, used, last.get(key))
+                if not decision.run:
+                    ended[key] = (size, decision.why)
+        if not decision.run:
+            if rank == 0 and skip is not None:
+                skip(index, decision.why)
+            continue
+        m = _measure(plan, rank, nranks, device, timing, budget_s=decision.budget_s,
+                     projected_s=decision.projected_s)
+        last[key] = cpu_sizing.Measured(size, m["agreed"], m["fixed"])
         mine = (m["burst"], m["samples"], m["wrong"])
         gathered = [None] * nranks if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
@@ -520,6 +505,10 @@ def _worker(rank: int, nranks: int, device_kind: str, gpu: int, port: int, plans
             device, backend = torch.device("cuda", gpu), "nccl"
         else:
             device, backend = torch.device("cpu"), "gloo"
+            # The ranks share the host's cores: one intra-op pool each the width of its share, not
+            # nranks pools as wide as the host (which only contend while writing and checking data).
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            torch.set_num_threads(max(1, cores // nranks))
         limit = timedelta(seconds=max(timeout_s, STARTUP_TIMEOUT_S))
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=limit)
         dist.init_process_group(backend, store=store, rank=rank, world_size=nranks, timeout=limit,
@@ -564,6 +553,13 @@ def _plan(req: CommRequest, nproc: int, device: str) -> dict:
     }
 
 
+def cpu_allotments(requests: list[CommRequest], nproc: int, timing: TimingOptions, timeout_s: float) -> list[float]:
+    """Each request's share of the first estimate on CPU processes (cpu_sizing.allotments), at
+    the bytes the op's rounding gives."""
+    return cpu_sizing.allotments([op_counts(r.op, r.size, r.dtype, nproc)["bytes"] for r in requests], timing,
+                                 timeout_s)
+
+
 def _stop(procs: list, graceful: bool) -> None:
     """Joins every child; a child still running (after a grace period when `graceful`) is
     terminated, then killed."""
@@ -586,12 +582,15 @@ def _stop(procs: list, graceful: bool) -> None:
 
 def run_sweep(requests: list[CommRequest], *, nproc: int, device: str, timing: TimingOptions,
               timeout_s: float, on_result: Callable[[int, dict], None] | None = None,
-              gpus: list[int] | None = None, on_skip: Callable[[int, str], None] | None = None) -> TorchSweep:
+              gpus: list[int] | None = None, on_skip: Callable[[int, str], None] | None = None,
+              allot: list[float] | None = None, on_ready: Callable[[], None] | None = None) -> TorchSweep:
     """Runs `requests` in order on `nproc` processes ("cpu": gloo; "cuda": nccl, process r on
     cuda:gpus[r], by default cuda:r). Each completed request's raw dict goes to on_result(index, raw) as soon as it is
-    done. A request that yields no result within timeout_s seconds stops the sweep with a
-    CommTimeoutError; a failing rank stops it with its exception; Ctrl-C stops it with
-    interrupted=True. The children are always gone when this returns."""
+    done. On CPU the sweep is sized to the machine (cpu_sizing): `allot` gives each request its share of the
+    first estimate (default: cpu_allotments), and a request left out goes to on_skip(index, why). on_ready() is
+    called when every rank has met. A request that yields no result within timeout_s seconds stops the sweep with
+    a CommTimeoutError; a failing rank stops it with its exception; Ctrl-C stops it with interrupted=True. The
+    children are always gone when this returns."""
     if device not in ("cpu", "cuda"):
         raise InputError(f"the torch backend runs on 'cpu' (gloo) or 'cuda' (nccl), not '{device}'")
     if nproc < 1:
@@ -604,6 +603,10 @@ def run_sweep(requests: list[CommRequest], *, nproc: int, device: str, timing: T
     if device == "cuda" and len(gpus) != nproc:
         raise InputError(f"{nproc} processes but {len(gpus)} GPUs given")
     plans = [_plan(req, nproc, device) for req in requests]
+    if device == "cpu":
+        allot = cpu_allotments(requests, nproc, timing, timeout_s) if allot is None else allot
+        for p, a in zip(plans, allot, strict=True):
+            p["allot_s"] = float(a)
     sweep = TorchSweep()
     if not plans:
         return sweep
@@ -649,6 +652,8 @@ def run_sweep(requests: list[CommRequest], *, nproc: int, device: str, timing: T
                 ready += 1
                 if ready == nproc:
                     deadline = time.monotonic() + timeout_s
+                    if on_ready is not None:
+                        on_ready()
             elif msg[0] == "result":
                 sweep.results.append(msg[2])
                 deadline = time.monotonic() + timeout_s
