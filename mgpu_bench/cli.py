@@ -11,20 +11,23 @@ and 143 SIGTERM (scancel, a launcher stopping its job), after writing what was g
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import click
 
 from . import probe as registry
-from . import runner
+from . import runner, selection
 from .errors import InputError, terminated
+from .history.cli import HelpGroup
 from .history.cli import register as register_history
 from .output.console import safe_text
 from .probe import Probe, option
 
 
-class _Group(click.Group):
-    """Every usage or input error becomes one line on stderr and exit code 2."""
+class _Group(HelpGroup):
+    """Every usage or input error becomes one line on stderr and exit code 2; no command at all
+    prints the help (HelpGroup)."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
@@ -144,6 +147,8 @@ def topo_command(json_path) -> int:
 
 
 register_history(cli)
+_without = selection.without_gpu()  # from the probes' own Probe.cpu
+cli.help = f"{inspect.cleandoc(cli.help or '')}\n\n{_without[0].upper()}{_without[1:]}."
 
 
 def main() -> None:

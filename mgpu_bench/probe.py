@@ -144,6 +144,7 @@ class Probe:
       progress_default  None: on (a terminal gets `progress`, a log or pipe plain lines); True/False: always/never unless told
       own_telemetry the probe samples and judges clocks itself (the suite does not judge them again)
       per_node_prometheus  each node writes --prometheus itself (ctx.prometheus); the runner does not
+      cpu           runs without a GPU, on CPU processes (gloo): True, or the condition ("under torchrun")
     """
 
     name: str = ""
@@ -158,6 +159,7 @@ class Probe:
     progress_default: bool | None = None
     own_telemetry: bool = False
     per_node_prometheus: bool = False  # each node writes its own --prometheus textfile (fleet)
+    cpu: bool | str = False
 
     # -- the command ---------------------------------------------------------------------------
 

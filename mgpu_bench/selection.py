@@ -7,6 +7,7 @@ Indices count within what this process can see (after CUDA_VISIBLE_DEVICES).
 from __future__ import annotations
 
 import os
+import sys
 
 from .errors import InputError, MgpuError
 
@@ -32,6 +33,31 @@ def no_gpu_reason() -> str:
     return "none visible (check CUDA_VISIBLE_DEVICES)"
 
 
+def cpu_commands() -> list[str]:
+    """The commands that run without a GPU, on CPU processes (gloo), as the probes say of
+    themselves (Probe.cpu: True, or the condition, "fleet (under torchrun)"), in the registry's
+    order. The registry sits above this module, which never imports it: every command runs once
+    the CLI has loaded it (before that, the list is empty)."""
+    registry = sys.modules.get("mgpu_bench.probe")
+    if registry is None:
+        return []
+    out = []
+    for name in registry.names():
+        cpu = registry.get(name).cpu
+        if cpu:
+            out.append(name if cpu is True else f"{name} ({cpu})")
+    return out
+
+
+def without_gpu() -> str:
+    """'without a GPU, comm, model, fleet (under torchrun), overlap and suite run on CPU
+    processes (gloo)': one sentence for every GPU-only command's error, the group's help and the
+    suite."""
+    names = cpu_commands()
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1] if names else "nothing"
+    return f"without a GPU, {listed} run{'s' if len(names) == 1 else ''} on CPU processes (gloo)"
+
+
 def require_gpus(command: str, spec: str | None) -> tuple[list[int], list[dict]]:
     """The GPUs --gpus names and their device_info; InputError (exit code 2) naming what is
     missing when the machine has no usable NVIDIA GPU."""
@@ -39,8 +65,7 @@ def require_gpus(command: str, spec: str | None) -> tuple[list[int], list[dict]]
 
     n = visible_gpu_count()
     if n == 0:
-        raise InputError(f"{command} needs NVIDIA GPUs: {no_gpu_reason()}; without a GPU, comm, model and suite "
-                         "run on CPU processes (gloo)")
+        raise InputError(f"{command} needs NVIDIA GPUs: {no_gpu_reason()}; {without_gpu()}")
     gpus = parse_gpus(spec, n)
     return gpus, [_native.device_info(g) for g in gpus]
 

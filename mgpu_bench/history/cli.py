@@ -135,7 +135,19 @@ def _short_command(command: str | None) -> str:
 # -- history ----------------------------------------------------------------------------------
 
 
-@click.group("history")
+class HelpGroup(click.Group):
+    """A command group that, given no command, prints its help as --help prints it (stdout, its
+    own lines) and exits 2, click's code for a missing command; click would put the help in a
+    usage error, which the main group prints as one line."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            click.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit(2)
+        return super().parse_args(ctx, args)
+
+
+@click.group("history", cls=HelpGroup)
 def history_group() -> None:
     """Stored runs: every result stored with its machine fingerprint, never overwritten.
 
@@ -361,7 +373,7 @@ def history_trend(metric, limit, host, db_path) -> int:
 # -- baseline ---------------------------------------------------------------------------------
 
 
-@click.group("baseline")
+@click.group("baseline", cls=HelpGroup)
 def baseline_group() -> None:
     """The run each kind is compared with by default (`mgpu-bench compare`)."""
 

@@ -42,6 +42,7 @@ is written).
 
 class SuiteProbe(Probe):
     name = "suite"
+    cpu = True
     summary = "the three rounds in one report, stored and compared"
     help = HELP
     payload = "probes"
@@ -94,6 +95,11 @@ class SuiteProbe(Probe):
             model = workloads.resolve(o["model_name"], cpu_defaults=not ngpu).text  # bad input: exit 2 here
         return SuiteConfig(quick=o["quick"], rounds=rounds, duration_s=duration_s, gpus=chosen, tolerance=tolerance,
                            model=model)
+
+    def estimate(self, cfg) -> str | None:
+        from .run import estimate
+
+        return estimate(cfg)
 
     def default_report_dir(self, cfg) -> str:
         from .run import default_report_dir

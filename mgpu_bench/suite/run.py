@@ -18,6 +18,7 @@ import contextlib
 import datetime as _dt
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,10 +77,45 @@ def plan(cfg: SuiteConfig) -> list[Step]:
     return sorted((s for s in steps if s.round in cfg.rounds), key=lambda s: (s.round, s.order))
 
 
+def estimate(cfg: SuiteConfig) -> str:
+    """"about N min for K of M probes": each step that runs here configured from its own arguments and
+    estimated by its probe (Probe.estimate), or STEP_GUESS_S where the probe says nothing, plus a
+    process start-up each."""
+    import click
+
+    steps = [s for s in plan(cfg) if len(cfg.gpus) >= s.min_gpus]
+    total = 0.0
+    for s in steps:
+        seconds = STEP_GUESS_S
+        with contextlib.suppress(Exception):  # a step whose probe cannot say is guessed
+            probe = registry.get(s.args[0])
+            params = click.Command(s.args[0], params=probe.options()).make_context(s.args[0], list(s.args[1:])).params
+            said = probe.estimate(probe.configure(params)) or ""
+            m = re.search(r"about (\d+) (s|min)", said)
+            if m:
+                seconds = int(m.group(1)) * (60 if m.group(2) == "min" else 1)
+        total += seconds + 3.0
+    when = f"about {total:.0f} s" if total < 120 else f"about {total / 60:.0f} min"
+    return f"{when} for {len(steps)} of {len(plan(cfg))} probe(s) (their own estimates, {STEP_GUESS_S:.0f} s where none)"
+
+
+STEP_GUESS_S = 30.0  # a probe that does not estimate itself
+
+
 def child_args(step: Step, out: Path | None = None) -> list[str]:
     """The step's command line as the suite runs it: its result document to `out`, no progress
     display, nothing stored (the suite stores the whole run)."""
     return [*step.args, "--json", str(out or "x.json"), "--no-progress", "--no-store"]
+
+
+def skip_reason(step: Step, ngpu: int) -> str:
+    """Why a step does not run on `ngpu` selected GPUs; for a probe that runs on CPU processes by
+    itself (Probe.cpu), that the suite runs it on GPUs only, and the command that runs it here."""
+    need = f"{step.min_gpus} NVIDIA GPU(s), {ngpu} selected" if ngpu or step.min_gpus > 1 else "an NVIDIA GPU"
+    name = step.args[0] if step.args else step.name
+    if not ngpu and name in registry.names() and registry.get(name).cpu is True:
+        return f"the suite runs {name} on {need.replace(', 0 selected', '')} only; `mgpu-bench {name}` runs on CPU processes"
+    return f"needs {need}"
 
 
 def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None = None) -> dict:
@@ -92,8 +128,7 @@ def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None
              "command": ["mgpu-bench", *probe.args], "status": "skipped", "error": None, "seconds": 0.0,
              "document": None, "telemetry": None}
     if ngpu < probe.min_gpus:
-        entry["error"] = (f"needs {probe.min_gpus} NVIDIA GPU(s), {ngpu} selected" if ngpu or probe.min_gpus > 1
-                          else "needs an NVIDIA GPU")
+        entry["error"] = skip_reason(probe, ngpu)
         return entry
     out = work / f"{probe.round}-{probe.name}.json"
     cmd = [sys.executable, "-m", "mgpu_bench.cli", *child_args(probe, out)]

@@ -49,6 +49,7 @@ x 1 (broadcast, reduce, sendrecv). GB/s = 10^9 bytes/s.
 
 class CommProbe(Probe):
     name = "comm"
+    cpu = True
     summary = "collective bus bandwidth (NCCL), checked"
     help = HELP
     payload = "measurements"

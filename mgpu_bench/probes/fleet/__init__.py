@@ -57,6 +57,7 @@ history under its own host, and with --prometheus each node writes its own textf
 
 class FleetProbe(Probe):
     name = "fleet"
+    cpu = "under torchrun"
     summary = "the bad node, GPU, rail or link of a cluster, under its launcher"
     help = HELP
     payload = "nodes"

@@ -446,6 +446,11 @@ def _scaling(run: ModelRun, n: int, eff: float) -> Finding:
 
 def _scaling_cause(run: ModelRun, n: int, eff: float, exposed: float | None) -> str:
     units = "GPUs" if run.config.device == "cuda" else "processes"
+    if exposed is not None and exposed > EXPOSED_COMM_LIMIT and units == "processes":
+        # CPU processes: gloo's all-reduce runs on the cores the step computes on, so an exposed
+        # share is the ranks competing for them too, whatever share a run happens to measure
+        return (f"the step is {1 / eff:.1f}x longer on {n} {units}: the ranks and their all-reduce (gloo) compete "
+                "for the same CPU cores, so communication cannot hide behind compute")
     if exposed is not None and exposed > EXPOSED_COMM_LIMIT:
         return "communication-bound: the gradient all-reduce is not hidden behind the backward pass"
     if exposed is not None:
@@ -461,9 +466,11 @@ def _contention(run: ModelRun, n: int, text: str) -> str | None:
     eff = run.scaling().get(n)
     s = run.effective(n)
     exposed = s.derived.get("exposed_comm_share") if s else None
-    if n < 2 or eff is None or eff >= SCALING_GOOD or not text.startswith("compute-bound"):
+    cpu = run.config.device != "cuda"  # an exposed share on CPU processes is contention too (_scaling_cause)
+    if n < 2 or eff is None or eff >= SCALING_GOOD or not text.startswith(
+            ("compute-bound", "communication-bound") if cpu else "compute-bound"):
         return None
-    if exposed is None or exposed > EXPOSED_COMM_LIMIT or eff > SCALING_ABOVE:
+    if exposed is None or (exposed > EXPOSED_COMM_LIMIT and not cpu) or eff > SCALING_ABOVE:
         return None
     return (f"contention: scaling 1 -> {n} is {100 * eff:.1f}% (healthy >= {100 * SCALING_GOOD:.0f}%) with "
             f"exposed communication {100 * exposed:.1f}% (healthy < {100 * EXPOSED_COMM_LIMIT:.0f}%): "

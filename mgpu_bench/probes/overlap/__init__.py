@@ -109,6 +109,7 @@ def read_model_result(path: str) -> dict:
 
 class OverlapProbe(Probe):
     name = "overlap"
+    cpu = True
     summary = "allreduce and GEMM together: how much each slows the other"
     help = HELP
     payload = "ranks"
