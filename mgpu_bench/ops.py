@@ -27,7 +27,7 @@ DEFAULT_OPS = ("allreduce", "allgather")
 DTYPES = ("fp32", "fp16", "bf16", "fp64", "int32", "int8", "fp8_e4m3", "fp8_e5m2")
 DTYPE_ALIASES = {
     "float": "fp32", "float32": "fp32", "half": "fp16", "float16": "fp16", "bfloat16": "bf16",
-    "double": "fp64", "float64": "fp64", "int": "int32", "fp8": "fp8_e4m3", "e4m3": "fp8_e4m3",
+    "double": "fp64", "float64": "fp64", "int": "int32", "fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "float8": "fp8_e4m3",
     "e5m2": "fp8_e5m2",
 }
 REDOPS = ("sum", "max", "min", "avg")
@@ -87,7 +87,7 @@ def parse_ops(text: str) -> list[str]:
 
 
 def parse_dtype(text: str) -> str:
-    name = text.strip().lower()
+    name = text.strip().lower().replace("-", "_")  # fp8-e4m3 as gemm takes it
     name = DTYPE_ALIASES.get(name, name)
     if name not in DTYPES:
         raise InputError(f"unknown dtype '{text}': choose from {', '.join(DTYPES)}")

@@ -525,7 +525,8 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
             f"({format_change(c.change, c.absolute)}, threshold {format_noise(c.threshold, c.absolute)})"),
             soft_wrap=True,
         )
-    out.print(", ".join(f"{n} {s}" for s, n in counts.items()))
+    out.print(", ".join(f"{n} {s}{'s' if n != 1 and s in ('regression', 'improvement') else ''}"
+                        for s, n in counts.items()))
     if json_path:
         from mgpu_bench.paths import write_json
 

@@ -108,6 +108,27 @@ def child_args(step: Step, out: Path | None = None) -> list[str]:
     return [*step.args, "--json", str(out or "x.json"), "--no-progress", "--no-store"]
 
 
+def user_command(step: Step) -> list[str]:
+    """The step's command as a user would type it again: the probe's hidden options (what the
+    suite hands from one of its steps to the next, such as overlap's --model-figures JSON) left
+    out; the probe's own result document keeps its whole command line."""
+    hidden: dict[str, bool] = {}  # flag -> takes no value
+    with contextlib.suppress(Exception):  # a step of no known probe is shown as it is
+        for o in registry.get(step.args[0]).options():
+            if getattr(o, "hidden", False):
+                hidden.update({flag: bool(o.is_flag) for flag in o.opts})
+    out, args = ["mgpu-bench"], list(step.args)
+    i = 0
+    while i < len(args):
+        flag, eq, _ = args[i].partition("=")
+        if flag in hidden:
+            i += 1 if eq or hidden[flag] else 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
 def skip_reason(step: Step, ngpu: int) -> str:
     """Why a step does not run on `ngpu` selected GPUs; for a probe that runs on CPU processes by
     itself (Probe.cpu), that the suite runs it on GPUs only, and the command that runs it here."""
@@ -125,7 +146,7 @@ def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None
     that abandon the suite kill it: errors.py); after a Ctrl-C, KeyboardInterrupt is raised again
     once the entry is complete."""
     entry = {"round": probe.round, "name": probe.name, "title": probe.title,
-             "command": ["mgpu-bench", *probe.args], "status": "skipped", "error": None, "seconds": 0.0,
+             "command": user_command(probe), "status": "skipped", "error": None, "seconds": 0.0,
              "document": None, "telemetry": None}
     if ngpu < probe.min_gpus:
         entry["error"] = skip_reason(probe, ngpu)
@@ -255,7 +276,7 @@ def run_suite(cfg: SuiteConfig, bus_ids: dict[int, str], say: Callable[[str], No
 
 
 def _skipped(p: Step) -> dict:
-    return {"round": p.round, "name": p.name, "title": p.title, "command": ["mgpu-bench", *p.args],
+    return {"round": p.round, "name": p.name, "title": p.title, "command": user_command(p),
             "status": "skipped", "error": None, "seconds": 0.0, "document": None, "telemetry": None}
 
 

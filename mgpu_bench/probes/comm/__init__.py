@@ -78,7 +78,7 @@ class CommProbe(Probe):
             option("--factor", type=float, default=None, help="Multiply sizes by this over a range [default: 2]."),
             option("--step", "step_text", default=None, help="Add this many bytes over a range instead."),
             option("--dtype", "dtype_text", default="fp32", show_default=True,
-                   help="fp32, fp16, bf16, fp64, int32, int8, fp8_e4m3, fp8_e5m2."),
+                   help="fp32, fp16, bf16, fp64, int32, int8, fp8_e4m3 (fp8, as gemm names it), fp8_e5m2."),
             option("--redop", default="sum", show_default=True, help="sum, max, min or avg (reducing ops only)."),
             option("--inplace", "only_inplace", is_flag=True, help="In-place only (default: both)."),
             option("--outofplace", "only_outofplace", is_flag=True, help="Out-of-place only (default: both)."),
@@ -261,7 +261,7 @@ class CommProbe(Probe):
         whole = (f"; {run.process_seconds:.2f} s since the process started (Python and torch imports "
                  "included)" if run.process_seconds else "")
         console.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s wall, "
-                      f"communicator set-up included{whole}", highlight=False)
+                      f"communicator set-up included{whole}", highlight=False, soft_wrap=True)
 
     def csv(self, doc: Mapping) -> str:
         from .render import render_csv, tuning_csv

@@ -5,6 +5,7 @@ verdicts the suite adds.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -14,12 +15,38 @@ import numpy as np
 from mgpu_bench import nccl_log
 from mgpu_bench.measurement import CommMeasurement
 from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding
-from mgpu_bench.sizes import format_bytes, format_gbs
+from mgpu_bench.sizes import format_bytes
 
 if TYPE_CHECKING:
     from .plan import CommRun
 
 LARGE = 64 << 20  # the summary's "large sizes": >= 64 MiB, where busbw has settled
+
+
+def gbs(bytes_per_s: float) -> str:
+    """A bandwidth in GB/s (10^9 bytes/s), without the unit, as every comm medium prints it (the
+    terminal's table and lines, Markdown, HTML, the findings): two decimals from 1 GB/s up, as
+    nccl-tests' columns; three significant digits below, so that a CPU run's small sizes read
+    0.00293, never 0.00."""
+    v = bytes_per_s / 1e9
+    if v >= 1 or v <= 0 or not math.isfinite(v):
+        return f"{v:.2f}"
+    return f"{v:.{min(12, 2 - math.floor(math.log10(v)))}f}"
+
+
+def plural(n: int, word: str) -> str:
+    """'1 size', '2 sizes'."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def no_theory_reason(run: CommRun) -> str | None:
+    """Why the sweep's busbw is set against no link theory (None when it has one): said once below
+    the terminal's tables, on the HTML page and in Markdown."""
+    t = theory_dict(run.theory)
+    if t and t.get("bandwidth"):
+        return None
+    why = "the ranks are CPU processes" if run.backend == "torch-gloo" else "no GPU topology was read"
+    return f"no link theory: {why}, so %theo is n/a and busbw is not set against one"
 
 
 def theory_dict(theory) -> dict | None:
@@ -105,7 +132,7 @@ def explain_above_theory(run: CommRun) -> list[str]:
         if m.busbw <= t["bandwidth"]:
             continue
         algo = (run.algorithms or {}).get(f"{m.spec.op}@{m.spec.bytes}")
-        what = f"{m.spec.op} {format_bytes(m.spec.bytes)} {m.spec.placement}: busbw {m.busbw / 1e9:.1f} GB/s " \
+        what = f"{m.spec.op} {format_bytes(m.spec.bytes)} {m.spec.placement}: busbw {gbs(m.busbw)} GB/s " \
                f"is above the link theory {t['bandwidth'] / 1e9:.0f} GB/s"
         if nccl_log.overstating(algo):
             out.append(f"{what}: NCCL's model picks {algo}, whose in-switch reduction moves less data than the "
@@ -199,7 +226,7 @@ def judge(run: CommRun) -> list[Finding]:
         if not bw:
             continue
         share = s["busbw_at_largest"] / bw
-        text = (f"{op} busbw {format_gbs(s['busbw_at_largest'])} GB/s at {format_bytes(s['largest_bytes'])}, "
+        text = (f"{op} busbw {gbs(s['busbw_at_largest'])} GB/s at {format_bytes(s['largest_bytes'])}, "
                 f"{100 * share:.0f}% of the {bw / 1e9:.0f} GB/s theory ({t.get('summary')})")
         if share < COMM_LOW or (share < COMM_WEAK and s["largest_bytes"] >= COMM_SETTLED):
             cause = (f": {transport[0]}" if transport else
@@ -221,7 +248,7 @@ def key_figure(run: CommRun) -> tuple[str, str]:
     op = "allreduce" if "allreduce" in ops else ops[0]
     s = next((s for s in rows if s["op"] == op and s["placement"] == "out-of-place"),
              next(s for s in rows if s["op"] == op))
-    fig = f"{op} {format_bytes(s['largest_bytes'])} busbw {format_gbs(s['busbw_at_largest'])} GB/s"
+    fig = f"{op} {format_bytes(s['largest_bytes'])} busbw {gbs(s['busbw_at_largest'])} GB/s"
     t = theory_dict(run.theory) or {}
     if t.get("bandwidth"):
         return fig, f"{100 * s['busbw_at_largest'] / t['bandwidth']:.0f}% of {t['bandwidth'] / 1e9:.0f} GB/s theory"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from mgpu_bench.measurement import CommMeasurement
 from mgpu_bench.sizes import format_bytes
 
-from .analyse import pct_theory, series, summary, theory_dict, theory_for
+from .analyse import gbs, no_theory_reason, pct_theory, plural, series, summary, theory_dict, theory_for
 from .plan import CommRun
 
 
@@ -34,8 +34,8 @@ COLUMNS = (
     Column("redop", "redop", "", ""),
     Column("placement", "place", "", ""),
     Column("time_us", "time", "us", ".1f"),
-    Column("algbw", "algbw", "GB/s", ".2f"),
-    Column("busbw", "busbw", "GB/s", ".2f"),
+    Column("algbw", "algbw", "GB/s", "gbs"),
+    Column("busbw", "busbw", "GB/s", "gbs"),
     Column("theory", "busbw", "%theo", ".0f"),
     Column("median_us", "median", "us", ".1f"),
     Column("p99_us", "p99", "us", ".1f"),
@@ -55,8 +55,8 @@ def row(m: CommMeasurement, theory=None) -> dict:
         "redop": m.spec.redop or "-",
         "placement": "in" if m.spec.inplace else "out",
         "time_us": m.time_s * 1e6,
-        "algbw": m.algbw / 1e9,
-        "busbw": m.busbw / 1e9,
+        "algbw": m.algbw,  # bytes/s: format_cell writes GB/s (analyse.gbs)
+        "busbw": m.busbw,
         "theory": pct_theory(m, theory),
         "median_us": m.median_s * 1e6,
         "p99_us": m.p99_s * 1e6,
@@ -73,17 +73,19 @@ def format_cell(col: Column, value) -> str:
         return format_bytes(value)
     if isinstance(value, float) and math.isnan(value):
         return "n/a"
+    if col.fmt == "gbs":
+        return gbs(value)
     return format(value, col.fmt) if col.fmt else str(value)
 
 
 def summary_lines(run: CommRun) -> list[str]:
     lines = []
     for s in summary(run):
-        mean = (f"mean {s['mean_busbw_large'] / 1e9:.2f} GB/s over {s['large_sizes']} sizes >= 64 MiB"
+        mean = (f"mean {gbs(s['mean_busbw_large'])} GB/s over {plural(s['large_sizes'], 'size')} >= 64 MiB"
                 if s["mean_busbw_large"] is not None else "no size >= 64 MiB measured")
         where = "" if s["scope"] == "world" else f" [{s['scope']} {s['group']}]"
         lines.append(
-            f"{s['op']}{where} {s['placement']}: busbw {s['busbw_at_largest'] / 1e9:.2f} GB/s at "
+            f"{s['op']}{where} {s['placement']}: busbw {gbs(s['busbw_at_largest'])} GB/s at "
             f"{format_bytes(s['largest_bytes'])}; {mean}; {s['wrong']} wrong"
         )
     return lines
@@ -110,6 +112,8 @@ def render_terminal(run: CommRun, console) -> None:
         print_table(console, table)
         console.print()
     t = theory_dict(run.theory)
+    if no_theory_reason(run) and run.measurements:
+        console.print(no_theory_reason(run), highlight=False, soft_wrap=True)
     if t is not None:
         practical = f"; NCCL rings reach about {t['practical'] / 1e9:.0f} GB/s (80%)" if t.get("practical") else ""
         console.print(f"theory: {t['summary']}{practical}", highlight=False, soft_wrap=True)

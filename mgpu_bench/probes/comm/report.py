@@ -17,9 +17,9 @@ from mgpu_bench.output import html_page
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
 from mgpu_bench.probe import OK, PROBLEM, SEVERITIES, WARNING, Finding
-from mgpu_bench.sizes import format_bytes, format_gbs
+from mgpu_bench.sizes import format_bytes
 
-from .analyse import judge, key_figure, series, summary, theory_dict, theory_for
+from .analyse import gbs, judge, key_figure, no_theory_reason, series, summary, theory_dict, theory_for
 from .plan import CommRun
 from .render import COLUMNS, TUNING_HEADERS, format_cell, row, tuning_rows
 
@@ -102,9 +102,9 @@ def headline_rows(run: CommRun) -> tuple[list[str], list[list[str]]]:
         peak = max(sr.measurements, key=lambda m: m.busbw)
         largest = max(sr.measurements, key=lambda m: (m.spec.bytes, not m.spec.inplace))
         bw = (theory_dict(theory_for(run, peak)) or {}).get("bandwidth")
-        rows.append([sr.title, f"{format_gbs(peak.busbw)} GB/s", format_bytes(peak.spec.bytes), peak.spec.placement,
+        rows.append([sr.title, f"{gbs(peak.busbw)} GB/s", format_bytes(peak.spec.bytes), peak.spec.placement,
                      f"{bw / 1e9:.0f} GB/s" if bw else "-", f"{100 * peak.busbw / bw:.0f}%" if bw else "-",
-                     f"{format_gbs(largest.busbw)} GB/s at {format_bytes(largest.spec.bytes)} ({largest.spec.placement})",
+                     f"{gbs(largest.busbw)} GB/s at {format_bytes(largest.spec.bytes)} ({largest.spec.placement})",
                      str(sum(m.total_wrong for m in sr.measurements))])
     return headers, rows
 
@@ -132,8 +132,7 @@ def summary_html(run: CommRun) -> str:
     if t and t.get("summary"):
         parts.append(f"<p><b>theory</b>: {e(t['summary'])}</p>")
     else:
-        why = "the ranks are CPU processes" if run.backend == "torch-gloo" else "no GPU topology was read"
-        parts.append(f"<p class=sub>no link theory: {e(why)}, so busbw is not set against one.</p>")
+        parts.append(f"<p class=sub>{e(no_theory_reason(run) or '')}.</p>")
     counts = {s: sum(f.severity == s for f in fs) for s in SEVERITIES}
     parts.append(f"<h2>findings: {counts[PROBLEM]} problem(s), {counts[WARNING]} warning(s), {counts[OK]} ok</h2>")
     parts.append(html_page.findings_list(fs) or "<p class=sub>none</p>")
@@ -148,17 +147,19 @@ def markdown(run: CommRun, environment: dict, tuning: dict | None = None) -> str
     t = _theory(run)
     if t:
         lines.append(f"- theory: {md(t['summary'])}")
+    elif no_theory_reason(run):
+        lines.append(f"- {md(no_theory_reason(run))}")
     for f in verdicts(run):
         lines.append(f"- {f.severity}: {md(f.text)}")
     lines += ["", "| op | placement | busbw at largest size | mean busbw >= 64 MiB | % of theory | wrong |",
               "|---|---|---|---|---|---|"]
     for s in summary(run):
-        mean = f"{s['mean_busbw_large'] / 1e9:.1f} GB/s" if s["mean_busbw_large"] is not None else "n/a"
+        mean = f"{gbs(s['mean_busbw_large'])} GB/s" if s["mean_busbw_large"] is not None else "n/a"
         st = theory_dict((run.scope_theory or {}).get(s["scope"], run.theory)
                                 if s["scope"] != "world" else run.theory)
         pct = f"{100 * s['busbw_at_largest'] / st['bandwidth']:.0f}%" if st and st.get("bandwidth") else "n/a"
         what = s["op"] if s["scope"] == "world" else f"{s['op']} {s['scope']} {md(s['group'])}"
-        lines.append(f"| {what} | {s['placement']} | {s['busbw_at_largest'] / 1e9:.1f} GB/s at "
+        lines.append(f"| {what} | {s['placement']} | {gbs(s['busbw_at_largest'])} GB/s at "
                      f"{format_bytes(s['largest_bytes'])} | {mean} | {pct} | {s['wrong']} |")
     if tuning:
         rows, paste = tuning_rows(tuning)
@@ -227,8 +228,8 @@ def section(run: CommRun, pngs: dict[str, bytes]) -> str:
     rows = []
     for s in summary(run) if run.measurements else []:
         pct = f"{100 * s['busbw_at_largest'] / t['bandwidth']:.0f}" if t.get("bandwidth") else "-"
-        mean = "-" if s["mean_busbw_large"] is None else format_gbs(s["mean_busbw_large"])
-        rows.append([s["op"], s["placement"], format_bytes(s["largest_bytes"]), format_gbs(s["busbw_at_largest"]),
+        mean = "-" if s["mean_busbw_large"] is None else gbs(s["mean_busbw_large"])
+        rows.append([s["op"], s["placement"], format_bytes(s["largest_bytes"]), gbs(s["busbw_at_largest"]),
                      mean, pct, s["wrong"]])
     if rows:
         parts.append(html_page.table(["op", "placement", "largest size", "busbw GB/s", "mean busbw >= 64 MiB GB/s",

@@ -9,7 +9,7 @@ from pathlib import Path
 from mgpu_bench.output import html_page
 from mgpu_bench.output.plotting import plain, png, pyplot
 
-from .analyse import fmt, node_table
+from .analyse import UNITS, fmt, node_table
 from .analyse import pct as _pct
 
 
@@ -25,15 +25,18 @@ def plot_pairs(doc: Mapping) -> bytes | None:
     n = len(nodes)
     grid = np.full((n, n), np.nan)
     at = {x["index"]: i for i, x in enumerate(nodes)}  # node index -> its row: only the nodes that answered
+    unit, scale = UNITS["allreduce"]
+    if max(p["allreduce"]["busbw"] for p in pairs) < scale:  # CPU processes: MB/s, as the tables (analyse.fmt)
+        unit, scale = unit.replace("GB", "MB"), scale / 1e3
     for p in pairs:
         if p["a"] in at and p["b"] in at:  # a node lost after its first pairings has no row
-            grid[at[p["a"]], at[p["b"]]] = grid[at[p["b"]], at[p["a"]]] = p["allreduce"]["busbw"] / 1e9
+            grid[at[p["a"]], at[p["b"]]] = grid[at[p["b"]], at[p["a"]]] = p["allreduce"]["busbw"] / scale
     fig, ax = plt.subplots(figsize=(1.5 + 0.35 * n, 1.2 + 0.3 * n), dpi=100)
     im = ax.imshow(grid, cmap="viridis")
     labels = [plain(x["node"]) for x in nodes]
     ax.set_xticks(range(n), labels, rotation=90, fontsize=7)
     ax.set_yticks(range(n), labels, fontsize=7)
-    ax.set_title("pair allreduce busbw (GB/s) of the link pass", fontsize=9)
+    ax.set_title(f"pair allreduce busbw ({unit}) of the link pass", fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
     return png(plt, fig)

@@ -59,7 +59,7 @@ class GemmProbe(Probe):
 
         return [
             option("--dtype", "dtype_text", default="bf16", show_default=True,
-                   help="Comma-separated: fp64, fp32 (no TF32), tf32, fp16, bf16, fp8 (e4m3)."),
+                   help="Comma-separated: fp64, fp32 (no TF32), tf32, fp16, bf16, fp8 (fp8_e4m3, as comm names it)."),
             option("--shape", "shape_text", default="8192", show_default=True,
                    help="N for NxNxN, or MxNxK; comma-separated for several."),
             option("--layout", default="auto", show_default=True,

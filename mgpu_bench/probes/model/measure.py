@@ -134,7 +134,7 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None) -> dict:
         the end of each pass and at most every 10 s."""
         if not (cfg.progress and rank == 0):
             return
-        text = f"mgpu-bench model: {world} {'GPU(s)' if on_gpu else 'process(es)'}, {label}: step {i}/{n}"
+        text = f"model: {world} {'GPU(s)' if on_gpu else 'process(es)'}, {label}: step {i}/{n}"
         if live:
             print(f"\r{text}", end="" if i < n else "\n", flush=True, file=sys.stderr)
         elif i == n or time.monotonic() - said[0] >= 10.0:
