@@ -36,9 +36,10 @@ def test_a_size_that_fits_its_share_runs_within_it():
 
 
 def test_a_size_past_its_share_of_the_first_estimate_is_left_out_saying_so():
-    """The sizes before it overran: 11 s used of 12 s allotted leaves 1 s, less than 1.7 s."""
+    """The sizes before it overran: 16 s used of 12 s allotted (and 5 s of slack) leaves 1 s, less
+    than 1.7 s."""
     plan = cs.Plan([2.0, 10.0], T, 120.0)
-    d = plan.decide(1, 128 * MiB, used=11.0, last=cs.Measured(64 * MiB, 0.05, 0.4))
+    d = plan.decide(1, 128 * MiB, used=16.0, last=cs.Measured(64 * MiB, 0.05, 0.4))
     assert not d.run
     assert "128 MiB would take 2 s at the least" in d.why and "more than is left of the first estimate" in d.why
     assert d.why.endswith("--sizes 128M measures it alone")
@@ -50,11 +51,12 @@ def test_a_size_past_half_of_the_timeout_is_left_out_whatever_its_share():
     assert not d.run and "past half of --timeout 20 s; a longer --timeout runs them" in d.why
 
 
-def test_a_projection_from_a_far_smaller_size_is_capped_at_the_floor_rate():
+def test_a_projection_from_a_far_smaller_size_is_capped_at_the_guess():
     t, fixed = cs.project(cs.Measured(1024, 1e-3, 0.1), 64 * MiB)
-    assert t == pytest.approx(64 * MiB / cs.FLOOR_RATE) and fixed == pytest.approx(64 * MiB / cs.FLOOR_RATE)
-    t, fixed = cs.project(cs.Measured(32 * MiB, 0.04, 0.1), 64 * MiB)  # a factor of 2: linear
-    assert (t, fixed) == (pytest.approx(0.08), pytest.approx(0.2))
+    assert t == pytest.approx(cs.GUESS_LATENCY_S + 64 * MiB / cs.GUESS_RATE)
+    assert fixed == pytest.approx(cs.GUESS_FIXED_S + 64 * MiB / cs.GUESS_CHECK_RATE)
+    t, fixed = cs.project(cs.Measured(32 * MiB, 0.04, 1.0), 64 * MiB)  # a factor of 2: linear, slow or not
+    assert (t, fixed) == (pytest.approx(0.08), pytest.approx(2.0))
 
 
 def test_allotments_leave_out_what_the_guess_says_cannot_pass_half_the_timeout():

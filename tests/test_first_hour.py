@@ -120,3 +120,123 @@ def test_model_and_suite_say_how_long_they_expect_to_take():
         params = click.Command(name, params=probe.options()).make_context(name, args).params
         said = probe.estimate(probe.configure(params))
         assert said and re.match(r"about \d+ (s|min) for ", said), said
+
+
+# -- 7. figures that explain themselves --------------------------------------------------------------
+
+
+def _cpu_comm_doc() -> dict:
+    """The 2x H200 comm document as a CPU run's: backend torch-gloo, no theory, every time 10^4
+    times longer (1 MiB reads about 0.008 GB/s)."""
+    import copy
+    import json
+
+    doc = copy.deepcopy(json.loads((FIX / "comm_2x_h200.json").read_text()))
+    doc["theory"], doc["backend"] = None, "torch-gloo"
+    for m in doc["measurements"]:
+        m["spec"]["backend"] = "torch-gloo"
+        m["burst_seconds"] = [s * 1e4 for s in m["burst_seconds"]]
+        m["samples"] = [[s * 1e4 for s in rank] for rank in m["samples"]]
+    return doc
+
+
+def test_a_cpu_run_says_why_there_is_no_theory_and_shows_its_small_bandwidths(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from mgpu_bench.probes.comm import analyse, render
+    from mgpu_bench.probes.comm.report import markdown, summary_html
+
+    doc = _cpu_comm_doc()
+    probe = registry.get("comm")
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    probe.render(doc, console)
+    text = console.file.getvalue()
+    assert text.count("no link theory: the ranks are CPU processes") == 1
+    run = probe.load(doc)
+    small = min(run.measurements, key=lambda m: m.spec.bytes)
+    shown = analyse.gbs(small.busbw)
+    assert 0 < small.busbw < 1e7 and shown != "0.00" and float(shown) == pytest.approx(small.busbw / 1e9, rel=0.01)
+    assert shown in text.split() and " 0.00 " not in text
+    # one formatter for every medium: the summary line, Markdown and HTML say the same figure
+    largest = max(run.measurements, key=lambda m: m.spec.bytes)
+    figure = f"{analyse.gbs(largest.busbw)} GB/s"
+    assert figure in text and figure in markdown(run, doc["environment"]) and figure in summary_html(run)
+    assert "no link theory: the ranks are CPU processes" in markdown(run, doc["environment"])
+    assert render.format_cell(next(c for c in render.COLUMNS if c.key == "busbw"), 330.77e9) == "330.77"
+
+
+# -- 8. compare: what both runs share, and one exit code ---------------------------------------------
+
+
+def _comm_sizes(sizes: set[int]) -> dict:
+    import copy
+    import json
+
+    doc = copy.deepcopy(json.loads((FIX / "comm_2x_h200.json").read_text()))
+    doc["measurements"] = [m for m in doc["measurements"] if m["spec"]["bytes"] in sizes]
+    return doc
+
+
+def test_compare_sets_side_by_side_the_sizes_both_runs_measured(tmp_path):
+    import json
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    sizes = sorted({m["spec"]["bytes"] for m in json.loads((FIX / "comm_2x_h200.json").read_text())["measurements"]})
+    a.write_text(json.dumps(_comm_sizes(set(sizes[:2]))))  # 1 MiB, 64 MiB... as the fixture has them
+    b.write_text(json.dumps(_comm_sizes(set(sizes[1:]))))
+    db = str(tmp_path / "h.db")
+    assert CliRunner().invoke(cli, ["history", "add", str(a), str(b), "--db", db]).exit_code == 0
+    r = CliRunner().invoke(cli, ["compare", "r2", "--baseline", "r1", "--db", db])
+    assert r.exit_code in (0, 1), r.output
+    line = next(x for x in r.stdout.splitlines() if "metric(s) compared" in x)
+    compared = int(line.split()[0])
+    assert compared > 0 and "only in r1" in line and "only in r2" in line
+    assert "share no metric" not in r.output
+
+
+def test_runs_that_cannot_be_compared_exit_1_as_the_help_says(tmp_path):
+    from test_headline import comm_document, gemm_document
+
+    from mgpu_bench.history import History
+
+    db = tmp_path / "h.db"
+    with History.open(db) as h:
+        h.save(comm_document())
+        h.save(gemm_document())
+    r = CliRunner().invoke(cli, ["compare", "r1", "--baseline", "r2", "--db", str(db)])
+    assert r.exit_code == 1, r.output
+    assert "not comparable: the two runs share no metric" in r.stdout
+    helptext = _flat(CliRunner().invoke(cli, ["compare", "--help"]).stdout)
+    assert "1 at least one regression, or runs that cannot be compared" in helptext
+    assert "runs that cannot be compared" in _flat(README.read_text())
+
+
+# -- 9. history list marks the runs that did not complete ---------------------------------------------
+
+
+def test_history_list_marks_interrupted_terminated_and_failed_runs(tmp_path):
+    import copy
+
+    from test_headline import comm_document
+
+    from mgpu_bench.history import History
+
+    base = comm_document()
+    ends = [(None, None, "complete"), ("interrupted", "interrupted at allreduce 1 GiB out-of-place", "interrupted"),
+            ("interrupted", "terminated (SIGTERM) at allreduce 1 GiB out-of-place", "terminated"),
+            ("timeout", "stopped at allreduce 1 GiB: did not finish", "stopped: timeout")]
+    db = tmp_path / "h.db"
+    with History.open(db) as h:
+        for stopped, message, _ in ends:
+            doc = copy.deepcopy(base)
+            doc["status"] = {"completed": stopped is None, "stopped": stopped, "message": message}
+            h.save(doc)
+    r = CliRunner().invoke(cli, ["history", "list", "--db", str(db)])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert "status" in lines[0].split()
+    for run_id, (_, _, shown) in zip(("r1", "r2", "r3", "r4"), ends, strict=True):
+        row = next(x for x in lines if x.split() and x.split()[0].lstrip("*") == run_id)
+        assert shown in row, row

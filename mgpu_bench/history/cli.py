@@ -193,7 +193,9 @@ def history_add(files, db_path) -> int:
 )
 @_db_option
 def history_list(limit, kind, db_path) -> int:
-    """The last runs, newest first; * marks the baseline of its kind."""
+    """The last runs, newest first; * marks the baseline of its kind; status says how each ended
+    (complete, interrupted by Ctrl-C, terminated by SIGTERM, stopped by a fault, or a suite's
+    failed probes), what was measured before kept in every case."""
     from rich.table import Table
 
     from mgpu_bench import probe as registry
@@ -205,6 +207,7 @@ def history_list(limit, kind, db_path) -> int:
     with _open(db_path) as h:
         runs = h.list(limit, kind)
         path = h.path
+        status = {r.run_id: _status_of(h, r.run_id) for r in runs}
     if not runs:
         out.print(safe_text(f"no {kind + ' ' if kind else ''}runs stored in {path}"))
         return 0
@@ -215,6 +218,7 @@ def history_list(limit, kind, db_path) -> int:
         ("kind", "left"),
         ("host", "left"),
         ("metrics", "right"),
+        ("status", "left"),
         ("command", "left"),
     ):
         t.add_column(name, justify=just)  # type: ignore[arg-type]
@@ -225,10 +229,32 @@ def history_list(limit, kind, db_path) -> int:
             safe_text(r.kind),
             safe_text(r.host or "-"),
             str(r.metric_count),
+            safe_text(status[r.run_id]),
             safe_text(_short_command(r.command)),
+            style="yellow" if status[r.run_id] != "complete" else None,
         )
     print_table(out, t)
     return 0
+
+
+def _status_of(h, run_id: str) -> str:
+    """How a stored run ended, from its document's status: complete; interrupted (Ctrl-C),
+    terminated (SIGTERM) or stopped: its reason (a timeout, out of memory, an NCCL error) with
+    what it measured kept; for a suite, the probes that failed."""
+    try:
+        doc = h.get(run_id).document
+    except Exception:  # noqa: BLE001 - a row that cannot be read back still lists
+        return "unreadable"
+    st = doc.get("status") if isinstance(doc.get("status"), dict) else {}
+    stopped, message = st.get("stopped"), str(st.get("message") or "")
+    if stopped == "interrupted":
+        return "terminated" if "SIGTERM" in message else "interrupted"
+    if stopped:
+        return f"stopped: {str(stopped).replace('_', ' ')}"
+    failed = st.get("failed") or []
+    if failed:
+        return f"failed: {len(failed)} probe(s)"
+    return "complete"
 
 
 @history_group.command("show")
@@ -527,6 +553,8 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
         )
     out.print(", ".join(f"{n} {s}{'s' if n != 1 and s in ('regression', 'improvement') else ''}"
                         for s, n in counts.items()))
+    out.print(f"{result.compared} metric(s) compared, those both runs have; {counts['missing']} only in {result.base}, "
+              f"{counts['added']} only in {result.new}", soft_wrap=True)
     if json_path:
         from mgpu_bench.paths import write_json
 

@@ -88,18 +88,13 @@ def compare(
 ) -> list[Change]:
     """Per metric of the two runs, the change and its status (see Change), in the new run's
     order, then the base's metrics missing from the new run. tolerance: a fraction in (0, 1).
-    InputError when the runs share no metric (a baseline on a different metric set)."""
+    Runs that share no metric give only added and missing ones (compare_runs: not comparable)."""
     if not (0 < tolerance < 1):
         raise InputError(
             f"tolerance {tolerance:g} is out of range: give more than 0 and less than 100%"
         )
     base = {m.name: m for m in base_metrics}
     new = {m.name: m for m in new_metrics}
-    if not set(base) & set(new):
-        raise InputError(
-            (other_workloads(base.values(), new.values()) or f"the two runs share no metric ({len(base)} and "
-             f"{len(new)} metrics)") + ": compare runs of the same kind and configuration, or set a matching baseline"
-        )
     out = []
     for name, n in new.items():
         b = base.get(name)
@@ -304,6 +299,11 @@ class Comparison:
     warnings: tuple[str, ...] = ()
 
     @property
+    def compared(self) -> int:
+        """Metrics both runs have, set side by side."""
+        return sum(1 for c in self.changes if c.status not in ("added", "missing"))
+
+    @property
     def regressions(self) -> list[Change]:
         return [c for c in self.changes if c.status == "regression"]
 
@@ -342,19 +342,28 @@ class Comparison:
 def compare_runs(
     history: History, base_id: str, new_id: str, tolerance: float = 0.05
 ) -> Comparison:
-    """Compares two stored runs' metrics and fingerprints (see `compare`, `fingerprint_diff`)."""
+    """Compares two stored runs' metrics and fingerprints (see `compare`, `fingerprint_diff`): the
+    stored headline metrics, or where the kind says what compares (its `headline.comparable`, e.g.
+    comm's latency per size), those, from the stored documents. Runs that share no metric cannot
+    be compared: a regression gate fails on them (not_comparable)."""
     base, new = history.get(base_id), history.get(new_id)
-    base_metrics, new_metrics = history.metrics(base.run_id), history.metrics(new.run_id)
+    base_metrics, new_metrics = _comparable(history, base), _comparable(history, new)
+    changes = compare(base_metrics, new_metrics, tolerance)
+    apart = []
+    if not any(c.status not in ("added", "missing") for c in changes):
+        apart.append((other_workloads(base_metrics, new_metrics) or f"the two runs share no metric ({len(base_metrics)} "
+                      f"and {len(new_metrics)} metrics)") + ": compare runs of the same kind and configuration, or set a "
+                     "matching baseline")
     return Comparison(
         base.run_id,
         new.run_id,
         tolerance,
         fingerprint_diff(base.fingerprint, new.fingerprint),
-        compare(base_metrics, new_metrics, tolerance),
-        tuple(shared_gpus(base) + shared_gpus(new)),
+        changes,
+        tuple(apart + shared_gpus(base) + shared_gpus(new)),
         tuple(noisy_host(base, base_metrics) + noisy_host(new, new_metrics))
         + tuple(line + ": their training figures are not compared" for line in
-                [other_workloads(base_metrics, new_metrics)] if line),
+                [other_workloads(base_metrics, new_metrics)] if line and not apart),
     )
 
 
@@ -369,6 +378,18 @@ def other_workloads(base: Iterable[Metric], new: Iterable[Metric]) -> str | None
     if not a or not b or a == b:
         return None
     return f"the runs trained different workloads ({', '.join(sorted(a))} against {', '.join(sorted(b))})"
+
+
+def _comparable(history: History, run) -> list[Metric]:
+    """The run's metrics as compare sets them side by side (compare_runs)."""
+    from mgpu_bench import probe as registry
+
+    doc = run.document if isinstance(run.document, Mapping) else None
+    probe = registry.for_document(doc) if doc is not None else None
+    build = probe.role("headline", "comparable") if probe is not None else None
+    if build is None:
+        return history.metrics(run.run_id)
+    return [m for m in build(doc) if math.isfinite(m.value)]
 
 
 # A host too noisy to compare: its runs drift between runs by more than a run's own samples show.

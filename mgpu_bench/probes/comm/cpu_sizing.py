@@ -13,9 +13,9 @@ says the revisions):
   when that is longer), with at least MIN_ITERS in each pass.
 - Before a size, its least work (fixed part, 2 warm-up iterations, MIN_ITERS twice, the check)
   is projected from the last size measured in its series (op, dtype, reduction, placement) at
-  the measured rate. It starts only when that fits its share: its own allotment plus what the
-  requests before it left unused of theirs (less what they overran), and never more than half of
-  --timeout. A size that does not fit ends its series (the larger sizes of the series are left
+  the measured rate. It starts only when that fits its share: its own allotment (and SLACK of
+  it) plus what the requests before it left unused of theirs (less what they overran), and
+  never more than half of --timeout. A size that does not fit ends its series (the larger sizes of the series are left
   out with it) with one note; the sweep goes on with the next series and exits 0.
 
 So the whole sweep keeps within about its first estimate on a machine slower than the guess (it
@@ -36,10 +36,12 @@ TIMED_S = 2.0  # a size's timed iterations, both passes, at most this (or 2 x --
 MIN_ITERS = 3  # timed iterations per pass, at least
 SKIP_SHARE = 0.5  # no size whose least work would pass this share of --timeout is started
 # A small size's time is mostly fixed cost, so scaling it linearly projects a far larger size far
-# too slow (1 KiB to 64 MiB: minutes per iteration). A gloo collective over a large buffer moves
-# at least this many bytes/s (about 1 GB/s busbw measured for 16-256 MiB on a loaded 2-core VM),
-# so a projection never exceeds the size at this rate.
-FLOOR_RATE = 0.2e9
+# too slow (1 KiB to 64 MiB: minutes per iteration). From a size more than FAR times smaller, a
+# projection is no slower than the estimate's guess (GUESS_*) where that is faster.
+FAR = 8
+# A size may pass its share by this much of its own allotment: the guess is a guess. The whole
+# sweep then keeps within its first estimate plus half of its largest allotment.
+SLACK = 0.5
 
 # The guess behind the first estimate, from a 2-core VM (torch 2.13, 2 gloo ranks, fp32, idle):
 # allreduce moved 1.0-1.5 GB/s algbw and allgather 0.5-0.9 at 16-256 MiB; a call costs about
@@ -122,12 +124,13 @@ class Measured:
 
 def project(last: Measured, nbytes: int) -> tuple[float, float]:
     """(seconds per iteration, fixed seconds) of `nbytes` at the rate measured at `last`: linear
-    in the size (a size's time is never less per byte than a smaller one's), and no slower than
-    FLOOR_RATE where that is faster (see FLOOR_RATE)."""
+    in the size (a size's time is never less per byte than a smaller one's); from a size more than
+    FAR times smaller, no slower than the guess where that is faster (see FAR)."""
     scale = max(1.0, nbytes / max(1, last.nbytes))
-    floor = nbytes / FLOOR_RATE
-    t = min(last.seconds_per_iter * scale, max(last.seconds_per_iter, floor))
-    fixed = min(last.fixed_s * scale, max(last.fixed_s, floor))
+    t, fixed = last.seconds_per_iter * scale, last.fixed_s * scale
+    if scale > FAR:
+        t = min(t, max(last.seconds_per_iter, GUESS_LATENCY_S + nbytes / GUESS_RATE))
+        fixed = min(fixed, max(last.fixed_s, GUESS_FIXED_S + nbytes / GUESS_CHECK_RATE))
     return t, fixed
 
 
@@ -148,9 +151,9 @@ class Plan:
         self.cumulative = list(accumulate(self.allot))
 
     def share(self, index: int, used: float) -> float:
-        """Seconds request `index` may take: its allotment and what the requests before it left
-        unused, at most half of --timeout."""
-        return min(SKIP_SHARE * self.timeout_s, self.cumulative[index] - used)
+        """Seconds request `index` may take: its allotment (with SLACK) and what the requests
+        before it left unused, at most half of --timeout."""
+        return min(SKIP_SHARE * self.timeout_s, self.cumulative[index] + SLACK * self.allot[index] - used)
 
     def decide(self, index: int, nbytes: int, used: float, last: Measured | None) -> Decision:
         cap = timed_cap(self.timing)
@@ -162,8 +165,9 @@ class Plan:
         if least <= share:
             check = 1 if self.timing.check else 0
             return Decision(True, max(2 * MIN_ITERS * t, min(cap, share - fixed - (2 + check) * t)), t)
-        at = (f"at the rate measured at {format_bytes(last.nbytes)} (or {FLOOR_RATE / 1e9:g} GB/s, whichever is "
-              f"faster), {format_bytes(nbytes)} would take {least:.0f} s at the least ({t:.2f} s per iteration)")
+        far = f" (or the estimate's {GUESS_RATE / 1e9:g} GB/s, whichever is faster)" if nbytes > FAR * last.nbytes else ""
+        at = (f"at the rate measured at {format_bytes(last.nbytes)}{far}, {format_bytes(nbytes)} would take "
+              f"{least:.0f} s at the least ({t:.2f} s per iteration)")
         if least > SKIP_SHARE * self.timeout_s:
             return Decision(False, why=f"{at}, past half of --timeout {self.timeout_s:g} s; a longer --timeout runs them")
         return Decision(False, why=f"{at}, more than is left of the first estimate for it ({max(0.0, share):.0f} s): "

@@ -31,6 +31,18 @@ def _metric(
 
 
 def headline(doc: Mapping) -> list[Metric]:
+    """The metrics history keeps: busbw per size from 64 MiB, the latency of the smallest size."""
+    return _metrics(doc, every_latency=False)
+
+
+def comparable(doc: Mapping) -> list[Metric]:
+    """What `compare` sets side by side (history/compare.py): the headline, and the latency of
+    every size below 64 MiB, so that runs over different size ranges compare at the sizes both
+    measured (a default CPU run's 1 KiB-4 MiB and a --sizes 8-1M run share 1 KiB-512 KiB)."""
+    return _metrics(doc, every_latency=True)
+
+
+def _metrics(doc: Mapping, every_latency: bool) -> list[Metric]:
     from mgpu_bench.measurement import CommMeasurement
     from mgpu_bench.ops import busbw_factor
 
@@ -57,8 +69,8 @@ def headline(doc: Mapping) -> list[Metric]:
                 moved = m.spec.bytes * busbw_factor(m.spec.op, m.spec.nranks)
                 samples = rates(moved, m.per_sample.tolist())
                 out.append(_metric(m, "busbw", m.busbw, "B/s", "higher", samples))
-        small = min(ms, key=lambda m: m.spec.size)
-        if small.spec.size < LARGE:
+        smallest = min(ms, key=lambda m: m.spec.size)
+        for small in (m for m in ms if m.spec.size < LARGE and (every_latency or m is smallest)):
             samples = finite(small.per_sample.tolist())
             out.append(
                 _metric(small, "latency", small.time_s, "s", "lower", samples)
