@@ -240,3 +240,64 @@ def test_history_list_marks_interrupted_terminated_and_failed_runs(tmp_path):
     for run_id, (_, _, shown) in zip(("r1", "r2", "r3", "r4"), ends, strict=True):
         row = next(x for x in lines if x.split() and x.split()[0].lstrip("*") == run_id)
         assert shown in row, row
+
+
+# -- 10. small inconsistencies -------------------------------------------------------------------------
+
+
+def test_plurals_in_the_comm_summary_and_the_compare_counts(tmp_path):
+    from mgpu_bench.probes.comm.render import summary_lines
+
+    run = registry.get("comm").load(_comm_sizes({64 << 20}))
+    lines = summary_lines(run)
+    assert lines and all("over 1 size >= 64 MiB" in line for line in lines), lines
+    assert not any("1 sizes" in line for line in lines)
+
+
+def test_the_fleet_heatmap_uses_the_tables_unit(monkeypatch):
+    import matplotlib.axes
+    from test_tables import _fleet
+
+    from mgpu_bench.probes.fleet import analyse, report
+
+    titles: list[str] = []
+    real = matplotlib.axes.Axes.set_title
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda self, text, *a, **k: (titles.append(text),
+                                                                                         real(self, text, *a, **k))[1])
+    doc = _fleet()
+    for p in doc["pairings"]:  # CPU processes: pairs in MB/s
+        p["allreduce"]["busbw"] /= 1e3
+    assert report.plot_pairs(doc) is not None
+    assert titles and "(MB/s)" in titles[-1]
+    assert "MB/s" in analyse.fmt("allreduce", doc["pairings"][0]["allreduce"]["busbw"])
+
+
+def test_fp8_is_one_type_under_both_names_in_both_commands():
+    from mgpu_bench.ops import parse_dtype
+    from mgpu_bench.probes.gemm.measure import parse_dtypes
+
+    assert {parse_dtype(x) for x in ("fp8", "fp8_e4m3", "fp8-e4m3", "e4m3", "FP8")} == {"fp8_e4m3"}
+    assert {parse_dtypes(x) for x in ("fp8", "fp8_e4m3", "fp8-e4m3", "e4m3")} == {("fp8",)}
+    for command in ("comm", "gemm"):
+        option = next(o for o in registry.get(command).options() if "--dtype" in o.opts)
+        assert "fp8_e4m3" in option.help and "fp8" in option.help.replace("fp8_e4m3", ""), option.help
+
+
+def test_the_suite_shows_the_command_a_user_would_type():
+    from mgpu_bench.probe import Step
+    from mgpu_bench.suite.run import user_command
+
+    step = Step(2, 40, "overlap", "compute and communication together",
+                ("overlap", "--duration", "3s", "--model-figures", '{"source": "model-scaling"}', "--gpus", "2"))
+    assert user_command(step) == ["mgpu-bench", "overlap", "--duration", "3s", "--gpus", "2"]
+
+
+def test_progress_lines_start_with_the_command_name_alone():
+    """`model:` and `mgpu-bench model:` both appeared; the runner's Progress writes '<name>: ', and
+    the model's step counter (its own line in a pipe) says the same."""
+    pkg = Path(__file__).resolve().parent.parent / "mgpu_bench"
+    counter = (pkg / "probes" / "model" / "measure.py").read_text()
+    assert 'text = f"model: {world}' in counter and "mgpu-bench model:" not in counter
+    from mgpu_bench.output.console import Progress
+
+    assert 'f"{self.name}: {text}' in Path(__import__("inspect").getsourcefile(Progress)).read_text()

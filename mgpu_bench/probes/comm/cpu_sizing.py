@@ -39,9 +39,10 @@ SKIP_SHARE = 0.5  # no size whose least work would pass this share of --timeout 
 # too slow (1 KiB to 64 MiB: minutes per iteration). From a size more than FAR times smaller, a
 # projection is no slower than the estimate's guess (GUESS_*) where that is faster.
 FAR = 8
-# A size may pass its share by this much of its own allotment: the guess is a guess. The whole
-# sweep then keeps within its first estimate plus half of its largest allotment.
-SLACK = 0.5
+# A size may pass its share by this much of its own allotment (it may take twice its guess): the
+# guess is a guess. The whole sweep then keeps within its first estimate plus its largest
+# allotment, so within twice the estimate.
+SLACK = 1.0
 
 # The guess behind the first estimate, from a 2-core VM (torch 2.13, 2 gloo ranks, fp32, idle):
 # allreduce moved 1.0-1.5 GB/s algbw and allgather 0.5-0.9 at 16-256 MiB; a call costs about
