@@ -44,8 +44,8 @@ def test_report_files_are_written_and_self_contained(run, tmp_path):
 
 def test_markdown_summary_sets_busbw_against_theory(run):
     md = comm_report.markdown(run, {"host": "h", "gpus": [{"name": "NVIDIA H200"}]})
-    # allreduce 1 GiB busbw 330.8 GB/s over 450 GB/s = 74%
-    assert "| allreduce | out-of-place | 330.8 GB/s at 1 GiB | 300.2 GB/s | 74% | 0 |" in md
+    # allreduce 1 GiB busbw 330.77 GB/s over 450 GB/s = 74%
+    assert "| allreduce | out-of-place | 330.77 GB/s at 1 GiB | 300.17 GB/s | 74% | 0 |" in md
     assert "- theory: NVLink 4 x18 via NVSwitch: 450.0 GB/s per direction" in md
 
 
@@ -90,7 +90,7 @@ def test_busbw_above_theory_is_explained_never_bare(run):
     assert comm_analyse.explain_above_theory(run) == []  # all below 450 GB/s on this machine
     run.theory = dict(run.theory, bandwidth=300e9, summary="a made-up 300 GB/s link")
     text = comm_analyse.explain_above_theory(run)
-    assert any(t.startswith("allreduce 1 GiB out-of-place: busbw 330.8 GB/s is above the link theory 300 GB/s "
+    assert any(t.startswith("allreduce 1 GiB out-of-place: busbw 330.77 GB/s is above the link theory 300 GB/s "
                             "with no in-switch algorithm") for t in text)
     run.algorithms["allreduce@1073741824"] = "NVLS/Simple"
     assert any("NCCL's model picks NVLS/Simple" in t for t in comm_analyse.explain_above_theory(run))

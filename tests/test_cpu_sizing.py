@@ -45,6 +45,16 @@ def test_a_size_past_its_share_of_the_first_estimate_is_left_out_saying_so():
     assert d.why.endswith("--sizes 128M measures it alone")
 
 
+def test_one_series_overrunning_never_ends_another():
+    """Out-of-place and in-place interleave; the out-of-place series took 30 s of its 4 s, so its
+    128 MiB does not fit, while the in-place one, on time, runs its 128 MiB."""
+    series = ["out", "in", "out", "in"]
+    plan = cs.Plan([2.0, 2.0, 2.0, 2.0], T, 120.0, series)
+    last = cs.Measured(64 * MiB, 0.05, 0.4)
+    assert not plan.decide(2, 128 * MiB, used=30.0, last=last).run
+    assert plan.decide(3, 128 * MiB, used=1.0, last=last).run
+
+
 def test_a_size_past_half_of_the_timeout_is_left_out_whatever_its_share():
     plan = cs.Plan([2.0, 500.0], T, 20.0)
     d = plan.decide(1, 1 << 30, used=1.0, last=cs.Measured(64 * MiB, 0.05, 0.4))

@@ -43,11 +43,12 @@ def test_a_group_without_a_command_shows_its_help_as_help_does(group):
 def test_what_runs_without_a_gpu_comes_from_the_probes():
     assert selection.cpu_commands() == [n if registry.get(n).cpu is True else f"{n} ({registry.get(n).cpu})"
                                         for n in registry.names() if registry.get(n).cpu]
-    assert {"comm", "model", "overlap", "suite"} <= set(selection.cpu_commands())
+    assert {"comm", "model", "overlap", "check", "suite"} <= set(selection.cpu_commands())
     assert "fleet (under torchrun)" in selection.cpu_commands()
     assert not {"gemm", "memory", "links", "sdc"} & set(selection.cpu_commands())
     sentence = selection.without_gpu()
-    assert sentence == "without a GPU, comm, model, fleet (under torchrun), overlap and suite run on CPU processes (gloo)"
+    assert sentence == ("without a GPU, comm, model, fleet (under torchrun), overlap, check and suite run on CPU "
+                        "processes (gloo)")
 
 
 def test_the_group_help_and_the_readme_say_the_same_list():

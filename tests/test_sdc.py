@@ -237,4 +237,4 @@ def test_cli_without_gpu_says_what_runs_here():
         pytest.skip("this machine has GPUs")
     res = CliRunner().invoke(cli, ["sdc", "--gpus", "2"])
     assert res.exit_code == 2
-    assert "sdc needs NVIDIA GPUs" in res.output and "overlap and suite run on CPU processes" in res.output
+    assert "sdc needs NVIDIA GPUs" in res.output and "suite run on CPU processes (gloo)" in res.output

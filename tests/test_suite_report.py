@@ -288,12 +288,12 @@ def test_comm_of_a_real_h200_run_is_ok_against_its_theory(doc):
     probe(doc, "comm")["document"] = comm
     oks = texts(suite_judge.findings(doc), OK)
     assert (
-        "round 2 comm: allreduce busbw 330.8 GB/s at 1 GiB, 74% of the 450 GB/s theory (NVLink 4 x18: "
+        "round 2 comm: allreduce busbw 330.77 GB/s at 1 GiB, 74% of the 450 GB/s theory (NVLink 4 x18: "
         "450.0 GB/s per direction); NCCL rings reach about 360 GB/s"
     ) in oks
     row = next(r for r in suite_judge.headline_rows(doc) if r["probe"] == "comm")
     assert (row["figure"], row["expected"]) == (
-        "allreduce 1 GiB busbw 330.8 GB/s",
+        "allreduce 1 GiB busbw 330.77 GB/s",
         "74% of 450 GB/s theory",
     )
 

@@ -57,6 +57,7 @@ never drains. Both need root or SlurmUser, as slurmd runs HealthCheckProgram and
 
 class CheckProbe(Probe):
     name = "check"
+    cpu = True
     summary = "this node fit to run jobs, within a budget: Slurm drain, NHC, node-problem-detector"
     help = HELP
     payload = "parts"

@@ -14,9 +14,11 @@ says the revisions):
 - Before a size, its least work (fixed part, 2 warm-up iterations, MIN_ITERS twice, the check)
   is projected from the last size measured in its series (op, dtype, reduction, placement) at
   the measured rate. It starts only when that fits its share: its own allotment (and SLACK of
-  it) plus what the requests before it left unused of theirs (less what they overran), and
-  never more than half of --timeout. A size that does not fit ends its series (the larger sizes of the series are left
-  out with it) with one note; the sweep goes on with the next series and exits 0.
+  it) plus what the sizes of its series before it left unused of theirs (less what they
+  overran), and never more than half of --timeout. A size that does not fit ends its series
+  (the larger sizes of the series are left out with it) with one note; the sweep goes on with
+  the next series and exits 0. The sweep's first request also warms the processes up (gloo's
+  connections, the allocator): its time counts as start-up, not against its series.
 
 So the whole sweep keeps within about its first estimate on a machine slower than the guess (it
 measures fewer sizes) and ends sooner on a faster one; the first size of a series has no rate
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import accumulate
 
 from mgpu_bench.measurement import TimingOptions
 from mgpu_bench.sizes import format_bytes
@@ -43,15 +44,18 @@ FAR = 8
 # guess is a guess. The whole sweep then keeps within its first estimate plus its largest
 # allotment, so within twice the estimate.
 SLACK = 1.0
+# A size whose least work is under this always fits: leaving it out saves nothing that matters,
+# while a loaded host makes every small request cost about this much.
+MIN_SHARE_S = 1.0
 
 # The guess behind the first estimate, from a 2-core VM (torch 2.13, 2 gloo ranks, fp32, idle):
 # allreduce moved 1.0-1.5 GB/s algbw and allgather 0.5-0.9 at 16-256 MiB; a call costs about
 # 0.3-0.5 ms at 1 KiB; writing the pattern and checking the result ran at about 0.2 GB/s of the
-# size per rank; a size's barriers and gathers add about 0.1 s.
+# size per rank; a request's barriers, gathers and bookkeeping add about 0.3 s.
 GUESS_RATE = 0.5e9  # bytes/s of the size, per call
 GUESS_LATENCY_S = 0.5e-3
 GUESS_CHECK_RATE = 0.2e9  # bytes/s of the size: the pattern written and the result checked
-GUESS_FIXED_S = 0.1
+GUESS_FIXED_S = 0.3  # 16 requests of 1-64 KiB: 7.6 s of sweep, about 3 s of it the processes' set-up
 GUESS_STARTUP_S = 5.0  # Python, torch and the processes' start-up and rendezvous
 
 
@@ -144,17 +148,26 @@ class Decision:
 
 
 class Plan:
-    """The sweep's allotments and the rule, in every rank: decide(index, used, last) before each
-    request, `used` being the seconds the ranks' loop has run so far (agreed)."""
+    """The sweep's allotments and the rule, in every rank: decide(index, nbytes, used, last)
+    before each request, `used` being the seconds its series' requests have taken so far (agreed).
+    Each series (one op and placement: `series[i]` names request i's) keeps to its own share, so
+    that one series' overrun never ends another."""
 
-    def __init__(self, allot: list[float], timing: TimingOptions, timeout_s: float) -> None:
+    def __init__(self, allot: list[float], timing: TimingOptions, timeout_s: float,
+                 series: list | None = None) -> None:
         self.allot, self.timing, self.timeout_s = list(allot), timing, timeout_s
-        self.cumulative = list(accumulate(self.allot))
+        keys = list(series) if series is not None else [None] * len(self.allot)
+        totals: dict = {}
+        self.cumulative = []
+        for key, a in zip(keys, self.allot, strict=True):
+            totals[key] = totals.get(key, 0.0) + a
+            self.cumulative.append(totals[key])
 
     def share(self, index: int, used: float) -> float:
-        """Seconds request `index` may take: its allotment (with SLACK) and what the requests
-        before it left unused, at most half of --timeout."""
-        return min(SKIP_SHARE * self.timeout_s, self.cumulative[index] + SLACK * self.allot[index] - used)
+        """Seconds request `index` may take: its allotment (with SLACK) and what the requests of
+        its series before it left unused, at most half of --timeout."""
+        own = self.cumulative[index] + SLACK * self.allot[index] - used
+        return min(SKIP_SHARE * self.timeout_s, max(MIN_SHARE_S, own))
 
     def decide(self, index: int, nbytes: int, used: float, last: Measured | None) -> Decision:
         cap = timed_cap(self.timing)

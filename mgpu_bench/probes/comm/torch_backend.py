@@ -438,7 +438,7 @@ def _measure(plan: dict, rank: int, nranks: int, device: torch.device, timing: T
         wall = _agree_max(int(wall * 1e9), device, group) * 1e-9
     calls = warm + iters + nsamples * batch + (1 if timing.check else 0)
     return {"iters": iters, "batch": batch, "burst": burst, "samples": samples, "wrong": wrong,
-            "estimate": estimate, "agreed": agreed, "fixed": max(0.0, wall - calls * agreed)}
+            "estimate": estimate, "agreed": agreed, "fixed": max(0.0, wall - calls * agreed), "wall": wall}
 
 
 def _series(plan: dict) -> tuple:
@@ -455,10 +455,11 @@ def _rank_loop(plans: list[dict], rank: int, nranks: int, device: torch.device, 
     0 says why through skip(index, why) for it and each larger size of the series. Every rank
     decides from the same agreed figures, so all skip together."""
     sized = device.type == "cpu" and timeout_s is not None
-    rule = cpu_sizing.Plan([p.get("allot_s", 0.0) for p in plans], timing, timeout_s) if sized else None
+    rule = cpu_sizing.Plan([p.get("allot_s", 0.0) for p in plans], timing, timeout_s,
+                           [_series(p) for p in plans]) if sized else None
     last: dict[tuple, cpu_sizing.Measured] = {}  # series -> its last size measured, agreed
+    used: dict[tuple, float] = {}  # series -> seconds its requests took (agreed walls)
     ended: dict[tuple, tuple[int, str]] = {}  # series -> (the bytes that did not fit, why)
-    t0 = time.monotonic()
     for index, plan in enumerate(plans):
         key, size = _series(plan), plan["counts"]["bytes"]
         decision = cpu_sizing.Decision(True)
@@ -466,8 +467,7 @@ def _rank_loop(plans: list[dict], rank: int, nranks: int, device: torch.device, 
             if key in ended and size >= ended[key][0]:
                 decision = cpu_sizing.Decision(False, why=ended[key][1])
             else:
-                used = _agree_max(int((time.monotonic() - t0) * 1e9), device) * 1e-9
-                decision = rule.decide(index, size, used, last.get(key))
+                decision = rule.decide(index, size, used.get(key, 0.0), last.get(key))
                 if not decision.run:
                     ended[key] = (size, decision.why)
         if not decision.run:
@@ -477,6 +477,8 @@ def _rank_loop(plans: list[dict], rank: int, nranks: int, device: torch.device, 
         m = _measure(plan, rank, nranks, device, timing, budget_s=decision.budget_s,
                      projected_s=decision.projected_s)
         last[key] = cpu_sizing.Measured(size, m["agreed"], m["fixed"])
+        if index:  # the first request warms the processes up: start-up, not its series' time (cpu_sizing)
+            used[key] = used.get(key, 0.0) + m["wall"]
         mine = (m["burst"], m["samples"], m["wrong"])
         gathered = [None] * nranks if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
