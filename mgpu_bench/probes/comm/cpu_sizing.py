@@ -18,7 +18,8 @@ says the revisions):
   overran), and never more than half of --timeout. A size that does not fit ends its series
   (the larger sizes of the series are left out with it) with one note; the sweep goes on with
   the next series and exits 0. The sweep's first request also warms the processes up (gloo's
-  connections, the allocator): its time counts as start-up, not against its series.
+  connections, the allocator): its time counts as start-up, and its fixed part is taken as no
+  more than the guess's when the sizes after it are projected.
 
 So the whole sweep keeps within about its first estimate on a machine slower than the guess (it
 measures fewer sizes) and ends sooner on a faster one; the first size of a series has no rate
@@ -125,6 +126,14 @@ class Measured:
     nbytes: int
     seconds_per_iter: float  # the slowest rank's warm-up estimate
     fixed_s: float  # the size's wall less its collectives: buffers, pattern, check, barriers
+
+
+def measured(nbytes: int, seconds_per_iter: float, fixed_s: float, first: bool) -> Measured:
+    """A size as measured, for projecting the next of its series; the sweep's first request's
+    fixed part holds the processes' warm-up too, so it counts at most the guess's."""
+    if first:
+        fixed_s = min(fixed_s, GUESS_FIXED_S + nbytes / GUESS_CHECK_RATE)
+    return Measured(nbytes, seconds_per_iter, fixed_s)
 
 
 def project(last: Measured, nbytes: int) -> tuple[float, float]:

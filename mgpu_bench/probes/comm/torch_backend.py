@@ -476,7 +476,7 @@ def _rank_loop(plans: list[dict], rank: int, nranks: int, device: torch.device, 
             continue
         m = _measure(plan, rank, nranks, device, timing, budget_s=decision.budget_s,
                      projected_s=decision.projected_s)
-        last[key] = cpu_sizing.Measured(size, m["agreed"], m["fixed"])
+        last[key] = cpu_sizing.measured(size, m["agreed"], m["fixed"], first=index == 0)
         if index:  # the first request warms the processes up: start-up, not its series' time (cpu_sizing)
             used[key] = used.get(key, 0.0) + m["wall"]
         mine = (m["burst"], m["samples"], m["wrong"])
