@@ -15,14 +15,15 @@ says the revisions):
   is projected from the last size measured in its series (op, dtype, reduction, placement) at
   the measured rate. It starts only when that fits its share: its own allotment (and SLACK of
   it) plus what the sizes of its series before it left unused of theirs (less what they
-  overran), and never more than half of --timeout. A size that does not fit ends its series
+  overran), never less than MIN_SHARE_S and never more than half of --timeout. A size that
+  does not fit ends its series
   (the larger sizes of the series are left out with it) with one note; the sweep goes on with
   the next series and exits 0. The sweep's first request also warms the processes up (gloo's
   connections, the allocator): its time counts as start-up, and its fixed part is taken as no
   more than the guess's when the sizes after it are projected.
 
-So the whole sweep keeps within about its first estimate on a machine slower than the guess (it
-measures fewer sizes) and ends sooner on a faster one; the first size of a series has no rate
+So the whole sweep keeps within about its first estimate (at most about twice it) on a machine
+slower than the guess, which measures fewer sizes, and ends sooner on a faster one; the first size of a series has no rate
 to be projected from and always runs. Every rank decides from the same agreed figures.
 """
 
