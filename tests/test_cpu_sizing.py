@@ -19,6 +19,14 @@ T = TimingOptions()
 MiB = 1 << 20
 
 
+def test_a_small_size_costs_its_barriers_not_a_multiple_of_them():
+    """1 KiB took 2 s of fixed work on a loaded host: 2 KiB is projected at 2 s too (its data is
+    nothing), and fits the least share any size gets."""
+    t, fixed = cs.project(cs.Measured(1024, 1e-3, 2.0), 2048)
+    assert fixed == pytest.approx(2.0) and t == pytest.approx(2e-3)
+    assert cs.Plan([0.3, 0.3], T, 120.0).decide(1, 2048, used=5.0, last=cs.Measured(1024, 1e-3, 1.9)).run
+
+
 def test_the_first_size_of_a_series_runs_with_the_timed_cap():
     d = cs.Plan([1.0, 1.0], T, 120.0).decide(0, 64 * MiB, used=0.0, last=None)
     assert d.run and d.budget_s == cs.timed_cap(T) == cs.TIMED_S
@@ -36,21 +44,23 @@ def test_a_size_that_fits_its_share_runs_within_it():
 
 
 def test_a_size_past_its_share_of_the_first_estimate_is_left_out_saying_so():
-    """The sizes before it overran: 21 s used of 12 s allotted (and 10 s of slack) leaves 1 s, less
-    than 1.7 s."""
+    """Projected from 64 MiB at 0.2 s per iteration and 1 s fixed, 128 MiB's least work is 2 + 9 x
+    0.4 = 5.6 s; the sizes before it overran: 20 s used of 12 s allotted (and 10 s of slack)
+    leaves 2 s, the least any size gets."""
     plan = cs.Plan([2.0, 10.0], T, 120.0)
-    d = plan.decide(1, 128 * MiB, used=21.0, last=cs.Measured(64 * MiB, 0.05, 0.4))
+    d = plan.decide(1, 128 * MiB, used=20.0, last=cs.Measured(64 * MiB, 0.2, 1.0))
     assert not d.run
-    assert "128 MiB would take 2 s at the least" in d.why and "more than is left of the first estimate" in d.why
+    assert "128 MiB would take 6 s at the least" in d.why and "more than is left of the first estimate" in d.why
+    assert "(2 s)" in d.why
     assert d.why.endswith("--sizes 128M measures it alone")
 
 
 def test_one_series_overrunning_never_ends_another():
-    """Out-of-place and in-place interleave; the out-of-place series took 30 s of its 4 s, so its
-    128 MiB does not fit, while the in-place one, on time, runs its 128 MiB."""
+    """Out-of-place and in-place interleave; the out-of-place series took 30 s of its 8 s, so its
+    128 MiB (5.6 s at the least) does not fit, while the in-place one, on time, runs its 128 MiB."""
     series = ["out", "in", "out", "in"]
-    plan = cs.Plan([2.0, 2.0, 2.0, 2.0], T, 120.0, series)
-    last = cs.Measured(64 * MiB, 0.05, 0.4)
+    plan = cs.Plan([2.0, 2.0, 6.0, 6.0], T, 120.0, series)
+    last = cs.Measured(64 * MiB, 0.2, 1.0)
     assert not plan.decide(2, 128 * MiB, used=30.0, last=last).run
     assert plan.decide(3, 128 * MiB, used=1.0, last=last).run
 

@@ -48,7 +48,10 @@ FAR = 8
 SLACK = 1.0
 # A size whose least work is under this always fits: leaving it out saves nothing that matters,
 # while a loaded host makes every small request cost about this much.
-MIN_SHARE_S = 1.0
+MIN_SHARE_S = 2.0
+# Below this many bytes a request's fixed part is its barriers and gathers, not its data (the
+# pattern and check of 4 MiB take about 20 ms): it is projected as it was, not scaled.
+SMALL_BYTES = 4 << 20
 
 # The guess behind the first estimate, from a 2-core VM (torch 2.13, 2 gloo ranks, fp32, idle):
 # allreduce moved 1.0-1.5 GB/s algbw and allgather 0.5-0.9 at 16-256 MiB; a call costs about
@@ -139,10 +142,13 @@ def measured(nbytes: int, seconds_per_iter: float, fixed_s: float, first: bool) 
 
 def project(last: Measured, nbytes: int) -> tuple[float, float]:
     """(seconds per iteration, fixed seconds) of `nbytes` at the rate measured at `last`: linear
-    in the size (a size's time is never less per byte than a smaller one's); from a size more than
-    FAR times smaller, no slower than the guess where that is faster (see FAR)."""
+    in the size (a size's time is never less per byte than a smaller one's), the fixed part from
+    SMALL_BYTES up; from a size more than FAR times smaller, no slower than the guess where that
+    is faster (see FAR)."""
     scale = max(1.0, nbytes / max(1, last.nbytes))
-    t, fixed = last.seconds_per_iter * scale, last.fixed_s * scale
+    t = last.seconds_per_iter * scale
+    base = max(last.nbytes, SMALL_BYTES)  # the fixed part scales with the data above SMALL_BYTES only
+    fixed = last.fixed_s * max(1.0, nbytes / base)
     if scale > FAR:
         t = min(t, max(last.seconds_per_iter, GUESS_LATENCY_S + nbytes / GUESS_RATE))
         fixed = min(fixed, max(last.fixed_s, GUESS_FIXED_S + nbytes / GUESS_CHECK_RATE))
