@@ -208,9 +208,17 @@ class CommProbe(Probe):
         from .document import result_document
         from .measure import run_comm
 
+        said = [None]
+
         def progress(i, total, req, note=None):
-            ctx.progress.step(i, total, f"{req.op} {format_bytes(req.size)} {'in' if req.inplace else 'out'}"
-                              + (f" ({note})" if note else ""))
+            """The step; a revised estimate (`note`) rides on the plain lines, and above a live bar
+            is printed once on its own line (the bar keeps its count in view)."""
+            label = f"{req.op} {format_bytes(req.size)} {'in' if req.inplace else 'out'}"
+            bar = getattr(ctx.progress, "style", None) == "bar"
+            if bar and note and note != said[0] and getattr(ctx.progress, "show", False):
+                ctx.progress.err.print(f"{self.name}: {note}", highlight=False)
+            said[0] = note
+            ctx.progress.step(i, total, label if bar or not note else f"{label} ({note})")
 
         from .tune import TuneConfig
         from .tune_run import run_tune
