@@ -15,7 +15,9 @@ says the revisions):
   is projected from the last size measured in its series (op, dtype, reduction, placement) at
   the measured rate. It starts only when that fits its share: its own allotment (and SLACK of
   it) plus what the sizes of its series before it left unused of theirs (less what they
-  overran), never less than MIN_SHARE_S and never more than half of --timeout. A size that
+  overran), or what the whole sweep before it left unused where that is more (a series that
+  overran uses the time other series left, and one on time is never cut by another's
+  overrun), never less than MIN_SHARE_S and never more than half of --timeout. A size that
   does not fit ends its series
   (the larger sizes of the series are left out with it) with one note; the sweep goes on with
   the next series and exits 0. The sweep's first request also warms the processes up (gloo's
@@ -174,24 +176,30 @@ class Plan:
         self.allot, self.timing, self.timeout_s = list(allot), timing, timeout_s
         keys = list(series) if series is not None else [None] * len(self.allot)
         totals: dict = {}
-        self.cumulative = []
+        self.cumulative, self.overall = [], []
         for key, a in zip(keys, self.allot, strict=True):
             totals[key] = totals.get(key, 0.0) + a
             self.cumulative.append(totals[key])
+            self.overall.append(a + (self.overall[-1] if self.overall else 0.0))
 
-    def share(self, index: int, used: float) -> float:
+    def share(self, index: int, used: float, used_all: float | None = None) -> float:
         """Seconds request `index` may take: its allotment (with SLACK) and what the requests of
-        its series before it left unused, at most half of --timeout."""
+        its series before it left unused, or what all the requests before it left unused (of
+        the whole sweep: `used_all` seconds so far) where that is more; at least MIN_SHARE_S, at
+        most half of --timeout."""
         own = self.cumulative[index] + SLACK * self.allot[index] - used
+        if used_all is not None:
+            own = max(own, self.overall[index] + SLACK * self.allot[index] - used_all)
         return min(SKIP_SHARE * self.timeout_s, max(MIN_SHARE_S, own))
 
-    def decide(self, index: int, nbytes: int, used: float, last: Measured | None) -> Decision:
+    def decide(self, index: int, nbytes: int, used: float, last: Measured | None,
+               used_all: float | None = None) -> Decision:
         cap = timed_cap(self.timing)
         if last is None:
             return Decision(True, cap)
         t, fixed = project(last, nbytes)
         least = least_work(t, fixed, self.timing)
-        share = self.share(index, used)
+        share = self.share(index, used, used_all)
         if least <= share:
             check = 1 if self.timing.check else 0
             return Decision(True, max(2 * MIN_ITERS * t, min(cap, share - fixed - (2 + check) * t)), t)

@@ -467,7 +467,7 @@ def _rank_loop(plans: list[dict], rank: int, nranks: int, device: torch.device, 
             if key in ended and size >= ended[key][0]:
                 decision = cpu_sizing.Decision(False, why=ended[key][1])
             else:
-                decision = rule.decide(index, size, used.get(key, 0.0), last.get(key))
+                decision = rule.decide(index, size, used.get(key, 0.0), last.get(key), sum(used.values()))
                 if not decision.run:
                     ended[key] = (size, decision.why)
         if not decision.run:
