@@ -203,6 +203,8 @@ class ModelProbe(Probe):
 
         cfg = plan.config
         on_gpu = cfg.device == "cuda"
+        if str(cfg.model).lower() not in models.MODELS:
+            return None  # another workload: its FLOPs are counted when it runs, not guessed here
         flops = models.flops_per_token(models.get_model_spec(cfg.model), cfg.seq_len) * cfg.seq_len * cfg.batch_size
         rate = 0.4 * plan.peak.value if on_gpu and plan.peak is not None else 300e12 if on_gpu else 40e9
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
