@@ -22,6 +22,8 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from . import children
+
 REASON_PREFIX = "mgpu-bench:"
 # Slurm keeps a node's reason as one string; a short single line reads in `sinfo -R` (its REASON
 # column is 20 wide, `sinfo -R -o %E` shows it whole).
@@ -77,7 +79,7 @@ def run(args: list[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
     exe = scontrol()
     try:
         done = subprocess.run([exe, *args], check=False, capture_output=True, text=True, timeout=max(0.1, timeout_s),
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, env=children.child_env())
     except subprocess.TimeoutExpired as exc:
         said = _first_line(exc.stderr)  # scontrol retries a missing slurm.conf for 60 s, saying so at once
         if "s_p_parse_file" in said or "slurm.conf" in said:

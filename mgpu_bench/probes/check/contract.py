@@ -89,13 +89,13 @@ def run(cfg) -> int:
         if _json_of(args) is None:
             args += ["--json", json_path]
         state_path = os.path.join(tmp, "state")
-        env = children.child_env(mode="keep")
+        # under srun every task checks its own node, as a command of its own: no launcher variables
+        env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
         env[plan.CHILD_ENV] = f"{child_end!r} {state_path}"
-        for key in LAUNCHER_VARS:  # under srun every task checks its own node, as a command of its own
-            env.pop(key, None)
         npd = cfg.format == "npd"
         proc = subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", "check", *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+                                stderr=subprocess.PIPE, text=True, env=children.child_env(env, mode="keep"),
+                                stdin=subprocess.DEVNULL)
         pumps = [_pump(proc.stdout, sys.stderr if npd else sys.stdout), _pump(proc.stderr, sys.stderr)]
         killed = None
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -27,7 +28,6 @@ ALLREDUCE_BYTES = 1 << 20
 
 
 def ranks(run: CheckRun, budget: Budget, part: Part) -> None:
-    import os
     import signal
 
     from mgpu_bench import children, launch
@@ -35,13 +35,13 @@ def ranks(run: CheckRun, budget: Budget, part: Part) -> None:
     until = budget.slot("ranks")
     n = run.config.nproc
     end = time.time() + (until - time.monotonic())
-    env = children.child_env(mode="ignore")  # the check stops them; Ctrl-C is its to handle
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
     # a session of its own: the ranks it forks are stopped with it, as one process group
     proc = subprocess.Popen([sys.executable, "-m", "mgpu_bench.probes.check.cpu_rank", str(n), str(launch.free_port()),
-                             repr(end)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+                             repr(end)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=children.child_env(env, mode="ignore"),  # the check stops them; Ctrl-C is its
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=max(0.1, until - time.monotonic()))
