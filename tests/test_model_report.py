@@ -94,11 +94,11 @@ def test_markdown_table_carries_the_figures():
     md = model_report.markdown(_run(), ENV)
     # 1 GPU synthetic: 4 x 128 tokens per 50 ms step
     tps1 = 4 * 128 / 0.050
-    assert (f"| 1 | synthetic | 50.00 | {4 / 0.050:.1f} | {tps1:.0f} | {tps1:.0f} | {tps1 * 1e9 / 1e12:.2f} | "
+    assert (f"| 1 | synthetic | 50.00 | {4 / 0.050:.1f} | {tps1:.0f} | {tps1:.0f} | {tps1 * 1e9 / 1e12:.1f} | "
             f"{100 * tps1 * 1e9 / PEAK:.1f} | {100 * 0.001 / 0.050:.1f} | 15.00 | 30.00 | 3.00 | - | 36.00 | "
             "2-7 of 8 |") in md
     tps2 = 2 * 4 * 128 / 0.055
-    assert (f"| 2 | synthetic | 55.00 | {8 / 0.055:.1f} | {tps2:.0f} | {tps2 / 2:.0f} | {tps2 / 2 * 1e9 / 1e12:.2f} | "
+    assert (f"| 2 | synthetic | 55.00 | {8 / 0.055:.1f} | {tps2:.0f} | {tps2 / 2:.0f} | {tps2 / 2 * 1e9 / 1e12:.3g} | "
             f"{100 * tps2 / 2 * 1e9 / PEAK:.1f} | {100 * 0.001 / 0.055:.1f} | 15.00 | 34.00 | 3.00 | 12.0 | "
             "36.00 | 2-7 of 8 |") in md
     assert "| 2 | loader | failed: out of memory: tried to allocate |" in md
@@ -132,3 +132,24 @@ def test_write_report_writes_what_it_returns(tmp_path):
 def test_write_report_needs_the_parent(tmp_path):
     with pytest.raises(FileNotFoundError):
         model_report.write_report(_run(), tmp_path / "missing" / "rep", ENV)
+
+
+def test_a_small_flop_rate_reads_the_same_on_the_terminal_and_in_markdown():
+    """TFLOP/s of a CPU process (3e10 FLOP/s) is 0.03 on the terminal and in summary.md alike,
+    never 0.0 in one and 0.03 in the other; a GPU's rate keeps one decimal."""
+    import io
+
+    from rich.console import Console
+
+    from mgpu_bench.probes.model.render import render_terminal, tflops
+
+    assert (tflops(3e10), tflops(4.25e14), tflops(None)) == ("0.03", "425.0", "-")
+    run = _run((1,))
+    for s in run.stats:
+        s.derived["flops_per_s_per_gpu"] = 3e10
+    buf = io.StringIO()
+    render_terminal(run, Console(file=buf, width=200, color_system=None))
+    md = model_report.markdown(run, {})
+    rows = [ln.split() for ln in buf.getvalue().splitlines() if ln.split()[:1] == ["1"] and "GPU(s)," not in ln]
+    assert rows and all("0.03" in r for r in rows)  # the TFLOP/s column of every row
+    assert md.count("| 0.03 |") == len(run.stats)

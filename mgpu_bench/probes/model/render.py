@@ -32,7 +32,7 @@ def render_terminal(run: ModelRun, console) -> None:
             return "-" if v is None else format(v * scale, fmt)
 
         t.add_row(str(s.world), "synth" if s.data == "synthetic" else s.data, f("step_s", 1e3), f(per[0], 1, ".0f"),
-                  f(per[1], 1, ".0f"), f("flops_per_s_per_gpu", 1e-12), f("mfu", 100),
+                  f(per[1], 1, ".0f"), tflops(d.get("flops_per_s_per_gpu")), f("mfu", 100),
                   f("data_share", 100), f("forward_s", 1e3), f("backward_s", 1e3), f("optimizer_s", 1e3),
                   f("exposed_comm_share", 100), f("peak_reserved", 2**-30, ".2f"))
     print_table(console, t)
@@ -47,6 +47,15 @@ def render_terminal(run: ModelRun, console) -> None:
                           f"{'' if s.window[2] else ' (not stable)'}; {_per_step(s)}"
                           + _profile_text(s.derived) + _compile_text(s.ranks),
                           highlight=False, soft_wrap=True)
+
+
+def tflops(flops_per_s: float | None) -> str:
+    """FLOP/s as TFLOP/s, one way in every medium (terminal, Markdown, HTML): one decimal from 10
+    TFLOP/s up, else three significant digits, so that a CPU process's 0.03 never reads 0.0."""
+    if flops_per_s is None:
+        return "-"
+    t = flops_per_s / 1e12
+    return f"{t:.1f}" if abs(t) >= 10 else f"{t:.3g}"
 
 
 def size_text(cfg) -> str:

@@ -19,7 +19,7 @@ from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
 
 from .analyse import PHASES, ModelRun, StepStats, findings, throughput
-from .render import flops_text, size_text
+from .render import flops_text, size_text, tflops
 
 _PHASE_COLOURS = {"data": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:purple"}
 _IMAGES = ("steps", "phases", "scaling")  # file stems, in page order
@@ -188,7 +188,7 @@ def _rows(run: ModelRun) -> tuple[list[str], list[list[object]]]:
         window = f"{start}-{end - 1} of {len(step_series(s))}" + ("" if stable else " (not stable)")
         per = [_fmt(d, "tokens_per_s", 1, ".0f"), _fmt(d, "tokens_per_s_per_gpu", 1, ".0f")] if tokens else []
         rows.append([s.world, s.data, _fmt(d, "step_s", 1e3, ".2f"), _fmt(d, "samples_per_s", 1, ".1f"), *per,
-                     _fmt(d, "flops_per_s_per_gpu", 1e-12, ".2f"),
+                     tflops(d.get("flops_per_s_per_gpu")),
                      _fmt(d, "mfu", 100), _fmt(d, "data_share", 100), _fmt(d, "forward_s", 1e3, ".2f"),
                      _fmt(d, "backward_s", 1e3, ".2f"), _fmt(d, "optimizer_s", 1e3, ".2f"),
                      _fmt(d, "exposed_comm_share", 100), _fmt(d, "peak_reserved", 2**-30, ".2f"), window])
