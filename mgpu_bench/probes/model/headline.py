@@ -18,18 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench.metrics import Metric, finite, rates, slug
-
-
-def _window_steps(run: Mapping) -> list[float]:
-    """Per-step seconds of the stable window, the slowest rank per step (as analyse.analyse)."""
-    good = [r for r in run.get("ranks") or [] if r.get("phases")]
-    if not good:
-        return []
-    n = min(len(r["phases"]["step"]) for r in good)
-    steps = [max(r["phases"]["step"][i] for r in good) for i in range(n)]
-    start, end = (list(run.get("window") or [0, n]) + [0, n])[:2]
-    return steps[int(start) : int(end)]
+from mgpu_bench.metrics import Metric, finite, rates, slug, window_steps
 
 
 def _no_sync_steps(run: Mapping) -> list[float]:
@@ -47,7 +36,7 @@ def _no_sync_steps(run: Mapping) -> list[float]:
 
 
 def _exposed_samples(run: Mapping) -> tuple[float, ...]:
-    sync, nosync = _window_steps(run), _no_sync_steps(run)
+    sync, nosync = window_steps(run), _no_sync_steps(run)
     return finite(max(0.0, 1.0 - ns / s) for s, ns in zip(sync, nosync) if s > 0)
 
 
@@ -62,8 +51,8 @@ def _scaling_samples(runs: list[Mapping], n: int) -> tuple[float, ...]:
     one, many = effective(1), effective(n)
     if one is None or many is None:
         return ()
-    r1 = rates(one.get("samples_per_step") or 0, _window_steps(one))
-    rn = rates(many.get("samples_per_step") or 0, _window_steps(many))
+    r1 = rates(one.get("samples_per_step") or 0, window_steps(one))
+    rn = rates(many.get("samples_per_step") or 0, window_steps(many))
     return finite(b / (n * a) for a, b in zip(r1, rn) if a > 0)
 
 
@@ -86,7 +75,7 @@ def headline(doc: Mapping) -> list[Metric]:
             "world": str(world),
             "data": data,
         }
-        steps = _window_steps(run)
+        steps = window_steps(run)
         step_s = d.get("step_s")
         if d.get("samples_per_s"):
             out.append(Metric(f"{prefix}.samples_per_s", float(d["samples_per_s"]), "samples/s", "higher",

@@ -19,6 +19,8 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from mgpu_bench.metrics import window_steps
+
 from .memory import MemPoint
 from .workload import Facts
 
@@ -155,16 +157,6 @@ def _host_gpus(ev: Evidence, run_id: str, doc: Mapping) -> None:
         ev.device_memory = (float(total), run_id)
 
 
-def _window_steps(run: Mapping) -> list[float]:
-    """Per-step seconds of the stable window, the slowest rank per step (the model probe's headline)."""
-    good = [r for r in run.get("ranks") or [] if (r.get("phases") or {}).get("step")]
-    if not good:
-        return []
-    n = min(len(r["phases"]["step"]) for r in good)
-    steps = [max(r["phases"]["step"][i] for r in good) for i in range(n)]
-    start, end = (list(run.get("window") or [0, n]) + [0, n])[:2]
-    return steps[int(start):int(end)]
-
 
 def _model(ev: Evidence, run_id: str, doc: Mapping, facts: Facts) -> None:
     cfg = doc.get("config") or {}
@@ -183,12 +175,12 @@ def _model(ev: Evidence, run_id: str, doc: Mapping, facts: Facts) -> None:
             per_sample = r.get("flops_per_sample") or float(r["flops_per_token"]) * int(cfg.get("seq_len") or 0)
             if per_sample:
                 ev.flop_rates.append((float(d["flops_per_s_per_gpu"]), float(per_sample), str(cfg.get("model")),
-                                      run_id, noise(_window_steps(r))))
+                                      run_id, noise(window_steps(r))))
         if not same or batch < 1:
             continue
         ev.steps.append(StepPoint(
             run=run_id, world=world, batch=batch, parallel=str(cfg.get("parallel") or "ddp"), step_s=float(d["step_s"]),
-            noise=noise(_window_steps(r)), no_sync_s=d.get("no_sync_step_s"),
+            noise=noise(window_steps(r)), no_sync_s=d.get("no_sync_step_s"),
             peak_allocated=d.get("peak_allocated"), peak_reserved=d.get("peak_reserved"),
             total_memory=d.get("total_memory"), flops_per_s_per_gpu=d.get("flops_per_s_per_gpu")))
         if world == 1 and d.get("peak_allocated"):
