@@ -131,8 +131,39 @@ def mark(mode: str = "keep") -> str:
 
 def child_env(env: dict[str, str] | None = None, mode: str = "keep") -> dict[str, str]:
     """The environment for a subprocess (default: this process's) with the mark that binds it to
-    this process."""
+    this process. The child binds itself when it imports mgpu_bench (adopt()): a program that
+    never imports the package (scontrol) ignores the mark, and would outlive a parent that dies
+    without its orderly stop (abandon() still kills it), so it is also given
+    preexec_fn=die_with_parent."""
     return {**(os.environ if env is None else env), ENV: mark(mode)}
+
+
+def die_with_parent() -> None:
+    """preexec_fn for a subprocess that is not mgpu_bench (scontrol, a shell), which cannot read the
+    mark of child_env(): in the child, between fork and exec, PR_SET_PDEATHSIG so that the kernel
+    sends it SIGKILL when the thread that started it ends (the death signal survives exec; a
+    set-uid program drops it), and an exit at once if that parent is already gone. Only for a
+    child that the starting thread waits for (subprocess.run), so that the thread outlives it;
+    elsewhere than Linux it does nothing. It calls only the prctl resolved beforehand."""
+    if _PRCTL is None:
+        return
+    _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() == 1:  # the parent died before the death signal was set
+        os._exit(137)
+
+
+def _resolve_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _resolve_prctl()  # resolved here, not in a forked child (no dynamic loader there)
 
 
 @contextlib.contextmanager

@@ -5,8 +5,9 @@ common ones (outputs, history, progress) here; runner.run does the rest. Plus `r
 stored result again), `topo`, and the history commands (history/cli.py).
 
 Exit codes: 0 success; 1 a measurement failed (wrong elements, an NCCL error or timeout, out of
-memory) after writing what was gathered; 2 bad input (one line naming the fix); 130 Ctrl-C
-and 143 SIGTERM (scancel, a launcher stopping its job), after writing what was gathered.
+memory) after writing what was gathered; 2 bad input (one line naming the fix); 130 Ctrl-C,
+143 SIGTERM (scancel, a launcher stopping its job) and 129 SIGHUP (the terminal or ssh session
+closed), after writing what was gathered.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import click
 
 from . import probe as registry
 from . import runner, selection
-from .errors import InputError, terminated
+from .errors import InputError, Terminated, terminated, termination_code, termination_signal
 from .history.cli import HelpGroup
 from .history.cli import register as register_history
 from .output.console import safe_text
@@ -43,17 +44,21 @@ class _Group(HelpGroup):
             click.echo(safe_text(f"mgpu-bench: error: {exc}"), err=True)
             code = runner.EXIT_INPUT
         except click.exceptions.Abort:
-            click.echo(f"mgpu-bench: {'terminated (SIGTERM)' if terminated() else 'interrupted'}", err=True)
+            stop = Terminated(signum=termination_signal()) if terminated() else "interrupted"
+            click.echo(f"mgpu-bench: {stop}", err=True)
             code = runner.EXIT_INTERRUPTED
         else:
             code = rv if isinstance(rv, int) else 0
-        if terminated() and code in (0, runner.EXIT_INTERRUPTED):  # SIGTERM, perhaps while writing the results
-            code = runner.EXIT_TERMINATED
+        if terminated() and code in (0, runner.EXIT_INTERRUPTED):  # SIGTERM or SIGHUP, perhaps while writing
+            code = termination_code()  # 143 SIGTERM, 129 SIGHUP
         elif code == 0:
             from .errors import interrupted
 
             if interrupted():  # Ctrl-C while the results were written (they were)
                 code = runner.EXIT_INTERRUPTED
+        from .output.console import stdout_verdict
+
+        code = stdout_verdict(code)  # a stdout the reader closed or filled: said here, once
         if standalone_mode:
             sys.exit(code)
         return code
@@ -153,7 +158,9 @@ cli.help = f"{inspect.cleandoc(cli.help or '')}\n\n{_without[0].upper()}{_withou
 
 def main() -> None:
     from .errors import handle_stop_signals
+    from .output.console import guard_stdio
 
+    guard_stdio()  # a closed or full stdout never costs a run (output/console.py)
     handle_stop_signals()  # SIGTERM and Ctrl-C keep what was measured; repeated ones do not break that
     cli.main(prog_name="mgpu-bench")
 

@@ -7,6 +7,7 @@ so a worker process can hand one to its parent unchanged.
 from __future__ import annotations
 
 import contextlib
+import signal
 
 
 class MgpuError(RuntimeError):
@@ -58,18 +59,31 @@ def portable(exc: BaseException) -> BaseException:
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (scancel, a job's time limit, a launcher stopping its job after another rank
-    failed, kill): raised where the program is, as Ctrl-C's KeyboardInterrupt is, so every path
-    that keeps what was measured on Ctrl-C keeps it on SIGTERM too."""
+    failed, kill) or SIGHUP (the terminal or ssh session the command ran in closed): raised where
+    the program is, as Ctrl-C's KeyboardInterrupt is, so every path that keeps what was measured
+    on Ctrl-C keeps it on these too. `signum`: which of the two."""
 
-    def __init__(self, context: str = "") -> None:
+    def __init__(self, context: str = "", signum: int | None = None) -> None:
         super().__init__(context)
         self.context = context  # what else is known: "rank 3 (cuda:3 on gpu07) is gone ..."
+        self.signum = int(signal.SIGTERM if signum is None else signum)
 
     def __str__(self) -> str:
-        return "terminated (SIGTERM)" + (f" [{self.context}]" if self.context else "")
+        return f"terminated ({signal_name(self.signum)})" + (f" [{self.context}]" if self.context else "")
+
+    def __reduce__(self):
+        return (type(self), (self.context, self.signum))
 
 
-_terminated = False  # SIGTERM received
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+_terminated = False  # SIGTERM or SIGHUP received
+_term_signal: int | None = None  # which of them came first (the exit code is 128 + it)
 _interrupted = False  # SIGINT (Ctrl-C) received
 _stopping = False  # a stop signal came: the orderly stop (or the writing of the results) is under way
 _installed = False  # handle_stop_signals() ran in this process
@@ -78,6 +92,10 @@ _agent_exc: type | None = None  # torch's SignalException while its elastic agen
 _last_press: float | None = None  # when the last Ctrl-C counted toward abandoning came (time.monotonic)
 _presses = 0  # Ctrl-C presses counted toward abandoning, after the one that began the stop
 _noted = False  # the "already stopping" note was printed since the last counted press
+
+# The signals that stop a run as SIGTERM does (they keep what was measured; exit code 128 + the
+# signal): SIGTERM, and SIGHUP, which a closing terminal or ssh session sends to its jobs.
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 # The Ctrl-C presses after the one that began the stop that abandon it (exit 130 at once, nothing
 # more written), each at least PRESS_GAP_S after the last one counted: a burst (a key held down,
@@ -90,26 +108,40 @@ def interruption(exc: BaseException | None) -> str:
     """How a run was stopped from outside, for its one-line message."""
     if isinstance(exc, Terminated):
         return str(exc)
-    return "terminated (SIGTERM)" if is_sigterm(exc) else "interrupted"
+    return f"terminated ({signal_name(termination_signal())})" if is_sigterm(exc) else "interrupted"
 
 
 def is_sigterm(exc: BaseException | None) -> bool:
-    """Whether `exc` is how SIGTERM reached this code: Terminated, or the SignalException of
-    torch's elastic agent (see under_agent; the process then counts as terminated)."""
-    global _terminated
-    import signal
+    """Whether `exc` is how SIGTERM or SIGHUP reached this code: Terminated, or the
+    SignalException of torch's elastic agent (see under_agent; the process then counts as
+    terminated)."""
+    global _terminated, _term_signal
 
     if isinstance(exc, Terminated):
         return True
-    if type(exc).__name__ == "SignalException" and getattr(exc, "sigval", None) == signal.SIGTERM:
+    sigval = getattr(exc, "sigval", None)
+    if type(exc).__name__ == "SignalException" and sigval in TERMINATING:
         _terminated = True
+        _term_signal = _term_signal or int(sigval)
         return True
     return False
 
 
 def terminated() -> bool:
-    """Whether this process received SIGTERM (its exit code is then 143, not Ctrl-C's 130)."""
+    """Whether this process received SIGTERM or SIGHUP (its exit code is then 143 or 129, not
+    Ctrl-C's 130)."""
     return _terminated
+
+
+def termination_signal() -> int:
+    """The signal that terminated this process (SIGTERM unless SIGHUP came first)."""
+    return int(_term_signal or signal.SIGTERM)
+
+
+def termination_code() -> int:
+    """The exit code of a process that a stop signal ended after writing its results: 128 + the
+    signal, as a shell reports a process it ended (143 SIGTERM, 129 SIGHUP)."""
+    return 128 + termination_signal()
 
 
 def interrupted() -> bool:
@@ -127,14 +159,12 @@ def _say(line: str) -> None:
 
 
 def _stop_signal(signum, frame) -> None:
-    """SIGINT and SIGTERM: the first one, while measuring, raises (KeyboardInterrupt, Terminated;
+    """SIGINT, SIGTERM and SIGHUP: the first one, while measuring, raises (KeyboardInterrupt, Terminated;
     torch's SignalException inside its elastic agent) where the main thread is, and the probe keeps
     what it measured; every later one, and one that comes once the measurement is over, is noted
     and does not interrupt the writing of the results. Ctrl-C ABANDON_PRESSES more times, spaced,
     abandons: its children killed, one line, exit 130."""
-    global _terminated, _interrupted, _stopping
-    import signal
-
+    global _terminated, _interrupted, _stopping, _term_signal
     sigint = signum == signal.SIGINT
     first = not _stopping
     _stopping = True
@@ -142,12 +172,13 @@ def _stop_signal(signum, frame) -> None:
         _interrupted = True
     else:
         _terminated = True
+        _term_signal = _term_signal or int(signum)
     if first and not _deferred:
         if sigint:
             _press(first=True, raised=True)
         if _agent_exc is not None:
             raise _agent_exc(f"Process got signal: {signal.Signals(signum).name}", sigval=signal.Signals(signum))
-        raise KeyboardInterrupt if sigint else Terminated()
+        raise KeyboardInterrupt if sigint else Terminated(signum=signum)
     if sigint:
         _press(first=_last_press is None)
 
@@ -188,15 +219,17 @@ def _abandon() -> None:
 
 
 def handle_stop_signals() -> None:
-    """Installs _stop_signal for SIGINT and SIGTERM (the CLI does, first thing). Python runs it
-    in the main thread between bytecodes; the native core polls for signals while it waits on
-    the GPU. SIGKILL, which every launcher sends after its grace period, still ends the process
-    (and its children with it: children.py)."""
+    """Installs _stop_signal for SIGINT and the TERMINATING signals, SIGTERM and SIGHUP (the CLI
+    does, first thing; a hang-up, the terminal or ssh session closing, is a stop as SIGTERM is,
+    not the loss of the run). Python runs it in the main thread between bytecodes; the native
+    core polls for signals while it waits on the GPU. SIGKILL, which every launcher sends after
+    its grace period, still ends the process (and its children with it: children.py)."""
     global _installed
-    import signal
-
     signal.signal(signal.SIGINT, _stop_signal)
-    signal.signal(signal.SIGTERM, _stop_signal)
+    for sig in TERMINATING:
+        if signal.getsignal(sig) is not signal.SIG_IGN or sig == signal.SIGTERM:  # nohup's SIGHUP stays ignored
+            signal.signal(sig, _stop_signal)
+    _spare_resource_tracker()
     if not _installed:
         import atexit
 
@@ -204,17 +237,31 @@ def handle_stop_signals() -> None:
     _installed = True
 
 
+def _spare_resource_tracker() -> None:
+    """multiprocessing's resource tracker (the process that unlinks the semaphores of a run's
+    queues should the run die) ignores SIGINT and SIGTERM, blocking them while it is started; a
+    hang-up to the process group would still kill it, and the semaphores it tracks would be
+    reported leaked. It is started with SIGHUP blocked as well (its module's _IGNORED_SIGNALS,
+    which CPython 3.11-3.13 block around the start and unblock in the tracker's own copy): it keeps
+    SIGHUP blocked, and ends as it always does, when this process closes its pipe."""
+    try:
+        import multiprocessing.resource_tracker as tracker
+    except ImportError:
+        return
+    ignored = tuple(getattr(tracker, "_IGNORED_SIGNALS", ()))
+    if ignored and signal.SIGHUP not in ignored:
+        tracker._IGNORED_SIGNALS = (*ignored, signal.SIGHUP)
+
+
 def _ignore_late_signals() -> None:
     """At exit, once a stop signal came: the rest of a burst (twenty Ctrl-Cs in a second) is
     ignored. The interpreter's finalisation puts back the default action of a signal that has a
     Python handler, which would end the process by the signal (exit -2) after it wrote everything
     and chose its exit code; an ignored one it leaves ignored."""
-    import signal
-
     if _stopping:
         with contextlib.suppress(ValueError, OSError):
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for sig in (signal.SIGINT, *TERMINATING):
+                signal.signal(sig, signal.SIG_IGN)
 
 
 raise_on_sigterm = handle_stop_signals  # its former name
@@ -239,9 +286,9 @@ def restore_sigterm() -> None:
 @contextlib.contextmanager
 def under_agent(signals: str | None = None):
     """While torch's elastic agent runs its workers in this process: yields the signals it
-    should handle itself (`signals`, its LaunchConfig.signals_to_handle, without SIGINT and
-    SIGTERM; also set as TORCHELASTIC_SIGNALS_TO_HANDLE, which it reads), so that it leaves
-    those two to handle_stop_signals(); the first of them raises the agent's own
+    should handle itself (`signals`, its LaunchConfig.signals_to_handle, without SIGINT, SIGTERM
+    and SIGHUP; also set as TORCHELASTIC_SIGNALS_TO_HANDLE, which it reads), so that it leaves
+    those to handle_stop_signals(); the first of them raises the agent's own
     SignalException, which it answers by stopping its workers with that signal, and later ones
     are only noted, so that they do not break its shutdown. Without handle_stop_signals() in this
     process (a library caller), it yields `signals` and changes nothing."""
@@ -255,7 +302,7 @@ def under_agent(signals: str | None = None):
     keep = signals
     if _installed:
         rest = [s.strip() for s in (signals or before or "SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(",")
-                if s.strip() and s.strip() not in ("SIGINT", "SIGTERM")]
+                if s.strip() and s.strip() not in ("SIGINT", "SIGTERM", "SIGHUP")]
         keep = ",".join(rest or ["SIGQUIT"])
         os.environ[key] = keep
         _agent_exc = SignalException
@@ -271,7 +318,7 @@ def under_agent(signals: str | None = None):
 
 
 def defer_sigterm() -> None:
-    """The measurement is over: from here on neither SIGTERM nor Ctrl-C interrupts the writing of
-    its results (the process exits 143 or 130 once they are written)."""
+    """The measurement is over: from here on neither SIGTERM, SIGHUP nor Ctrl-C interrupts the
+    writing of its results (the process exits 143, 129 or 130 once they are written)."""
     global _deferred
     _deferred = True

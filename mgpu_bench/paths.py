@@ -15,6 +15,15 @@ command's --json, --csv, --prometheus, fleet's --exclude-file, `compare --json`,
 "Writable" is tested by doing it (creating and removing a scratch file in the folder, opening an
 existing file for append without truncating it), not by permission bits: root passes any
 permission test, yet cannot create a file under /proc.
+
+Where files may go at all: never into a folder on a device or kernel file system (devtmpfs, proc,
+sysfs, cgroup, ... : SPECIAL_FS) nor into the /dev, /proc or /sys mount itself, or one below /proc
+or /sys, whatever its type (a container's /dev is a tmpfs); root may create files there, and must
+not. check_distinct()
+refuses, before measuring, two outputs of one command that are the same file and an output that
+is the history database (or its -wal, -shm or -journal file), by resolved path (relative paths,
+symbolic links) and by device and inode where the file exists (hard links); write_output() never
+replaces an mgpu-bench history database, whatever it is called.
 """
 
 from __future__ import annotations
@@ -22,9 +31,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import secrets
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .errors import InputError
@@ -33,6 +43,22 @@ from .errors import InputError
 # that none of them exists as something other than a regular file (or a link to one).
 _REPORT_NAMES = ("report.html", "summary.md")
 _REPORT_SUFFIXES = (".png", ".json", ".html", ".md")
+# The files a report folder's writers may create in it: by name, and every .png (named from the
+# document). check_distinct() keeps every other output and the database out of them.
+_REPORT_WRITES = ("report.html", "summary.md", "suite.json")
+_REPORT_WRITE_SUFFIX = ".png"
+# PRAGMA application_id of an mgpu-bench history database ("mGPB"; history.store writes it).
+HISTORY_APPLICATION_ID = 0x6D475042
+# The history database's own files beside it (SQLite's WAL, shared memory and rollback journal).
+DB_SIDECARS = ("", "-wal", "-shm", "-journal")
+
+# File systems of devices and the kernel's state: nothing of ours is ever written there.
+SPECIAL_FS = frozenset({
+    "devtmpfs", "devfs", "devpts", "proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
+    "configfs", "pstore", "bpf", "efivarfs", "fusectl", "binfmt_misc", "mqueue", "hugetlbfs", "autofs",
+    "rpc_pipefs", "nsfs", "selinuxfs", "usbfs",
+})
+_SPECIAL_MOUNTS = ("/dev", "/proc", "/sys")
 
 
 def _kind(mode: int) -> str | None:
@@ -70,8 +96,50 @@ def _scratch_name(folder: Path, stem: str) -> Path:
     return folder / f".{stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
 
 
+def _mounts() -> list[tuple[str, str]]:
+    """(mount point, file system type) of every mount this process sees (Linux' mountinfo; []
+    elsewhere), longest mount point first."""
+    out = []
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, after = left.split(), right.split()
+                if len(fields) >= 5 and after:
+                    point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+                    out.append((point, after[0]))
+    except OSError:
+        return []
+    return sorted(out, key=lambda m: len(m[0]), reverse=True)
+
+
+def special_place(folder: str | os.PathLike) -> str | None:
+    """Why files must not be written in `folder` (resolved): its file system is a device or kernel
+    one (SPECIAL_FS), or it is the /dev, /proc or /sys mount itself; None for an ordinary folder."""
+    real = os.path.realpath(os.path.abspath(folder))
+    mounts = _mounts()
+    for point, fstype in mounts:
+        if real == point or real.startswith(point.rstrip("/") + "/"):
+            if fstype in SPECIAL_FS:
+                return f"on a {fstype} file system ({point}: devices and kernel state, not files)"
+            if point in _SPECIAL_MOUNTS or point.startswith(("/proc/", "/sys/")):
+                return f"in {point} (devices and kernel state, not files)"
+            return None
+    for point in _SPECIAL_MOUNTS if not mounts else ():  # no mount table: by the path alone
+        if (real == point or real.startswith(point + "/")) and not real.startswith("/dev/shm"):
+            return f"in {point} (devices and kernel state, not files)"
+    return None
+
+
+def _refuse_special(folder: Path, what: str) -> None:
+    why = special_place(folder)
+    if why:
+        raise InputError(f"{what}: {folder} is {why}, where mgpu-bench writes nothing: give a folder elsewhere")
+
+
 def _try_create(folder: Path, what: str) -> None:
     """Creates and removes a scratch file in `folder`; InputError naming `what` if it cannot."""
+    _refuse_special(folder, what)
     scratch = _scratch_name(folder, "mgpu-bench-check")
     try:
         fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -126,7 +194,7 @@ def check_folder(path: str | os.PathLike, flag: str) -> None:
         is_dir = False
     if not is_dir:
         raise InputError(f"{flag} {path} is not a writable folder (none is there): give an existing folder")
-    _try_create(p, f"{flag} {path}")
+    _try_create(p.resolve(), f"{flag} {path}")
 
 
 def check_report_dir(path: str | os.PathLike | None, flag: str | None = "--report") -> None:
@@ -184,8 +252,14 @@ def write_output(path: str | os.PathLike, data: str | bytes, mode: int | None = 
         code = errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL
         raise OSError(code, f"it is {_kind(st.st_mode)}, which mgpu-bench does not write into: give a regular "
                             "file's name")
+    if st is not None and is_history(target):
+        raise OSError(errno.EEXIST, "it is an mgpu-bench history database, which an output never replaces: give "
+                                    "another name")
     folder = _folder(target)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
+    if special_place(folder):
+        raise OSError(errno.EPERM, f"its folder is {special_place(folder)}: give a folder elsewhere")
+    # str: UTF-8; a lone surrogate (a stored string no renderer escaped) as its escape, not a traceback
+    payload = data.encode("utf-8", "backslashreplace") if isinstance(data, str) else data
     tmp = _scratch_name(folder, target.name)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
     try:
@@ -205,6 +279,82 @@ def write_output(path: str | os.PathLike, data: str | bytes, mode: int | None = 
             pass
         raise
     return target
+
+
+def is_history(path: str | os.PathLike) -> bool:
+    """Whether the file is an mgpu-bench history database (SQLite's header and the application
+    id at byte 68, as history.store writes them)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(72)
+    except OSError:
+        return False
+    return len(head) == 72 and head[:16] == b"SQLite format 3\x00" and int.from_bytes(head[68:72], "big") == HISTORY_APPLICATION_ID
+
+
+# -- no output over another, nor over the history ------------------------------------------------
+
+
+class _Place:
+    """One file or folder a command writes (or reads and must keep): its name in messages, its
+    resolved path and, where it exists, its device and inode."""
+
+    def __init__(self, what: str, path: str | os.PathLike, folder: bool = False) -> None:
+        self.what, self.folder = what, folder
+        self.real = os.path.realpath(os.path.abspath(os.path.expanduser(os.fspath(path))))
+        try:
+            st = os.stat(self.real)
+            self.inode: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except (OSError, ValueError):
+            self.inode = None
+
+    def same(self, other: _Place) -> bool:
+        return self.real == other.real or (self.inode is not None and self.inode == other.inode)
+
+    def holds(self, file: _Place) -> bool:
+        """A report folder and a file its writers would replace (report.html, a .png, ...)."""
+        name = os.path.basename(file.real)
+        mine = name in _REPORT_WRITES or name.endswith(_REPORT_WRITE_SUFFIX)
+        return self.folder and not file.folder and os.path.dirname(file.real) == self.real and mine
+
+
+def _report_members(place: _Place) -> list[_Place]:
+    """The files already in a report folder that its writers would replace (hard links of another
+    output are found by their inode)."""
+    try:
+        names = [n for n in os.listdir(place.real) if n in _REPORT_WRITES or n.endswith(_REPORT_WRITE_SUFFIX)]
+    except OSError:
+        return []
+    return [_Place(place.what + f" ({n})", os.path.join(place.real, n)) for n in names]
+
+
+def check_distinct(outputs: Sequence[tuple[str, str | os.PathLike | None]], db: str | os.PathLike | None = None,
+                   db_what: str = "the history database", keep: Sequence[tuple[str, str | os.PathLike]] = ()) -> None:
+    """Before any measurement: InputError (exit code 2) when two of `outputs` ((flag, path); a
+    flag ending in a folder option, --report or --out, names a report folder) are the same file,
+    when a report folder would replace another output, or when one is the history database `db`
+    (or its -wal, -shm or -journal file) or a file in `keep` (an input the command reads)."""
+    folders = ("--report", "--out")
+    places = [_Place(f"{flag} {path}", path, folder=flag in folders) for flag, path in outputs if path]
+    guarded: list[_Place] = []
+    if db:
+        for side in DB_SIDECARS:
+            guarded.append(_Place(f"{db_what} {db}" + (f" (its {side} file)" if side else ""), f"{os.fspath(db)}{side}"))
+    guarded += [_Place(f"{what} {path}", path) for what, path in keep]
+    for i, a in enumerate(places):
+        for b in places[i + 1:]:
+            if a.same(b) or a.holds(b) or b.holds(a):
+                raise InputError(f"{a.what} and {b.what} are the same file: one would replace the other; give "
+                                 "each output its own path")
+        members = _report_members(a) if a.folder else [a]
+        for g in guarded:
+            if a.holds(g) or any(m.same(g) for m in members) or (a.folder and a.same(g)):
+                raise InputError(f"{a.what} would replace {g.what}: give the output another path")
+        if a.folder:
+            for b in places:
+                if b is not a and not b.folder and any(m.same(b) for m in members):
+                    raise InputError(f"{a.what} and {b.what} are the same file: one would replace the other; "
+                                     "give each output its own path")
 
 
 def write_json(path: str | os.PathLike, document: Mapping) -> Path:

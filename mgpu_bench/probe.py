@@ -359,9 +359,14 @@ class Context:
 
 
 def option(*decls: str, **attrs: Any):
-    """A click option declared as @click.option would declare it."""
+    """A click option declared as @click.option would declare it, its numbers (and the numbers in
+    its text) written with ASCII digits only (numbers.ascii_type)."""
     import click
 
+    from .numbers import ascii_type
+
+    if not any("/" in d for d in decls):  # a --x/--no-x pair is a flag
+        attrs["type"] = ascii_type(attrs.get("type"), attrs.get("default"), attrs.get("is_flag", False))
     return click.Option(list(decls), **attrs)
 
 

@@ -1,18 +1,23 @@
 """The flow every measuring command shares, for any probe of the registry.
 
     options -> probe.configure (a frozen config; bad input is exit code 2 before any work)
-            -> output paths and the history database checked (rank 0)
+            -> output paths and the history database checked (rank 0): each writable, none the
+               same file as another or as the database
             -> probe.run with progress (faults end it with what was measured kept)
-            -> findings, notes and tables on the terminal
-            -> history row (and the baseline comparison for a probe that gates on it)
-            -> the result document, CSV and report folder
+            -> history row (and the baseline comparison for a probe that gates on it); a run the
+               database does not take is kept in a file that `history add` stores later
+            -> the Prometheus textfile, the result document, CSV and report folder
+            -> findings, notes, tables and the comparison on the terminal, last: a reader that
+               stops reading stdout (`| head -1`) costs nothing already kept
             -> exit code
 
 Exit codes: 0 success; 1 a measurement failed (wrong elements, an NCCL error or timeout, out of
-memory, a failed configuration, a regression against the baseline) or an output could not be
-written, after writing what was gathered; 2 bad input (one line naming the fix; an output path
-that cannot be written, or names a directory, FIFO, device or socket, is found before measuring);
-130 Ctrl-C and 143 SIGTERM (scancel, a launcher stopping its job), after writing what was gathered.
+memory, a failed configuration, a regression against the baseline) or an output (stdout
+included, unless its reader closed the pipe) could not be written, after writing what was
+gathered; 2 bad input (one line naming the fix; an output path that cannot be written, or names
+a directory, FIFO, device or socket, is found before measuring); 130 Ctrl-C, 143 SIGTERM
+(scancel, a launcher stopping its job) and 129 SIGHUP (a closed terminal or ssh session), after
+writing what was gathered.
 `mgpu-bench compare` alone has 3: its --json could not be written after comparing and nothing
 regressed (its 1 means a regression, which a cron job gates on; a full disk is not one).
 """
@@ -48,12 +53,26 @@ class Store:
         if not self.no_store:
             from .history import History
 
-            History.open(self.db).close()
+            History.check(self.db)  # nothing written yet: a new database is made when the run is stored
 
     def open(self):
         from .history import History
 
         return History.open(self.db)
+
+    def check_distinct(self, paths: Mapping, opts: Mapping, stores: bool) -> None:
+        """No two outputs the same file, none the history database (paths.check_distinct)."""
+        from .paths import check_distinct
+
+        outputs = [("--json", paths.get("json_path")), ("--csv", paths.get("csv_path")),
+                   ("--report", paths.get("report_dir")), ("--prometheus", self.prometheus),
+                   ("--exclude-file", opts.get("exclude_file"))]  # fleet's list of nodes to drain
+        db = None
+        if stores and not self.no_store:
+            from .history import default_path
+
+            db = self.db or default_path()
+        check_distinct(outputs, db, "--db" if self.db else "the history database")
 
 
 def launcher_rank() -> int:
@@ -73,17 +92,17 @@ def stopped_line(doc: Mapping, err, rank: int = 0, because: list | None = None) 
     return EXIT_INTERRUPTED if st.get("stopped") == "interrupted" else EXIT_FAILED
 
 
-def write_outputs(outputs, err) -> bool:
-    """Writes each (path, writer) whose path is set; a path that cannot be written is one line on
-    stderr, not a lost run. True when any failed."""
-    failed = False
-    for path, write in outputs:
+def write_outputs(outputs, err) -> list[str]:
+    """Writes each (path, writer[, flag]) whose path is set; a path that cannot be written is one
+    line on stderr, not a lost run. The flags (or paths) of those that failed; [] when none did."""
+    failed = []
+    for path, write, *flag in outputs:
         if path:
             try:
                 write(path)
             except OSError as exc:
                 err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
-                failed = True
+                failed.append(flag[0] if flag else str(path))
     return failed
 
 
@@ -104,6 +123,7 @@ def run(probe: Probe, opts: dict) -> int:
         if not paths["report_dir"]:
             paths["report_dir"] = probe.default_report_dir(config)
             check_report_dir(paths["report_dir"])
+        store.check_distinct(paths, opts, probe.stores)
         if probe.stores:
             store.check()
     code = probe.delegate(config)
@@ -137,30 +157,38 @@ def run(probe: Probe, opts: dict) -> int:
     if watch is not None and "occupancy" not in doc:
         doc["occupancy"] = watch.to_dict()
     shared = occupancy.from_document(doc)
-    before = (doc.get("occupancy") or {}).get("before")
-    for line in occupancy.findings_text(occupancy.competing(shared), before):
-        out.print(f"finding: {line}", highlight=False, soft_wrap=True, style="bold red")  # first: it colours the rest
-    for line in occupancy.findings_text([p for p in shared if p.busy is False], before):
-        out.print(f"note: {line}", highlight=False, soft_wrap=True)  # memory held, nothing run: not a cause
-    for f in probe.findings(doc):
-        out.print(f"{probe.finding_label(f)}: {f.text}", highlight=False, soft_wrap=True,
-                  style=None if f.severity == "ok" else "bold yellow")
-    for note in dict.fromkeys(probe.notes(doc)):
-        err.print(f"note: {note}", highlight=False)
-    probe.render(doc, out)
-
     measured = probe.measured(doc)
-    failed, regressed, history, run_id = False, False, None, None
+    # Kept first, printed last: the history row, the textfile and the files are written before a
+    # line goes to stdout, whose reader may stop reading (`| head -1`) or never could (/dev/full).
+    failed, history, run_id, comparison = False, None, None, None
     try:
         if measured and probe.stores and not store.no_store:
-            history, run_id, regressed = _store(probe, config, doc, store, out, err)
+            history, run_id, comparison = _store(probe, config, doc, store, out, err)
             failed = history is None
         if measured and store.prometheus and not probe.per_node_prometheus:
             failed |= _textfile(store.prometheus, doc, run_id, err)
-        failed |= write_outputs(_writers(probe, doc, paths, history, measured), err)
+        written = write_outputs(_writers(probe, doc, paths, history, measured), err)
+        failed |= bool(written)
+        if measured and probe.stores and not store.no_store and run_id is None:
+            _kept_for_later(doc, probe.name, paths["json_path"], "--json" in written, store, err)
     finally:
         if history is not None:
             history.close()
+
+    from .output.console import safe_text  # process, GPU and host names are outside text
+
+    before = (doc.get("occupancy") or {}).get("before")
+    for line in occupancy.findings_text(occupancy.competing(shared), before):
+        out.print(safe_text(f"finding: {line}", lines=True), highlight=False, soft_wrap=True, style="bold red")  # colours the rest
+    for line in occupancy.findings_text([p for p in shared if p.busy is False], before):
+        out.print(safe_text(f"note: {line}", lines=True), highlight=False, soft_wrap=True)  # memory held, nothing run: not a cause
+    for f in probe.findings(doc):
+        out.print(safe_text(f"{probe.finding_label(f)}: {f.text}", lines=True), highlight=False, soft_wrap=True,
+                  style=None if f.severity == "ok" else "bold yellow")
+    for note in dict.fromkeys(probe.notes(doc)):
+        err.print(safe_text(f"note: {note}", lines=True), highlight=False)
+    probe.render(doc, out)
+    regressed = comparison is not None and print_comparison(comparison, out, err)
     if measured and paths["report_dir"] and not failed and Path(paths["report_dir"], "report.html").exists():
         out.print(f"report: {Path(paths['report_dir']) / 'report.html'}", highlight=False)
 
@@ -196,18 +224,20 @@ def _because(line: str, shared: list) -> str:
 def _writers(probe: Probe, doc: Mapping, paths: dict, history, measured: bool) -> list[tuple[str | None, Callable]]:
     from .paths import write_json, write_output
 
-    out: list[tuple[str | None, Callable]] = [(paths["json_path"], lambda p: write_json(p, doc))]
+    out: list[tuple[str | None, Callable, str]] = [(paths["json_path"], lambda p: write_json(p, doc), "--json")]
     if "csv" in probe.outputs:
-        out.append((paths["csv_path"], lambda p: write_output(p, probe.csv(doc))))
+        out.append((paths["csv_path"], lambda p: write_output(p, probe.csv(doc)), "--csv"))
     if measured:
-        out.append((paths["report_dir"], lambda p: probe.report(doc, p, history)))
+        out.append((paths["report_dir"], lambda p: probe.report(doc, p, history), "--report"))
     return out
 
 
 def _store(probe: Probe, config, doc, store: Store, out, err):
     """Saves the run; for a gating probe, compares it with its kind's baseline. -> (the open
-    History, or None when storing failed; the run id; whether it regressed). A gating run that
-    cannot be compared counts as regressed: a regression watch must not pass by not looking."""
+    History, or None when storing failed; the run id; the comparison for print_comparison, or
+    None). Nothing goes to `out` (stdout) here: the caller prints once everything is kept. A gating
+    run that cannot be compared counts as regressed: a regression watch must not pass by not
+    looking."""
     h = run_id = None
     try:
         h = store.open()
@@ -217,14 +247,41 @@ def _store(probe: Probe, config, doc, store: Store, out, err):
         if more:
             err.print(f"stored {len(more)} more: {more[0]}-{more[-1]} (one per node, under its own host)",
                       highlight=False)
-        regressed = probe.gates and compare_with_baseline(h, probe.name, run_id, probe.tolerance(config), out, err)
-        return h, run_id, regressed
+        comparison = baseline_comparison(h, run_id, probe.tolerance(config)) if probe.gates else None
+        return h, run_id, comparison
     except (InputError, OSError) as exc:
         what = "was not stored" if run_id is None else f"was stored as {run_id}, then"
         err.print(f"mgpu-bench: the run {what}: {exc}", highlight=False)
         if h is not None:
             h.close()
-        return None, run_id, False
+        return None, run_id, None
+
+
+def _kept_for_later(doc: Mapping, kind: str, json_path: str | None, json_failed: bool, store: Store, err) -> None:
+    """A run the history could not take (locked, full, read-only): its document stays in a file
+    (its --json, else one written here), and the line says how to store it later."""
+    import datetime as _dt
+    import os
+    import shlex
+    import tempfile
+
+    from .paths import write_json
+
+    kept = json_path if json_path and not json_failed else None
+    if kept is None:
+        name = f"mgpu-bench-{kind}-{_dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}.json"
+        for folder in (".", tempfile.gettempdir()):
+            try:
+                kept = str(write_json(Path(folder).absolute() / name, doc))
+                break
+            except (OSError, InputError):
+                continue
+    if kept is None:
+        err.print("mgpu-bench: and its document could not be kept in a file either", highlight=False)
+        return
+    db = f" --db {shlex.quote(str(store.db))}" if store.db else ""
+    err.print(f"mgpu-bench: its document is in {kept}: `mgpu-bench history add {shlex.quote(kept)}{db}` stores it "
+              "later", highlight=False)
 
 
 def _textfile(path: str, doc: Mapping, run_id: str | None, err) -> bool:
@@ -240,20 +297,29 @@ def _textfile(path: str, doc: Mapping, run_id: str | None, err) -> bool:
     return False
 
 
-def compare_with_baseline(h, kind: str, stored: str, tolerance: float, out, err) -> bool:
-    """The stored run against its kind's baseline, if one is set; True on a regression. A
-    baseline with no metric in common is said, and counts as a failure to compare."""
+def baseline_comparison(h, stored: str, tolerance: float):
+    """The stored run against its kind's baseline, if one is set: (baseline id, the Comparison or
+    the InputError that prevented it), or None without a baseline."""
     from .history import compare_runs
-    from .history.cli import format_change, format_noise, format_value
-    from .output.console import safe_text  # the baseline is stored text
 
     base = h.baseline_of(h.get(stored))
     if not base or base == stored:
-        return False
+        return None
     try:
-        comparison = compare_runs(h, base, stored, tolerance)
+        return base, compare_runs(h, base, stored, tolerance)
     except InputError as exc:
-        err.print(f"mgpu-bench: not compared with baseline {base}: {exc}", highlight=False)
+        return base, exc
+
+
+def print_comparison(found, out, err) -> bool:
+    """Prints baseline_comparison()'s answer; True on a regression. A baseline with no metric in
+    common is said, and counts as a failure to compare."""
+    from .history.cli import format_change, format_noise, format_value
+    from .output.console import safe_text  # the baseline is stored text
+
+    base, comparison = found
+    if isinstance(comparison, InputError):
+        err.print(safe_text(f"mgpu-bench: not compared with baseline {base}: {comparison}"), highlight=False)
         return True
     for line in comparison.not_comparable:
         out.print(safe_text(f"not comparable with baseline {base}: {line}"), highlight=False, soft_wrap=True)
@@ -268,7 +334,6 @@ def compare_with_baseline(h, kind: str, stored: str, tolerance: float, out, err)
                             f"{format_noise(c.threshold, c.absolute)})"), highlight=False, soft_wrap=True)
     out.print(f"compared with baseline {base}: {len(comparison.regressions)} regression(s)", highlight=False)
     return comparison.failed
-
 
 
 RUN_ID = r"(?:r?\d+|latest)"  # how `history show` names a stored run (r12), or 12, or latest
@@ -289,8 +354,12 @@ def render_again(result: str, out_dir: str | None, db: str | None = None) -> int
     if not os.path.exists(result) and re.fullmatch(RUN_ID, result.strip(), re.IGNORECASE):  # False on any OSError
         from .history import History
 
-        history = History.open(db)
-        rec = history.get(result.strip().lower())  # InputError naming the known runs when unknown
+        history = History.open(db, readonly=True)  # a read: nothing created, no write lock
+        try:
+            rec = history.get(result.strip().lower())  # InputError naming the known runs when unknown
+        except BaseException:
+            history.close()
+            raise
         doc, where = rec.document, f"stored run {rec.run_id}"
         out_dir = out_dir or f"{rec.run_id}-report"
     else:
@@ -316,6 +385,11 @@ def render_again(result: str, out_dir: str | None, db: str | None = None) -> int
         except (ValueError, RecursionError):
             raise InputError(f"{result} is not JSON: give a file written by a command's --json") from None
     check_report_dir(out_dir, "--out")
+    from .paths import check_distinct
+
+    # the report never replaces the database it reads from, nor the result file it draws
+    check_distinct([("--out", out_dir)], history.path if history is not None else None,
+                   keep=[] if history is not None else [("the result", result)])
     if isinstance(doc, dict) and doc.get("schema") == "mgpu-bench/topo":
         raise InputError(f"{where} is a `mgpu-bench topo` snapshot (the node as data, not a measurement): it has "
                          "no report; `mgpu-bench topo` shows it, and a command's --json gives a result to report")
@@ -355,5 +429,6 @@ def topo(json_path: str | None) -> int:
 
     check_writable(json_path, "--json")
     snapshot = topology.collect()
+    failed = write_outputs([(json_path, lambda p: write_json(p, snapshot))], err_console())  # kept first, printed last
     topology.render(snapshot, out_console(), print_table=print_table)
-    return EXIT_FAILED if write_outputs([(json_path, lambda p: write_json(p, snapshot))], err_console()) else 0
+    return EXIT_FAILED if failed else 0

@@ -37,6 +37,20 @@ NAME = r"[A-Za-z0-9][A-Za-z0-9_+\-.:]{0,63}"
 ISO_TIME = r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?(?:Z|[+-]\d{2}:?\d{2})?"
 
 
+def real_time(text: str) -> bool:
+    """An ISO_TIME string that names a real time: ASCII digits, a month 1-12, a day of that month,
+    hours below 24 ... (9999-99-99T99:99:99 has the form and is none)."""
+    import datetime as _dt
+
+    if not text.isascii():
+        return False
+    try:
+        _dt.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError:
+        return False
+    return True
+
+
 class SchemaError(InputError):
     """A document that does not have its declared shape: `path` is the field ("results[0].m"),
     `problem` what is wrong with it."""
@@ -159,7 +173,9 @@ class Int(Spec):
 class Num(Spec):
     """A number (int or float, not a bool) from lo to hi inclusive, where given, above 0 where
     `positive` (a time a figure is divided by). NaN passes unless `finite` (a measurement that
-    produced none is written as NaN); infinities are refused where a bound is given."""
+    produced none is written as NaN) and no bound is given: a bound (lo, hi, positive) refuses NaN
+    and the infinities, as no comparison can place them within it (and a reader that relies on the
+    bound, dividing by the value or scaling a plot axis by it, could not draw them)."""
 
     def __init__(self, lo: float | None = None, hi: float | None = None, null: bool = False,
                  finite: bool = False, positive: bool = False) -> None:
@@ -187,7 +203,7 @@ class Num(Spec):
         v = float(value)
         if self.finite and not math.isfinite(v):
             raise self._wrong(value, path)
-        if (self.lo is not None or self.hi is not None) and math.isinf(v):
+        if (self.lo is not None or self.hi is not None or self.positive) and not math.isfinite(v):
             raise self._wrong(value, path)
         if (self.lo is not None and v < self.lo) or (self.hi is not None and v > self.hi) or (self.positive and v <= 0):
             raise self._wrong(value, path)
@@ -227,7 +243,11 @@ class Str(Spec):
         return isinstance(value, str)
 
     def _check(self, value: Any, path: str) -> None:
-        if not isinstance(value, str) or len(value) > self.max_len:
+        if not isinstance(value, str):
+            raise self._wrong(value, path)
+        if len(value) > self.max_len and self.max_len >= _LONG:  # "not a string" would say nothing of the length
+            raise _Problem(path, f"is a text of {len(value)} characters, longer than the {self.max_len} allowed here")
+        if len(value) > self.max_len:
             raise self._wrong(value, path)
         if self.choices is not None and value not in self.choices:
             raise self._wrong(value, path)
@@ -461,7 +481,7 @@ ENVELOPE: dict[str, Spec] = {
     "schema_version": Int(1),
     "kind": Str(),
     "tool_version": Str(max_len=100, null=True),
-    "created": Str(pattern=ISO_TIME, null=True, what="an ISO 8601 time (2026-12-01T06:03:00+00:00)"),
+    "created": Str(pattern=ISO_TIME, null=True, what="an ISO 8601 time (2026-12-01T06:03:00+00:00)", rule=real_time),
     "command": OneOf(List(Str()), Str(), null=True),
     "environment": ENVIRONMENT,
     "status": Obj({"completed": Bool(null=True), "stopped": Str(max_len=200, null=True),

@@ -79,7 +79,8 @@ def run(args: list[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
     exe = scontrol()
     try:
         done = subprocess.run([exe, *args], check=False, capture_output=True, text=True, timeout=max(0.1, timeout_s),
-                              stdin=subprocess.DEVNULL, env=children.child_env())
+                              stdin=subprocess.DEVNULL, env=children.child_env(),
+                              preexec_fn=children.die_with_parent)  # scontrol cannot read the mark: bound here
     except subprocess.TimeoutExpired as exc:
         said = _first_line(exc.stderr)  # scontrol retries a missing slurm.conf for 60 s, saying so at once
         if "s_p_parse_file" in said or "slurm.conf" in said:

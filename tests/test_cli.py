@@ -34,7 +34,7 @@ def test_help_lists_comm_and_its_stopping_rule():
         (["--sizes", "1G-1M"], "ends below its start"),
         (["--sizes", "1M-1G", "--factor", "0"], "--factor must be a finite number greater than 1"),
         (["--sizes", "1M-1G", "--factor", "-3"], "--factor must be a finite number greater than 1"),
-        (["--sizes", "1M-1G", "--step", "-1"], "cannot read size '-1'"),
+        (["--sizes", "1M-1G", "--step", "-1"], "--step '-1' is negative"),
         (["--ops", "allsum"], "unknown op 'allsum'"),
         (["--dtype", "fp12"], "unknown dtype 'fp12'"),
         (["--redop", "prod"], "unknown --redop 'prod'"),

@@ -160,7 +160,7 @@ def test_markdown_has_the_table_with_the_figures_from_the_seconds():
     run = make_run()
     md = gemm_report.markdown(run, ENV)
     assert md.startswith("# mgpu-bench gemm: 2 GPU(s), bf16, fp8\n")
-    assert "- host: node-7; GPUs: NVIDIA H200, <script>alert(1)</script>" in md
+    assert "- host: node-7; GPUs: NVIDIA H200, \\<script>alert(1)\\</script>" in md  # shown, never markup
     header = ("| GPU | dtype | M x N x K | layout | TFLOP/s | % peak | peak TFLOP/s | best algorithm "
               "| noise % | SM MHz | W max | C max | clock limits |")
     assert header in md
@@ -185,7 +185,7 @@ def test_markdown_has_the_table_with_the_figures_from_the_seconds():
         assert cells in md, cells
     for line in gemm_render.summary_lines(run) + [f.text for f in gemm_analyse.findings(run)]:
         assert line in md
-    assert "a note with <b>markup</b>" in md and "Stopped early" not in md
+    assert "a note with \\<b>markup\\</b>" in md and "Stopped early" not in md
 
 
 def test_markdown_says_when_the_run_stopped_and_keeps_lines_whole():
@@ -238,4 +238,4 @@ def test_report_folder_parent_must_exist(tmp_path):
     paths = gemm_report.write_report(make_run(sustained=False, search=False), tmp_path / "c", {})
     assert [p.name for p in paths] == ["gemm_bf16.png", "report.html", "summary.md"]
     assert all(p.exists() for p in paths)
-    assert "GPUs: NVIDIA H200, <script>" in (tmp_path / "c" / "summary.md").read_text(encoding="utf-8")
+    assert "GPUs: NVIDIA H200, \\<script>" in (tmp_path / "c" / "summary.md").read_text(encoding="utf-8")

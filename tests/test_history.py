@@ -25,6 +25,8 @@ from mgpu_bench.history import store as hist
 from mgpu_bench.metrics import Metric
 from mgpu_bench.probe import headline as metrics_from_document
 
+FIX = Path(__file__).with_name("fixtures")
+
 
 @pytest.fixture
 def db(tmp_path) -> Path:
@@ -67,11 +69,14 @@ def test_default_path_follows_the_environment(monkeypatch, tmp_path):
         h.save(comm_document())
     assert (tmp_path / "data" / "mgpu-bench" / "history.sqlite3").is_file()
     monkeypatch.delenv("XDG_DATA_HOME")
+    (tmp_path / "home").mkdir()
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert (
         hist.default_path()
         == tmp_path / "home" / ".local" / "share" / "mgpu-bench" / "history.sqlite3"
     )
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/data")  # the XDG rules: a relative path is ignored
+    assert hist.default_path() == tmp_path / "home" / ".local" / "share" / "mgpu-bench" / "history.sqlite3"
 
 
 def test_the_conftest_keeps_every_test_in_a_private_database():
@@ -210,7 +215,7 @@ def test_a_missing_or_unwritable_folder_is_an_input_error(tmp_path):
     )  # root ignores the mode bits
     if os.access(folder, os.W_OK):
         pytest.skip("no unwritable folder available to this user")
-    with pytest.raises(InputError, match="not writable"):
+    with pytest.raises(InputError, match="not writable|on a proc file system"):  # root: /proc/sys
         History.open(folder / "h.sqlite3")
 
 
@@ -655,9 +660,16 @@ def test_bad_databases_are_one_line_and_exit_2(cli, tmp_path):
             "is not an SQLite database",
         )
     assert junk.read_text() == "not a database at all"
-    _one_error_line(
+    _one_error_line(  # a read never creates a database, nor a folder for one
         CliRunner().invoke(
             cli, ["history", "list", "--db", str(tmp_path / "no" / "h.sqlite3")]
+        ),
+        f"no history database at {tmp_path / 'no' / 'h.sqlite3'}",
+    )
+    assert not (tmp_path / "no").exists()
+    _one_error_line(
+        CliRunner().invoke(
+            cli, ["history", "add", str(FIX / "comm_2x_h200.json"), "--db", str(tmp_path / "no" / "h.sqlite3")]
         ),
         "does not exist: create it first",
     )

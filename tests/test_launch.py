@@ -473,15 +473,16 @@ def _sigterm_when(cmd: list[str], stream: str, words: str, tmp_path) -> tuple[in
 
 
 def test_sigterm_while_the_results_are_written_waits_for_them(tmp_path):
-    """SIGTERM (a batch job's time limit) right after the sweep, while the tables print: the JSON,
-    the report and the history entry are all written, then exit 143."""
+    """SIGTERM (a batch job's time limit) right after the sweep, once the history row is in and while
+    the files are written (the tables print last): the JSON, the report and the history entry are
+    all written, then exit 143."""
     from mgpu_bench.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
     rc, err = _sigterm_when(["comm", "--backend", "torch", "--ops", "allreduce", "--sizes", "1K-64K", "--no-progress",
-                             "--db", "h.sqlite3", "--json", "r.json", "--report", "rep"], "stdout",
-                            "measurement(s) in", tmp_path)
+                             "--db", "h.sqlite3", "--json", "r.json", "--report", "rep"], "stderr",
+                            "stored as r1", tmp_path)
     assert rc == 143, err
     assert json.loads((tmp_path / "r.json").read_text())["measurements"]
     assert (tmp_path / "rep" / "report.html").exists() and "stored as r1" in err

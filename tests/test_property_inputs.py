@@ -18,6 +18,8 @@ In process through click's CliRunner: about a thousand invocations in a few seco
 from __future__ import annotations
 
 import json
+import os
+import re
 import sqlite3
 import tempfile
 import traceback
@@ -398,3 +400,229 @@ def test_the_wrong_values_cover_every_kind_of_spec():
                 if not required and not isinstance(spec, AnyValue) and not any(_refuses(spec, v) for v in WRONG)]
     assert not untested, untested[:10]
     assert len(FIELDS) > 1000, len(FIELDS)
+
+
+# -- issue 24: the classes an adversarial user found, generated ---------------------------------------
+# Each class below draws its cases: 0 tracebacks and 0 losses across them (tests/test_hardening_outputs.py
+# has the listed cases and the real processes: pipes, /dev/full, a closed stdout, SIGHUP).
+
+DIGITS = "０１２３４５６７８９٠١٢٣٤٥٦٧٨٩۰۱۲۳٤٥६७८९০১২৩৪৫๐๑๒๓²³¹"  # fullwidth, Arabic-Indic, Devanagari, Bengali, Thai, superscript
+GOOD = {"int": "2", "float": "0.5", "parsed": "1K"}  # a value of each kind that holds a digit
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(data=st.data())
+def test_a_digit_other_than_0_9_is_refused_in_every_option(stop_before_measuring, data):
+    """Class 7: every option that takes a number, or text with numbers in it, of every command:
+    a digit Python's int() and float() would read ('１', '٣', '²') is refused, never read."""
+    params = [(p, q) for p, q in PARAMS if isinstance(q, click.Option) and _kind(q) in GOOD]
+    path, param = data.draw(st.sampled_from(params), label="option")
+    good = GOOD[_kind(param)]
+    i = data.draw(st.sampled_from([k for k, c in enumerate(good) if c.isdigit()]), label="which digit")
+    value = good[:i] + data.draw(st.sampled_from(DIGITS), label="digit") + good[i + 1:]
+    args, result = _invoke(path, param, value, stop_before_measuring)
+    assert _verdict(result, args) == "refused", f"{args!r} was taken: {result.output}"
+    _scratch_is_clean(stop_before_measuring)
+
+
+# Where an output may never go (class 4), and how an output can name the database (class 1).
+SPECIAL = ["/dev", "/dev/pts", "/proc/self", "/proc/sys/kernel", "/sys/kernel", "/sys/fs/cgroup"]
+MEASURING_OUTPUTS = [(("comm",), "--json"), (("comm",), "--csv"), (("comm",), "--prometheus"), (("comm",), "--report"),
+                     (("model",), "--json"), (("model",), "--report"), (("suite",), "--json"), (("suite",), "--report"),
+                     (("overlap",), "--json"), (("topo",), "--json")]
+QUERY_OUTPUTS = [(("compare", "r2"), "--json"), (("history", "show", "r1"), "--prometheus"), (("report", "r1"), "--out")]
+
+
+@pytest.mark.skipif(not Path("/proc/self/mountinfo").exists(), reason="reads the mount table (Linux)")
+@settings(max_examples=60, **SETTINGS)
+@given(data=st.data())
+def test_no_output_goes_into_a_device_or_kernel_file_system(stop_before_measuring, data):
+    path, flag = data.draw(st.sampled_from(MEASURING_OUTPUTS), label="output")
+    folder = data.draw(st.sampled_from(SPECIAL), label="folder")
+    target = folder if flag == "--report" and data.draw(st.booleans(), label="the folder itself") else \
+        f"{folder}/mgpu-bench-{data.draw(st.sampled_from(['r.json', 'rep', 'x.prom']), label='name')}"
+    args = [*path, flag, target, *(["--no-store"] if path[0] != "topo" else [])]
+    result = RUNNER.invoke(cli, args)
+    assert _verdict(result, args) == "refused", f"{args!r} was taken: {result.output}"
+    assert not Path(target).exists() or target == folder
+    _scratch_is_clean(stop_before_measuring)
+
+
+def _db_spellings(db: Path) -> list[tuple[str, str]]:
+    """(how, a path naming the database or one of its own files) that an output must never take."""
+    (db.parent / "sub").mkdir(exist_ok=True)
+    link = db.parent / "to-db"
+    if not link.is_symlink():
+        link.symlink_to(db.name)
+    hard = db.parent / "same-inode"
+    if not hard.exists():
+        os.link(db, hard)
+    return [("as given", str(db)), ("relative", db.name), ("dotdot", str(db.parent / "sub" / ".." / db.name)),
+            ("symlink", str(link)), ("hard link", str(hard)), ("-wal", f"{db}-wal"), ("-shm", f"{db}-shm"),
+            ("-journal", f"{db}-journal")]
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(data=st.data())
+def test_no_output_is_the_database_however_it_is_named(stop_before_measuring, data):
+    """Class 1: every command's file outputs against the history database it uses, named through a
+    relative path, .., a symbolic link, a hard link or its -wal/-shm/-journal, given by --db or
+    MGPU_BENCH_DB: refused before measuring, the database unchanged."""
+    db = stop_before_measuring / "history.sqlite3"  # the fixture's database is elsewhere: this one has runs
+    if not db.exists():
+        with History.open(db) as h:
+            h.save(json.loads((FIX / "comm_2x_h200.json").read_text()))
+            h.save(json.loads((FIX / "comm_2x_h200.json").read_text()))
+    path, flag = data.draw(st.sampled_from([o for o in MEASURING_OUTPUTS + QUERY_OUTPUTS
+                                            if o[0] != ("topo",) and o[1] not in ("--report", "--out")]),
+                           label="output")
+    how, target = data.draw(st.sampled_from(_db_spellings(db)), label="spelling")
+    by_env = data.draw(st.booleans(), label="MGPU_BENCH_DB")
+    before = db.read_bytes()
+    args = [*path, flag, target, *([] if by_env else ["--db", str(db)])]
+    result = RUNNER.invoke(cli, args, env={"MGPU_BENCH_DB": str(db)} if by_env else None)
+    assert _verdict(result, args) == "refused", f"{how}: {args!r} was taken: {result.output}"
+    assert "would replace" in result.output, result.output
+    assert db.read_bytes() == before
+
+
+# Documents that render in well under a second each (the whole suite page and a 6-op comm sweep
+# take seconds: their parts are here one by one); a fleet pass's per-node document is stored but
+# not drawn on its own (`report` says to give the pass), so it is left out.
+FAST = [n for n in ("gpu/gemm-shared.json", "gpu/model-healthy.json", "fleet/fleet-2-cpu-nodes.json", "release r1",
+                    "release r3", "suite gemm", "suite hbm+memory", "suite model-1gpu", "suite comm", "suite max-batch",
+                    "suite gemm-sustained", "suite model-scaling") if n in dict(DOCUMENTS)]
+# One field per declared place (the first entry of each list stands for all: _set_every reaches them).
+NUMBERS = list({(name, tuple(k if isinstance(k, str) else 0 for k in f[0])): (name, f) for name, f in FIELDS
+                if name in FAST and type(f[1]).__name__ in ("Num", "Int")}.values())
+ODD = [float("nan"), float("inf"), float("-inf"), -1, 0, 1e300, -1e300, 2 ** 63, 0.5]
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(data=st.data())
+def test_what_history_add_takes_renders_and_what_would_not_render_is_refused(tmp_path_factory, data):
+    """Class 7: the validation and the renderers agree. A real document with one number made odd
+    (NaN, an infinity, negative, huge): either `history add` and `report FILE` both refuse it (one
+    line, exit 2), or it is stored and `report RUN` draws it from the history."""
+    name, (path, _spec, _required) = data.draw(st.sampled_from(NUMBERS), label="field")
+    value = data.draw(st.sampled_from(ODD), label="value")
+    every = data.draw(st.booleans(), label="in every entry")  # all the samples of a run, not one
+    doc = _set_every(dict(DOCUMENTS)[name], path, value) if every else _set(dict(DOCUMENTS)[name], path, value)
+    scratch = Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))
+    f = scratch / "d.json"
+    f.write_text(json.dumps(doc))
+    db = scratch / "h.sqlite3"
+    add = RUNNER.invoke(cli, ["history", "add", str(f), "--db", str(db)])
+    if _verdict(add, ["history", "add", _fmt(path)]) == "refused":
+        drawn = RUNNER.invoke(cli, ["report", str(f), "--out", str(scratch / "rep")])
+        assert _verdict(drawn, ["report", _fmt(path)]) == "refused", (name, _fmt(path), drawn.output)
+        return
+    drawn = RUNNER.invoke(cli, ["report", "r1", "--db", str(db), "--out", str(scratch / "rep")])
+    assert drawn.exit_code == 0 and drawn.exception is None, (name, _fmt(path), drawn.output, drawn.exception)
+    shown = RUNNER.invoke(cli, ["history", "show", "r1", "--db", str(db)])
+    assert shown.exit_code == 0, shown.output
+
+
+def _set_every(doc: dict, path: tuple, value) -> dict:
+    """`doc` with the field at `path` set to `value` in every entry of each list on the way
+    (measurements[*].burst_seconds[*]: a run whose samples are all NaN)."""
+    doc = json.loads(json.dumps(doc))
+
+    def walk(node, rest):
+        key, more = rest[0], rest[1:]
+        keys = range(len(node)) if isinstance(key, int) and isinstance(node, list) else [key]
+        for k in keys:
+            if more:
+                walk(node[k], more)
+            else:
+                node[k] = value
+
+    walk(doc, path)
+    return doc
+
+
+POISON = st.lists(st.sampled_from(["\x1b[2J", "\x07", "\r", "\x9b", "\u202e", "\u2066", "\ud800", "**b**", "_i_", "`c`",
+                                   "[l](javascript:x)", "<b>x</b>", "|", "# ", "> ", "1. ", "$\\frac{$", "&amp;", "\\"]),
+                  min_size=1, max_size=6).map("".join)
+RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _strings(value, path=()):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value[:2]):
+            yield from _strings(v, (*path, i))
+    elif isinstance(value, str) and path[-1:] not in (("schema",), ("kind",)):
+        yield path
+
+
+@settings(max_examples=12, **SETTINGS)
+@given(name=st.sampled_from(FAST), poison=POISON)
+def test_stored_text_is_escaped_in_every_medium(tmp_path_factory, name, poison):
+    """Class 6: every string field a document may hold set to hostile text (controls, bidi
+    overrides, a lone surrogate, Markdown, HTML, mathtext) at once; stored, then drawn from the
+    history: report.html and summary.md hold no raw control character, no element and no
+    Markdown syntax of it, and the plots draw it (mathtext never parses it)."""
+    doc = json.loads(json.dumps(dict(DOCUMENTS)[name]))
+    for path in list(_strings(doc)):
+        trial = _set(doc, path, poison + "!")
+        try:
+            validate(trial)
+        except SchemaError:
+            continue
+        doc = trial
+    scratch = Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))
+    (scratch / "d.json").write_text(json.dumps(doc))
+    db, rep = scratch / "h.sqlite3", scratch / "rep"
+    assert RUNNER.invoke(cli, ["history", "add", str(scratch / "d.json"), "--db", str(db)]).exit_code == 0
+    drawn = RUNNER.invoke(cli, ["report", "r1", "--db", str(db), "--out", str(rep)])
+    assert drawn.exit_code == 0 and drawn.exception is None, drawn.output
+    shown = RUNNER.invoke(cli, ["history", "show", "r1", "--db", str(db)])
+    assert shown.exit_code == 0 and not RAW.search(shown.output), shown.output
+    for page in (rep / "report.html", rep / "summary.md"):
+        if not page.exists():
+            continue
+        text = page.read_text(encoding="utf-8", errors="strict")
+        assert not RAW.search(text), (page.name, RAW.search(text))
+        if page.suffix == ".html":
+            assert "<b>x</b>" not in text
+        else:
+            for syntax in ("**b**", "[l](", "<b>", "`c`"):
+                assert not re.search(r"(?<!\\)" + re.escape(syntax), text), (syntax, page.name)
+
+
+ROW_DAMAGE = [("metrics", "samples", "'not json'"), ("metrics", "samples", "'[\"x\"]'"), ("metrics", "value", "'text'"),
+              ("metrics", "labels", "'[]'"), ("metrics", "unit", "'parsecs'"), ("metrics", "better", "NULL"),
+              ("runs", "document", "'[]'"), ("runs", "document", "'{'"), ("runs", "fingerprint", "'7'"),
+              ("runs", "created", "'2026-13-45'"), ("runs", "command", "x'01'"), ("runs", "kind", "3")]
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(damage=st.sampled_from(ROW_DAMAGE), read=st.sampled_from([["history", "show", "r1"], ["compare", "r1", "--baseline",
+                                                                                               "r1"],
+                                                                 ["history", "list"], ["baseline", "set", "r1"],
+                                                                 ["history", "trend", "comm.allreduce.fp32.1GiB.out.2ranks.busbw"]]))
+def test_a_row_edited_outside_is_named_or_skipped_never_a_traceback(tmp_path_factory, damage, read):
+    """Class 5: a column of a stored row changed by another program; every read names the run and
+    the field and exits 2, or (a listing) goes on without the row and says so."""
+    table, column, value = damage
+    scratch = Path(tempfile.mkdtemp(dir=tmp_path_factory.getbasetemp()))
+    db = scratch / "h.sqlite3"
+    with History.open(db) as h:
+        h.save(json.loads((FIX / "comm_2x_h200.json").read_text()))
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA ignore_check_constraints = ON")
+    try:
+        con.execute(f"UPDATE {table} SET {column} = {value}")
+        con.commit()
+    except sqlite3.IntegrityError:  # NOT NULL holds even with the checks off
+        assume(False)
+    finally:
+        con.close()
+    result = RUNNER.invoke(cli, [*read, "--db", str(db)])
+    if _verdict(result, read) == "refused":
+        assert "stored run r1" in result.output and column in result.output, result.output
+    elif read[1:2] in (["list"], ["trend"]) and "note: left out" in result.output:
+        assert "stored run r1" in result.output

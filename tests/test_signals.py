@@ -126,17 +126,37 @@ def test_repeated_ctrl_c_writes_what_was_measured(tmp_path, presses, gap_s):
     assert (rep / "report.html").exists()
 
 
+def _line(proc, deadline_s: float = DEADLINE_S) -> bytes:
+    """The next line of `proc`'s stdout, or b"" after `deadline_s` (never a read that waits for
+    a process that holds the pipe open)."""
+    import select
+
+    end, buf = time.monotonic() + deadline_s, b""
+    while not buf.endswith(b"\n") and time.monotonic() < end:
+        if select.select([proc.stdout], [], [], 0.2)[0]:
+            chunk = os.read(proc.stdout.fileno(), 1)
+            if not chunk:
+                break
+            buf += chunk
+    return buf
+
+
 @linux
 def test_ctrl_c_four_times_abandons_a_stop_that_hangs(tmp_path):
     """A stop that does not end (here: it sleeps) is abandoned by Ctrl-C pressed three more
-    times, a second apart: one line, exit 130, and the child it started is killed with it."""
+    times, a second apart: one line, exit 130, and the child it started is killed with it.
+
+    The child runs mgpu_bench, as every child the tool starts through child_env() does (it binds
+    itself to its parent when it imports the package: children.adopt); its pid is printed inside
+    the `try`, so that the first SIGINT always finds the handler that waits for it."""
     script = (
         "import subprocess, sys, time\n"
         "from mgpu_bench import children, errors\n"
         "errors.handle_stop_signals()\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], env=children.child_env())\n"
-        "print(child.pid, flush=True)\n"
         "try:\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import mgpu_bench, time; time.sleep(300)'],\n"
+        "                             env=children.child_env())\n"
+        "    print(child.pid, flush=True)\n"
         "    time.sleep(300)\n"
         "except KeyboardInterrupt:\n"
         "    print('stopping', flush=True)\n"
@@ -145,18 +165,20 @@ def test_ctrl_c_four_times_abandons_a_stop_that_hangs(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=tmp_path, start_new_session=True)
     try:
-        child = int(proc.stdout.readline())
+        child = int(_line(proc) or b"0")
+        assert child, "the script did not start its child"
         proc.send_signal(signal.SIGINT)
-        assert proc.stdout.readline().strip() == b"stopping"
+        assert _line(proc).strip() == b"stopping"
         t0 = time.monotonic()
         for _ in range(6):  # the third press counted after the first, each a second after the last, abandons
             if proc.poll() is not None:
                 break
             proc.send_signal(signal.SIGINT)
             time.sleep(1.1)
-        _out, err = proc.communicate(timeout=DEADLINE_S)
+        proc.wait(timeout=DEADLINE_S)
+        err = proc.stderr.read()  # the child is gone with its parent: nothing holds the pipe open
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # its child, bound to it, goes with it
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     lines = err.decode().strip().splitlines()
@@ -306,3 +328,34 @@ def test_every_child_process_and_temporary_folder_of_the_tool_is_bound_to_its_ru
         if spawns_mp and "children.spawning(" not in text:
             wrong.append(f"{rel}: starts processes with multiprocessing outside children.spawning()")
     assert wrong == [], "\n".join(wrong)
+
+
+def test_every_child_started_through_child_env_runs_mgpu_bench():
+    """The mark of child_env() binds a child only when the child imports mgpu_bench (adopt(), in
+    the package's __init__): a child that never does (scontrol, a shell, `python -c 'import time'`)
+    would outlive a parent killed before its orderly stop (a CI hang: such a test child outlived
+    its parent and held its pipe). So every subprocess the tool starts with child_env() runs this
+    interpreter on one of the package's modules (`sys.executable -m mgpu_bench...`), or is bound
+    by the kernel itself (preexec_fn=children.die_with_parent)."""
+    import ast
+    from pathlib import Path
+
+    import mgpu_bench
+
+    root = Path(mgpu_bench.__file__).parent
+    wrong, seen = [], 0
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            body = ast.unparse(fn)
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and ast.unparse(node.func).startswith("subprocess.") and \
+                        any(k.arg == "env" and "child_env(" in ast.unparse(k.value) for k in node.keywords):
+                    seen += 1
+                    bound = any(k.arg == "preexec_fn" and ast.unparse(k.value) == "children.die_with_parent"
+                                for k in node.keywords)
+                    if not bound and ("sys.executable" not in body or not any(
+                            f"'-m', '{m}" in body or f'"-m", "{m}' in body for m in ("mgpu_bench.",))):
+                        wrong.append(f"{path.relative_to(root.parent)}:{node.lineno} {fn.name}")
+    assert seen >= 3, seen  # the suite's probes, the allocator children, comm --tune's trials
+    assert wrong == [], wrong

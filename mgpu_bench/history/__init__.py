@@ -3,6 +3,7 @@ and the comparison that gates on regressions.
 
     store.py     the database (WAL, application id, migrations), runs, metrics, baselines, trends
     compare.py   change per metric against a noise-aware threshold, fingerprint differences
+    rows.py      stored rows read back through their declared shapes (a row changed outside)
     cli.py       `mgpu-bench history`, `baseline` and `compare`
 
 It reads result documents and the metrics their probes name (probe.headline); it imports no

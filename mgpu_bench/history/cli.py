@@ -16,8 +16,9 @@ import sys
 import click
 
 from mgpu_bench.errors import InputError
+from mgpu_bench.numbers import AsciiIntRange, ascii_float, foreign_digit
 from mgpu_bench.output.console import safe_text
-from mgpu_bench.paths import check_writable
+from mgpu_bench.paths import check_distinct, check_writable
 
 EXIT_REGRESSION = 1
 # compare only: the comparison was made and printed, no regression, but --json was not written.
@@ -38,18 +39,35 @@ def _out():
     names and commands are outside text."""
     from rich.console import Console
 
+    from mgpu_bench.output.console import _isatty
+
     return Console(
-        width=100 if not sys.stdout.isatty() else None,
+        width=100 if not _isatty(sys.stdout) else None,
         soft_wrap=False,
         markup=False,
         highlight=False,
     )
 
 
-def _open(db_path: str | None):
+def _open(db_path: str | None, readonly: bool = False, create: bool = True):
+    """The history database; `readonly` for the commands that only read (a missing database is
+    one line naming its path, and no write lock is taken)."""
     from .store import History
 
-    return History.open(db_path)
+    return History.open(db_path, readonly=readonly, create=create)
+
+
+def _db(db_path: str | None):
+    """The database path a command uses, for the checks of its outputs against it."""
+    from .store import default_path
+
+    return db_path or default_path()
+
+
+def _notes(h) -> None:
+    """The rows a listing left out (changed outside mgpu-bench), one note each on stderr."""
+    for line in dict.fromkeys(h.skipped):
+        click.echo(safe_text(f"note: {line}"), err=True)
 
 
 # -- rendering --------------------------------------------------------------------------------
@@ -111,12 +129,15 @@ def format_noise(value: float | None, absolute: bool) -> str:
 def parse_tolerance(text: str) -> float:
     """'5%' or '0.05' -> 0.05; must be more than 0 and less than 100%."""
     t = str(text).strip()
-    try:
-        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
+    number = ascii_float(t.removesuffix("%"))  # ASCII digits only: float() reads '５'
+    if number is None:
+        digit = foreign_digit(t)
         raise InputError(
-            f"--tolerance '{text}' is not a number: write 5% or 0.05"
-        ) from None
+            f"--tolerance '{text}' is not a number"
+            + (f" (it has the digit {digit!r}, not one of 0-9)" if digit else "")
+            + ": write 5% or 0.05"
+        )
+    value = number / 100 if t.endswith("%") else number
     if not (math.isfinite(value) and 0 < value < 1):
         raise InputError(
             f"--tolerance '{text}' must be more than 0 and less than 100%: write e.g. 5% or 0.05"
@@ -167,14 +188,17 @@ def history_add(files, db_path) -> int:
     from mgpu_bench.probe import load_document
 
     docs = [(f, load_document(f)) for f in files]  # every file read and checked against its schema before any is stored
-    out = _out()
-    with _open(db_path) as h:
-        for f, doc in docs:
-            run_id = h.save(doc)
-            rec = h.get(run_id)
-            out.print(
-                safe_text(f"stored {run_id}: {rec.kind}, {len(h.metrics(run_id))} headline metric(s), from {f}")
-            )
+    lines = []
+    try:
+        with _open(db_path) as h:
+            for f, doc in docs:  # all stored first, then said: a reader that stops reading costs none of them
+                run_id = h.save(doc)
+                rec = h.get(run_id)
+                lines.append(f"stored {run_id}: {rec.kind}, {len(h.metrics(run_id))} headline metric(s), from {f}")
+    finally:
+        out = _out()
+        for line in lines:
+            out.print(safe_text(line))
     return 0
 
 
@@ -183,7 +207,7 @@ def history_add(files, db_path) -> int:
     "--limit",
     default=20,
     show_default=True,
-    type=click.IntRange(1, 100_000),
+    type=AsciiIntRange(1, 100_000),
     help="Runs to show.",
 )
 @click.option(
@@ -204,10 +228,11 @@ def history_list(limit, kind, db_path) -> int:
     if kind is not None and kind not in registry.names():
         raise InputError(f"--kind {safe_text(kind)!s}: not a kind of run; choose from {', '.join(registry.names())}")
     out = _out()
-    with _open(db_path) as h:
+    with _open(db_path, readonly=True) as h:
         runs = h.list(limit, kind)
         path = h.path
         status = {r.run_id: _status_of(h, r.run_id) for r in runs}
+        _notes(h)
     if not runs:
         out.print(safe_text(f"no {kind + ' ' if kind else ''}runs stored in {path}"))
         return 0
@@ -248,7 +273,7 @@ def _status_of(h, run_id: str) -> str:
     st = doc.get("status") if isinstance(doc.get("status"), dict) else {}
     stopped, message = st.get("stopped"), str(st.get("message") or "")
     if stopped == "interrupted":
-        return "terminated" if "SIGTERM" in message else "interrupted"
+        return "terminated" if "SIGTERM" in message or "SIGHUP" in message else "interrupted"
     if stopped:
         return f"stopped: {str(stopped).replace('_', ' ')}"
     failed = st.get("failed") or []
@@ -276,18 +301,30 @@ def history_show(run, prom_path, db_path) -> int:
     from .compare import noise
 
     check_writable(prom_path, "--prometheus")
+    check_distinct([("--prometheus", prom_path)], _db(db_path))
     out = _out()
-    with _open(db_path) as h:
+    with _open(db_path, readonly=True) as h:
         rec = h.get(run)
         metrics = h.metrics(rec.run_id)
         is_baseline = h.baseline_of(rec) == rec.run_id
+    fp = rec.fingerprint
+    if prom_path:  # written first, printed after: a reader that stops reading stdout costs no file
+        from mgpu_bench.output.prometheus import write_textfile
+
+        try:
+            write_textfile(prom_path, metrics, rec.run_id, fp)
+        except OSError as exc:
+            click.echo(
+                safe_text(f"mgpu-bench: could not write {prom_path}: {exc.strerror or exc}"),
+                err=True,
+            )
+            return 1
     out.print(safe_text(
         f"run {rec.run_id}: {rec.kind}{' (baseline)' if is_baseline else ''}, created {rec.created}, host "
         f"{rec.host or '-'}"
     ))
     if rec.command:
         out.print(safe_text(f"command: {rec.command}"), soft_wrap=True)
-    fp = rec.fingerprint
     out.print(safe_text(
         "driver {}, CUDA {}, NCCL {}, torch {}".format(
             fp.get("nvidia_driver") or "-",
@@ -317,16 +354,6 @@ def history_show(run, prom_path, db_path) -> int:
             "noise: 1.4826 x MAD / median of the samples (fractions: in points); - under 5 samples"
         )
     if prom_path:
-        from mgpu_bench.output.prometheus import write_textfile
-
-        try:
-            write_textfile(prom_path, metrics, rec.run_id, fp)
-        except OSError as exc:
-            click.echo(
-                safe_text(f"mgpu-bench: could not write {prom_path}: {exc.strerror or exc}"),
-                err=True,
-            )
-            return 1
         out.print(safe_text(f"wrote {prom_path}"))
     return 0
 
@@ -337,7 +364,7 @@ def history_show(run, prom_path, db_path) -> int:
     "--limit",
     default=20,
     show_default=True,
-    type=click.IntRange(1, 100_000),
+    type=AsciiIntRange(1, 100_000),
     help="Latest runs to show.",
 )
 @click.option("--host", default=None, help="Only the runs of this host (a fleet pass stores one per node).")
@@ -350,24 +377,13 @@ def history_trend(metric, limit, host, db_path) -> int:
     from mgpu_bench.output.tables import print_table
 
     out = _out()
-    with _open(db_path) as h:
+    with _open(db_path, readonly=True) as h:
         points = h.trend(metric, limit, host)
+        if not points and h.skipped:  # stored, but every row of it was changed outside mgpu-bench
+            raise InputError(h.skipped[0].removeprefix("left out: "))
+        _notes(h)
         if not points:
-            parts = metric.split(".")
-            hint: list[str] = []
-            # the stored names closest to it: those sharing the longest start
-            for k in range(len(parts) - 1, 0, -1):
-                hint = h.metric_names(".".join(parts[:k]) + ".", 3)
-                if hint:
-                    break
-            raise InputError(
-                f"no stored run has the metric '{metric}'"
-                + (
-                    f": did you mean {', '.join(hint)}?"
-                    if hint
-                    else ": see `mgpu-bench history show RUN`"
-                )
-            )
+            raise InputError(_no_trend(h, metric, host))
     first = points[0]
     absolute = first.unit == "fraction"
     out.print(safe_text(f"{metric} ({first.better} is better), oldest first"), soft_wrap=True)
@@ -396,6 +412,32 @@ def history_trend(metric, limit, host, db_path) -> int:
     return 0
 
 
+def _closest(names_like, metric: str) -> list[str]:
+    """The stored names closest to `metric` (those sharing the longest start), up to 3."""
+    parts = metric.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        hint = [n for n in names_like(".".join(parts[:k]) + ".") if n != metric]
+        if hint:
+            return hint[:3]
+    return []
+
+
+def _no_trend(h, metric: str, host: str | None) -> str:
+    """Why `history trend` found no point: the metric is stored nowhere (the names closest to it),
+    or nowhere for that host (what that host does have, and which hosts have the metric)."""
+    if host is None:
+        hint = _closest(lambda like: h.metric_names(like, 4), metric)
+        return f"no stored run has the metric '{metric}'" + (
+            f": did you mean {', '.join(hint)}?" if hint else ": see `mgpu-bench history show RUN`")
+    others = h.hosts_of(metric)
+    elsewhere = f"; runs of {', '.join(others[:5])} have it" if others else "; no run of any host has it"
+    theirs = h.host_metric_names(host, None, 1)
+    if not theirs:
+        return f"no stored run is of host '{host}'{elsewhere}"
+    hint = _closest(lambda like: h.host_metric_names(host, like, 4), metric) or h.host_metric_names(host, None, 3)
+    return f"host '{host}' has no stored run with the metric '{metric}'{elsewhere}; its metrics include {', '.join(hint)}"
+
+
 # -- baseline ---------------------------------------------------------------------------------
 
 
@@ -409,7 +451,7 @@ def baseline_group() -> None:
 @_db_option
 def baseline_set(run, db_path) -> int:
     """Makes RUN (r12, 12 or latest) the baseline of its kind, replacing the previous one."""
-    with _open(db_path) as h:
+    with _open(db_path, create=False) as h:
         run_id = h.resolve(run)
         kind = h.set_baseline(run_id)
     _out().print(safe_text(f"{run_id} is now the baseline for {kind} runs"))
@@ -422,7 +464,7 @@ def baseline_set(run, db_path) -> int:
 def baseline_show(kind, db_path) -> int:
     """The baseline run of each kind (exit code 2 when --kind has none)."""
     out = _out()
-    with _open(db_path) as h:
+    with _open(db_path, readonly=True) as h:
         if kind is not None:
             run_id = h.baseline(kind)
             if run_id is None:
@@ -494,13 +536,15 @@ must not read as a regression; a regression still exits 1, with the write failur
 def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
     from rich.table import Table
 
+    from mgpu_bench.output.console import stdout_failure
     from mgpu_bench.output.tables import print_table
 
     from .compare import NOISE_K, STATUSES, compare_runs
 
     tolerance = parse_tolerance(tolerance_text)
     check_writable(json_path, "--json")
-    with _open(db_path) as h:
+    check_distinct([("--json", json_path)], _db(db_path))
+    with _open(db_path, readonly=True) as h:
         new = h.get(run)
         if base is None:
             base = h.baseline_of(new)
@@ -510,6 +554,19 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
                     "or give --baseline RUN"
                 )
         result = compare_runs(h, base, new.run_id, tolerance)
+    code = EXIT_REGRESSION if result.failed else 0
+    if json_path:  # written first, printed after: a reader that stops reading stdout costs no file
+        from mgpu_bench.paths import write_json
+
+        try:
+            write_json(json_path, result.to_dict())
+        except OSError as exc:
+            code = EXIT_REGRESSION if result.failed else EXIT_OUTPUT
+            click.echo(
+                safe_text(f"mgpu-bench: compared, but could not write {json_path}: {exc.strerror or exc} "
+                          f"(exit code {code}: {'a regression' if result.failed else 'the file is missing'})"),
+                err=True,
+            )
     out = _out()
     for line in result.not_comparable:
         out.print(safe_text(f"not comparable: {line}"), style="bold red", soft_wrap=True)
@@ -555,20 +612,9 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
                         for s, n in counts.items()))
     out.print(f"{result.compared} metric(s) compared, those both runs have; {counts['missing']} only in {result.base}, "
               f"{counts['added']} only in {result.new}", soft_wrap=True)
-    if json_path:
-        from mgpu_bench.paths import write_json
-
-        try:
-            write_json(json_path, result.to_dict())
-        except OSError as exc:
-            code = EXIT_REGRESSION if result.failed else EXIT_OUTPUT
-            click.echo(
-                safe_text(f"mgpu-bench: compared, but could not write {json_path}: {exc.strerror or exc} "
-                          f"(exit code {code}: {'a regression' if result.failed else 'the file is missing'})"),
-                err=True,
-            )
-            return code
-    return EXIT_REGRESSION if result.failed else 0
+    if code == 0 and stdout_failure() is not None and not isinstance(stdout_failure(), BrokenPipeError):
+        return EXIT_OUTPUT  # compared, no regression, the comparison not printed: never the regression code
+    return code
 
 
 def register(main: click.Group) -> None:

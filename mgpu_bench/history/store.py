@@ -2,11 +2,17 @@
 per kind, and the comparison of two runs that decides what regressed.
 
 The store is a file (never only memory): $MGPU_BENCH_DB, else
-$XDG_DATA_HOME/mgpu-bench/history.sqlite3 (XDG_DATA_HOME defaults to ~/.local/share). It runs
-in WAL mode with a 30 s busy timeout, so several processes (a cron job and a person) can write
-at once; every run is a new row and nothing is overwritten. The file carries PRAGMA
-application_id = APPLICATION_ID and PRAGMA user_version = the schema version; the schema is
-built by MIGRATIONS, applied in order inside one transaction. A file that is not SQLite, or
+$XDG_DATA_HOME/mgpu-bench/history.sqlite3, where XDG_DATA_HOME counts only when it is an
+absolute path and defaults to $HOME/.local/share (the XDG Base Directory rules); a blank
+MGPU_BENCH_DB, or a HOME that is empty, relative or not a folder, is refused rather than guessed
+at. The command that creates a database says where. It runs in WAL mode with a 30 s busy
+timeout, so several processes (a cron job and a person) can write at once; every run is a new row
+and nothing is overwritten. A read (list, show, trend, compare, report) opens the file read-only:
+it never creates one, and takes no write lock (a WAL reader waits for no writer). Every stored
+row is read through its declared shape, as a document is (a row changed outside mgpu-bench is
+named, never a traceback). The file carries PRAGMA application_id = APPLICATION_ID and PRAGMA
+user_version = the schema version; the schema is built by MIGRATIONS, applied in order inside
+one transaction. A file that is not SQLite, or
 belongs to another program, or was written by a newer mgpu-bench, is refused with an
 InputError and left untouched.
 
@@ -18,12 +24,15 @@ max(tolerance, NOISE_K x the larger of the two runs' noise); see NOISE_K for why
 from __future__ import annotations
 
 import builtins
+import contextlib
 import datetime as _dt
 import json
 import os
 import shlex
 import sqlite3
+import sys
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +41,17 @@ from typing import TYPE_CHECKING
 from mgpu_bench.document import RESULT_SCHEMA, document_kind
 from mgpu_bench.errors import InputError
 from mgpu_bench.metrics import Metric
+from mgpu_bench.paths import HISTORY_APPLICATION_ID, special_place
 from mgpu_bench.probe import headline as metrics_from_document
 from mgpu_bench.probe import names as probe_names
 from mgpu_bench.probe import validate
 
+from .rows import FINGERPRINT, METRIC_ROW, RUN_ROW, check_row, json_field, metric_of_row
+
 if TYPE_CHECKING:
     from typing import Self
 
-APPLICATION_ID = 0x6D475042  # "mGPB": marks the file as an mgpu-bench history
+APPLICATION_ID = HISTORY_APPLICATION_ID  # "mGPB": marks the file as an mgpu-bench history
 BUSY_TIMEOUT_S = 30.0
 
 # Each migration is a list of SQL statements; migration i (from 1) takes user_version i-1 to i.
@@ -76,13 +88,40 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+_WHERE = "give --db PATH or set MGPU_BENCH_DB to the database file"
+
+
 def default_path() -> Path:
-    """$MGPU_BENCH_DB, else $XDG_DATA_HOME/mgpu-bench/history.sqlite3 (~/.local/share by default)."""
+    """$MGPU_BENCH_DB, else $XDG_DATA_HOME/mgpu-bench/history.sqlite3 with XDG_DATA_HOME taken
+    only when absolute, else $HOME/.local/share (the XDG Base Directory specification). InputError
+    for a blank MGPU_BENCH_DB, and for a HOME that is empty, relative or not an existing folder
+    (nothing is created at the root of the file system or under a HOME that is not there)."""
     env = os.environ.get("MGPU_BENCH_DB")
-    if env:
+    if env is not None:
+        if not env.strip():
+            raise InputError(f"MGPU_BENCH_DB is set but blank ({env!r}): set it to the history database file, or "
+                             "unset it for the default ($XDG_DATA_HOME/mgpu-bench/history.sqlite3)")
         return Path(env).expanduser()
-    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data).expanduser() / "mgpu-bench" / "history.sqlite3"
+    data = os.environ.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(data):  # the spec: a relative path is invalid and is ignored
+        home = os.environ.get("HOME")
+        if home is None:
+            try:
+                import pwd
+
+                home = pwd.getpwuid(os.getuid()).pw_dir
+            except (ImportError, KeyError):
+                home = ""
+        if not home:
+            raise InputError(f"HOME is empty, so there is no default place for the history database: {_WHERE}")
+        if not os.path.isabs(home):
+            raise InputError(f"HOME is a relative path ({home!r}), so there is no default place for the history "
+                             f"database: {_WHERE}")
+        if not os.path.isdir(home):
+            raise InputError(f"HOME ({home}) is not an existing folder, so there is no default place for the "
+                             f"history database: {_WHERE}")
+        data = os.path.join(home, ".local", "share")
+    return Path(data) / "mgpu-bench" / "history.sqlite3"
 
 
 def _headline(doc: Mapping) -> builtins.list[Metric]:
@@ -95,6 +134,13 @@ def _headline(doc: Mapping) -> builtins.list[Metric]:
             f"the {document_kind(doc)} document cannot be read ({type(exc).__name__}: {exc}): give one "
             "written by a command's --json"
         ) from None
+
+
+def _text(value):
+    """A string for a TEXT column: SQLite holds UTF-8 only, and a command line can carry a lone
+    surrogate (argv keeps bytes that are not UTF-8 so): such a character is stored as its escape
+    (\\udcff), not the run refused. The document column is JSON, which escapes it itself."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(value, str) else value
 
 
 def run_label(row_id: int) -> str:
@@ -149,44 +195,108 @@ class History:
     close(). Every public method raises InputError for bad input (an unknown run id, a file
     that is not a history database) with a one-line message naming the file and the fix."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: Path, readonly: bool = False) -> None:
         self._conn = conn
         self.path = path
+        self.readonly = readonly
+        # Stored rows a listing (list, trend) left out because they were changed outside mgpu-bench:
+        # one line each, which the command prints as a note.
+        self.skipped: builtins.list[str] = []
 
     # -- opening ----------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike | None = None) -> History:
+    def open(cls, path: str | os.PathLike | None = None, readonly: bool = False, create: bool = True) -> History:
         """Opens (creating and migrating when needed) the database at `path`, default
         `default_path()`. The folder must exist and be writable, except the XDG default's,
-        which is created. Refuses (InputError, file untouched) a file that is not SQLite, an
-        SQLite file of another program, or one with a schema newer than SCHEMA_VERSION."""
-        p = Path(path).expanduser() if path is not None else default_path()
-        if path is None and not os.environ.get("MGPU_BENCH_DB"):
-            try:
+        which is created; a new database is said on stderr, with its path. Refuses (InputError,
+        file untouched) a file that is not SQLite, an SQLite file of another program, or one with
+        a schema newer than SCHEMA_VERSION. `readonly` (the commands that only read): a missing
+        file is an InputError naming the path, nothing is created, and no write lock is taken;
+        `create` False (a write to what must be there: baseline set): a missing file the same."""
+        explicit = path is not None
+        if explicit and not str(path).strip():
+            raise InputError(f"--db {str(path)!r} is blank: give the history database file")
+        p = Path(path).expanduser() if explicit else default_path()
+        create = create and not readonly
+        if not explicit and "MGPU_BENCH_DB" not in os.environ and create:
+            try:  # the XDG folder (its HOME checked to exist by default_path)
                 p.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise InputError(
                     f"cannot create {p.parent} for the history: {exc.strerror or exc}"
                 ) from None
-        _check_location(p)
+        _check_location(p, readonly)
         try:
-            conn = sqlite3.connect(str(p), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            exists = p.exists()
+        except OSError:
+            exists = False
+        if not create and not exists:
+            raise InputError(f"no history database at {p}: nothing has been stored there (a measuring command, or "
+                             "`mgpu-bench history add FILE`, stores runs); --db or MGPU_BENCH_DB name another")
+        try:
+            if readonly:
+                uri = "file:" + urllib.parse.quote(str(p.absolute())) + "?mode=ro"
+                conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            else:
+                conn = sqlite3.connect(str(p), timeout=BUSY_TIMEOUT_S, isolation_level=None)
         except sqlite3.Error as exc:
             raise InputError(f"cannot open the history database {p}: {exc}") from None
         try:
             _check_owner(conn, p)
-            _set_wal(conn, p)
             conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            conn.execute("PRAGMA foreign_keys = ON")
-            _migrate(conn, p)
+            if readonly:
+                version = _owner_marks(conn)[1]
+                if version < SCHEMA_VERSION:  # empty, or of an older release: made current once, by a writer
+                    conn.close()
+                    History.open(p).close()
+                    return cls.open(p, readonly=True)
+            else:
+                _set_wal(conn, p)
+                conn.execute("PRAGMA foreign_keys = ON")
+                _migrate(conn, p)
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise _db_error(p, exc) from None
         except BaseException:
             conn.close()
             raise
-        return cls(conn, p)
+        if not exists:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                sys.stderr.write(f"mgpu-bench: created the history database {p}\n")
+        return cls(conn, p, readonly)
+
+    @classmethod
+    def check(cls, path: str | os.PathLike | None = None) -> Path:
+        """Before a run that will store: the database at `path` (default `default_path()`) can
+        take it, checked without writing anything (a command that then fails on bad input leaves
+        no new file): an existing one is opened read-only and refused as open() refuses it; for a
+        new one, its folder (for the XDG default, the nearest folder that exists) must be
+        writable. Returns the path."""
+        explicit = path is not None
+        if explicit and not str(path).strip():
+            raise InputError(f"--db {str(path)!r} is blank: give the history database file")
+        p = Path(path).expanduser() if explicit else default_path()
+        try:
+            exists = p.exists()
+        except OSError:
+            exists = False
+        if exists:
+            cls.open(p, readonly=True).close()
+            _check_location(p)  # and writable
+            return p
+        folder = p.parent
+        if not explicit and "MGPU_BENCH_DB" not in os.environ:  # the XDG folder is made when the run is stored
+            while not folder.exists() and folder.parent != folder:
+                folder = folder.parent
+            if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+                raise InputError(f"cannot create {p.parent} for the history: {folder} is not a writable folder; "
+                                 f"{_WHERE}")
+            if special_place(folder):
+                raise InputError(f"the history database {p} would be {special_place(folder)}: {_WHERE}")
+            return p
+        _check_location(p)
+        return p
 
     def close(self) -> None:
         """Closes the connection (idempotent)."""
@@ -246,10 +356,10 @@ class History:
             cur = self._conn.execute(
                 "INSERT INTO runs (created, kind, command, host, fingerprint, document) VALUES (?, ?, ?, ?, ?, ?)",
                 (
-                    created,
-                    kind,
-                    command,
-                    environment.get("host"),
+                    _text(created),
+                    _text(kind),
+                    _text(command),
+                    _text(environment.get("host")),
                     fingerprint_json,
                     document_json,
                 ),
@@ -260,7 +370,7 @@ class History:
                 [
                     (
                         row,
-                        m.name,
+                        _text(m.name),
                         float(m.value),
                         m.unit,
                         m.better,
@@ -276,12 +386,10 @@ class History:
         """Makes `run_id` the baseline of its scope (replacing the previous one); returns the
         scope: the run's kind, or "kind@host" for a document that asks for one baseline per host
         (a fleet pass's per-node documents: "baseline_scope": "host")."""
+        rec = self.get(run_id)  # read through its declared shape first
         with self._write():
-            row = self._resolve(run_id)
-            kind, host, document = self._conn.execute(
-                "SELECT kind, host, document FROM runs WHERE id = ?", (row,)
-            ).fetchone()
-            scope = f"{kind}@{host}" if json.loads(document).get("baseline_scope") == "host" and host else kind
+            row = self._resolve(rec.run_id)
+            scope = f"{rec.kind}@{rec.host}" if rec.document.get("baseline_scope") == "host" and rec.host else rec.kind
             self._conn.execute(
                 "INSERT INTO baselines (scope, run, set_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (scope) DO UPDATE SET run = excluded.run, set_at = excluded.set_at",
@@ -297,9 +405,9 @@ class History:
             return run_label(self._resolve(run_id))
 
     def get(self, run_id: str) -> RunRecord:
-        """The stored run with its fingerprint and document. A document of a kind a probe reads
-        is checked against its declared shape (compare, show and report read it): a row changed
-        outside mgpu-bench is InputError naming the run and the field, not a traceback later."""
+        """The stored run with its fingerprint and document, each read through its declared shape
+        (the document's kind, schema.ENVIRONMENT, the run row's own fields): a row changed outside
+        mgpu-bench is InputError naming the run and the field, not a traceback later."""
         with self._read():
             row = self._resolve(run_id)
             r = self._conn.execute(
@@ -308,24 +416,18 @@ class History:
                 (row,),
             ).fetchone()
         label = run_label(r[0])
-        try:
-            fingerprint, document = json.loads(r[5]), json.loads(r[6])
-        except (ValueError, RecursionError):
-            raise InputError(
-                f"stored run {label} in {self.path} is not JSON: the database was changed outside "
-                "mgpu-bench; give another --db path"
-            ) from None
-        if document_kind(document) in probe_names():  # a probe reads it: its declared shape first
-            validate(document, f"stored run {label} in {self.path}")
-        if not isinstance(fingerprint, dict):
-            raise InputError(
-                f"stored run {label} in {self.path}: its fingerprint is not an object: the database "
-                "was changed outside mgpu-bench"
-            )
+        where = f"stored run {label} in {self.path}"
+        check_row(RUN_ROW, {"created": r[1], "kind": r[2], "host": r[3], "command": r[4]}, where)
+        fingerprint = json_field(r[5], where, "fingerprint")
+        document = json_field(r[6], where, "document")
+        if not isinstance(document, Mapping) or document_kind(document) in probe_names():
+            validate(document, where)  # its kind's declared shape, as a file's (a list: refused as one)
+        check_row(FINGERPRINT, {"fingerprint": fingerprint}, where)
         return RunRecord(label, r[1], r[2], r[3], r[4], fingerprint, document)
 
     def metrics(self, run_id: str) -> builtins.list[Metric]:
-        """The run's headline metrics as stored, in stored order."""
+        """The run's headline metrics as stored, in stored order, each row read through its
+        declared shape (METRIC_ROW): InputError naming the run, the metric and the field."""
         with self._read():
             row = self._resolve(run_id)
             rows = self._conn.execute(
@@ -333,24 +435,49 @@ class History:
                 "ORDER BY rowid",
                 (row,),
             ).fetchall()
-        return [
-            Metric(n, v, u, b, tuple(json.loads(s)), json.loads(lab))
-            for n, v, u, b, s, lab in rows
-        ]
+        return [metric_of_row(r, f"stored run {run_label(row)} in {self.path}") for r in rows]
 
     def trend(self, metric_name: str, limit: int = 20, host: str | None = None) -> builtins.list[TrendPoint]:
         """The metric's value in the last `limit` runs that have it (of `host` only, when given),
-        oldest first."""
+        oldest first. A row changed outside mgpu-bench is left out, with a line in `skipped`."""
         with self._read():
             rows = self._conn.execute(
                 "SELECT r.id, r.created, r.host, m.value, m.unit, m.better FROM metrics m JOIN runs r ON r.id = m.run "
                 "WHERE m.name = ? AND (? IS NULL OR r.host = ?) ORDER BY r.id DESC LIMIT ?",
                 (metric_name, host, host, int(limit)),
             ).fetchall()
-        return [
-            TrendPoint(run_label(i), c, h, v, u, b)
-            for i, c, h, v, u, b in reversed(rows)
-        ]
+        out = []
+        for i, c, h, v, u, b in reversed(rows):
+            try:
+                where = f"stored run {run_label(i)} in {self.path}"
+                check_row(RUN_ROW, {"created": c, "host": h}, where)
+                check_row(METRIC_ROW, {"name": metric_name, "value": v, "unit": u, "better": b},
+                           where, f"metric {metric_name}")
+            except InputError as exc:
+                self.skipped.append(f"left out: {exc}")
+                continue
+            out.append(TrendPoint(run_label(i), c, h, v, u, b))
+        return out
+
+    def hosts_of(self, metric_name: str) -> builtins.list[str]:
+        """The hosts of the runs that have the metric, most recent first."""
+        with self._read():
+            rows = self._conn.execute(
+                "SELECT r.host FROM metrics m JOIN runs r ON r.id = m.run WHERE m.name = ? AND r.host IS NOT NULL "
+                "GROUP BY r.host ORDER BY max(r.id) DESC",
+                (metric_name,),
+            ).fetchall()
+        return [h for (h,) in rows if isinstance(h, str)]
+
+    def host_metric_names(self, host: str, like: str | None = None, limit: int = 10) -> builtins.list[str]:
+        """The metric names stored for runs of `host` (containing `like`), most recent first."""
+        with self._read():
+            rows = self._conn.execute(
+                "SELECT m.name FROM metrics m JOIN runs r ON r.id = m.run WHERE r.host = ? AND instr(m.name, ?) > 0 "
+                "GROUP BY m.name ORDER BY max(m.run) DESC LIMIT ?",
+                (host, like or "", int(limit)),
+            ).fetchall()
+        return [n for (n,) in rows if isinstance(n, str)]
 
     def metric_names(
         self, like: str | None = None, limit: int = 10
@@ -400,10 +527,16 @@ class History:
             rows = self._conn.execute(
                 sql + " ORDER BY r.id DESC LIMIT ?", (*args, int(limit))
             ).fetchall()
-        return [
-            RunInfo(run_label(i), c, k, h, cmd, n, bool(b))
-            for i, c, k, h, cmd, n, b in rows
-        ]
+        out = []
+        for i, c, k, h, cmd, n, b in rows:
+            try:
+                check_row(RUN_ROW, {"created": c, "kind": k, "host": h, "command": cmd},
+                           f"stored run {run_label(i)} in {self.path}")
+            except InputError as exc:
+                self.skipped.append(f"left out: {exc}")
+                continue
+            out.append(RunInfo(run_label(i), c, k, h, cmd, n, bool(b)))
+        return out
 
     # -- internals --------------------------------------------------------------------------
 
@@ -487,26 +620,38 @@ def _db_error(path: Path, exc: sqlite3.DatabaseError) -> InputError:
     )
 
 
-def _check_location(p: Path) -> None:
-    """The folder exists and is writable (WAL mode writes two files beside the database); an
-    existing file is SQLite (its first 16 bytes) and writable."""
+def _check_location(p: Path, readonly: bool = False) -> None:
+    """The folder exists and is writable (WAL mode writes two files beside the database), and is
+    no device or kernel file system (paths.special_place); an existing file is SQLite (its first 16
+    bytes) and writable. `readonly`: a missing file is said by the caller, and a file or folder
+    that can only be read will do."""
     try:
-        _check_path(p)
+        _check_path(p, readonly)
     except OSError as exc:  # a name too long, a folder that cannot be searched
         raise InputError(f"cannot use {p} as the history database: {exc.strerror or exc}") from None
 
 
-def _check_path(p: Path) -> None:
+def _check_path(p: Path, readonly: bool) -> None:
     if p.is_dir():
         raise InputError(
             f"{p} is a folder: give a database file name, e.g. {p / 'history.sqlite3'}"
         )
     folder = p.parent
     if not folder.is_dir():
+        if readonly:
+            return  # no database there: the caller names the path
         raise InputError(
             f"the folder of the history database {p} does not exist: create it first"
         )
-    if not os.access(folder, os.W_OK | os.X_OK):
+    where = special_place(folder)
+    if where:
+        raise InputError(f"the history database {p} is {where}: give a --db path elsewhere")
+    if readonly:
+        if p.exists() and not p.is_file():
+            raise InputError(f"{p} is not a regular file: give a history database file name")
+        if p.exists() and not os.access(p, os.R_OK):
+            raise InputError(f"the history database {p} is not readable: fix its permissions or give another --db path")
+    elif not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(
             f"the folder of the history database {p} is not writable: give a --db path in a "
             "writable folder"
@@ -514,7 +659,7 @@ def _check_path(p: Path) -> None:
     if p.exists():
         if not p.is_file():  # a FIFO or a device: reading its first bytes would wait or never end
             raise InputError(f"{p} is not a regular file: give a history database file name")
-        if not os.access(p, os.R_OK | os.W_OK):
+        if not readonly and not os.access(p, os.R_OK | os.W_OK):
             raise InputError(
                 f"the history database {p} is not readable and writable: fix its permissions or give "
                 "another --db path"

@@ -3,22 +3,39 @@
 stdout carries results (tables, findings, one closing line); stderr carries notes, progress and
 errors. Markup is off everywhere: error texts carry "[file:line]" and other outside text that
 rich would otherwise read as markup tags.
+
+stdout is the reader's (guard_stdio, installed by the CLI first thing): a write to it that fails
+never raises into the command, which goes on storing and writing its files; the failure is kept
+and the CLI says it once at the end (stdout_verdict). A broken pipe (`| head -1`) is the reader's
+choice: nothing is said and the exit code is what it would have been. A full (/dev/full) or
+closed (`>&-`) stdout is one line on stderr and exit code 1. A closed descriptor 0, 1 or 2 is
+held open on /dev/null first, so that no file the command opens (the history database) takes
+its number and receives what is printed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import sys
 import threading
 import time
 from typing import Self
 
 
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def out_console():
     """stdout, 100 columns wide when not a terminal."""
     from rich.console import Console
 
-    return Console(width=100 if not sys.stdout.isatty() else None, soft_wrap=False, markup=False)
+    return Console(width=100 if not _isatty(sys.stdout) else None, soft_wrap=False, markup=False)
 
 
 def err_console():
@@ -29,10 +46,14 @@ def err_console():
 
 # What a terminal would obey rather than show: C0 controls (ESC starts CSI/OSC sequences, BEL ends
 # OSC), DEL, C1 controls (0x9b is a one-byte CSI) and the bidirectional overrides and isolates
-# (U+202A-U+202E, U+2066-U+2069) that reorder a line. Each is shown as its escape instead.
+# (U+202A-U+202E, U+2066-U+2069), marks (U+061C, U+200E, U+200F) and line separators (U+2028,
+# U+2029) that reorder or split a line. Each is shown as its escape instead.
 _UNSAFE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
-    c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+    c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x061C, 0x200E, 0x200F,
+                                 0x2028, 0x2029)}
 _UNSAFE |= {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+# Lone surrogates (JSON can carry "\\udcff"): no encoding writes them; shown as their escape too.
+_UNSAFE |= {c: f"\\u{c:04x}" for c in range(0xD800, 0xE000)}
 _UNSAFE_KEEP_LINES = {c: v for c, v in _UNSAFE.items() if c not in (0x09, 0x0A)}
 
 
@@ -43,6 +64,111 @@ def safe_text(text: object, lines: bool = False) -> str:
     and a newline cannot forge a line of output. `lines`: text of several lines keeps its
     newlines and tabs."""
     return str(text).translate(_UNSAFE_KEEP_LINES if lines else _UNSAFE)
+
+
+# -- stdout that the reader may close ------------------------------------------------------------
+
+
+class GuardedStdout:
+    """sys.stdout for the CLI: writes go to the real stream until one fails (EPIPE, ENOSPC, EBADF,
+    EIO); then the failure is kept, descriptor 1 is pointed at /dev/null (the buffered rest, native
+    code and child processes write nowhere, and Python's flush at exit raises nothing), and every
+    later write is dropped. Nothing raises into the command."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.failure: OSError | None = None
+        if stream is None:  # descriptor 1 was closed when the process started
+            self.failure = OSError(errno.EBADF, "stdout is closed")
+
+    def _fail(self, exc: OSError) -> None:
+        if self.failure is None:
+            self.failure = exc
+        stream, self._stream = self._stream, None
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        if self._stream is not None and self.failure is None:
+            try:
+                return self._stream.write(text)
+            except OSError as exc:
+                self._fail(exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._stream is not None and self.failure is None:
+            try:
+                self._stream.flush()
+            except OSError as exc:
+                self._fail(exc)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def isatty(self) -> bool:
+        return self.failure is None and _isatty(self._stream)
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        if self._stream is None:
+            raise OSError(errno.EBADF, "stdout is not written any more")
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    @property
+    def errors(self) -> str:
+        return getattr(self._stream, "errors", None) or "strict"
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def guard_stdio() -> None:
+    """First thing in the CLI: descriptors 0, 1 and 2 that are closed are held open on /dev/null,
+    and sys.stdout becomes a GuardedStdout (idempotent); so does sys.stderr, whose failure is
+    dropped (there is nowhere left to say it)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                devnull = os.open(os.devnull, os.O_RDWR)
+                if devnull != fd:
+                    os.dup2(devnull, fd)
+                    os.close(devnull)
+    if not isinstance(sys.stdout, GuardedStdout):
+        sys.stdout = GuardedStdout(sys.stdout)
+    if not isinstance(sys.stderr, GuardedStdout) and sys.stderr is not None:
+        sys.stderr = GuardedStdout(sys.stderr)
+
+
+def stdout_failure() -> OSError | None:
+    """Why stdout could not be written (None: it could, or it is not guarded)."""
+    return sys.stdout.failure if isinstance(sys.stdout, GuardedStdout) else None
+
+
+def stdout_verdict(code: int) -> int:
+    """The exit code once the command is done: a broken pipe changes nothing (the reader stopped
+    reading); any other failure to write stdout is one line on stderr and exit code 1 where the
+    command would have exited 0."""
+    failure = stdout_failure()
+    if failure is None or isinstance(failure, BrokenPipeError):
+        return code
+    why = failure.strerror or str(failure)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.write(f"mgpu-bench: could not write to stdout ({why}): what was not printed is lost; "
+                         "the result files and the history were written as asked\n")
+        sys.stderr.flush()
+    return 1 if code == 0 else code
 
 
 PLAIN_EVERY_S = 10.0  # a plain progress line at least this often while something runs

@@ -1,7 +1,16 @@
 """A self-contained HTML page: environment, findings, sections of images and tables, notes.
 
-Everything from outside (host names, environment values, GPU names, findings) is escaped;
-images are embedded as data URIs; the page loads nothing from the network.
+Everything from outside (host names, environment values, GPU names, findings) is escaped, by
+one function per medium, each the only way stored text reaches it:
+
+    esc(text)   HTML: control characters (ESC, BEL, CR, C1, bidirectional overrides such as U+202E,
+                lone surrogates) shown as their escapes (console.safe_text), then html.escape
+    md(text)    Markdown: the same escapes, one line, a backslash before every character that
+                Markdown would read as syntax (** _ ` [ ] < > | # ~ &, and a leading - + = or 1.)
+
+(matplotlib text: plotting.plain; the terminal: console.safe_text; Prometheus label values:
+prometheus.escape_value.) Images are embedded as data URIs; the page loads nothing from the
+network.
 """
 
 from __future__ import annotations
@@ -33,8 +42,18 @@ ENV_KEYS = ("host", "nvidia_driver", "cuda_driver", "cuda_runtime", "nccl", "cub
 GPU_STACK = ("nvidia_driver", "cuda_driver", "cuda_runtime", "nccl", "torch_nccl", "cublaslt")
 
 
+def esc(text: object) -> str:
+    """Outside text for HTML: every control character a terminal would obey (`cat report.html`) or
+    that reorders a line shown as its escape (console.safe_text; newlines and tabs kept, which HTML
+    shows as spaces), then html.escape with quotes, so that it is text in an element or an
+    attribute, never markup."""
+    from .console import safe_text
+
+    return html.escape(safe_text(text, lines=True), quote=True)
+
+
 def image(name: str, png: bytes) -> str:
-    return f"<p><img alt='{html.escape(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'></p>"
+    return f"<p><img alt='{esc(name)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'></p>"
 
 
 def images(pngs: Mapping[str, bytes], keys: Sequence[str] | None = None, grid: bool = False) -> str:
@@ -49,12 +68,12 @@ def ul(items: Sequence[object], cls: str = "") -> str:
     if not items:
         return ""
     attr = f" class={cls}" if cls else ""
-    return f"<ul{attr}>" + "".join(f"<li>{html.escape(str(i))}</li>" for i in items) + "</ul>"
+    return f"<ul{attr}>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], left: Sequence[int] = ()) -> str:
     """A table; cells are escaped; column indices in `left` are left-aligned."""
-    e = html.escape
+    e = esc
     head = "<tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>"
     body = "".join("<tr>" + "".join(f"<td{' class=l' if i in left else ''}>{e(str(c))}</td>"
                                     for i, c in enumerate(row)) + "</tr>" for row in rows)
@@ -104,7 +123,7 @@ def environment_rows(environment: Mapping, keys: Sequence[str] = ENV_KEYS,
 
 def environment_table(environment: Mapping, keys: Sequence[str] = ENV_KEYS, cpu: str | None = None) -> str:
     """environment_rows() as a two-column table; "" when there is nothing to show."""
-    e = html.escape
+    e = esc
     rows = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in environment_rows(environment, keys, cpu))
     return f"<table class=kv>{rows}</table>" if rows else ""
 
@@ -112,7 +131,7 @@ def environment_table(environment: Mapping, keys: Sequence[str] = ENV_KEYS, cpu:
 def findings_list(findings: Sequence[object]) -> str:
     """Findings that carry a severity (probe.Finding), tagged and problems first, as the suite
     page lists them; plain texts as "finding: ..." lines after them. "" for none."""
-    e = html.escape
+    e = esc
     tagged = sorted((f for f in findings if getattr(f, "severity", None) in SEVERITIES),
                     key=lambda f: SEVERITIES.index(f.severity))
     out = "".join(f"<li class={f.severity}><span class=tag>{f.severity.upper()}</span>{e(str(f.text))}</li>"
@@ -134,7 +153,7 @@ def page(title: str, environment: dict, findings: Sequence[object], sections: Se
     probe.Finding, findings_list(); where it stopped early), then the environment table, then
     `sections`: (heading, trusted HTML built with image()/table()) pairs, then the notes.
     `cpu`: the run was on CPU processes (ran_on_cpu())."""
-    e = html.escape
+    e = esc
     head = [f"<h1>{e(title)}</h1>", summary, findings_list(findings)]
     if stopped:
         head.append(f"<p class=finding>stopped early: {e(stopped)}</p>")
@@ -152,16 +171,30 @@ def environment_markdown(environment: Mapping, keys: Sequence[str] = ENV_KEYS, c
                             if k != "environment")
 
 
-_MD_SPECIAL = re.compile(r"([\\`\[\]<|])")
+# What Markdown reads as syntax anywhere in a line: emphasis (* _ ~), code (`), links and images
+# ([ ]), raw HTML and autolinks (<), table cells (|), entities (&) and the escape itself; and at
+# the start of a line only: a heading (# ), a block quote (>), a list item (- + or 1. followed by
+# a space) or a setext rule (= ). CommonMark lets a backslash escape any ASCII punctuation
+# character. A lone "-" (a table cell's "no figure") is left as it is.
+_MD_SPECIAL = re.compile(r"([\\`*_~\[\]<|&])")
+_MD_LEADING = re.compile(r"^(?:(\d{1,9})([.)])(?=\s)|([-+=])(?=\s)|(#{1,6})(?=\s|$)|(>))")
+
+
+def _md_lead(m: re.Match) -> str:
+    if m.group(1):
+        return f"{m.group(1)}\\{m.group(2)}"
+    return "\\" + m.group(0)
 
 
 def md(text: object) -> str:
-    """An outside string for Markdown: one line, with a backslash before what would start a
-    link, an image, a code span or raw HTML, and before table pipes; control characters shown as
-    their escapes (console.safe_text), so `cat summary.md` never obeys one."""
+    """An outside string for Markdown: one line, control characters shown as their escapes
+    (console.safe_text, so `cat summary.md` never obeys one), and a backslash before every
+    character Markdown would read as syntax (_MD_SPECIAL, _MD_LEADING): a stored **x** is shown as
+    **x**, never bold; a stored [a](b) never becomes a link, <b> never an element."""
     from .console import safe_text
 
-    return _MD_SPECIAL.sub(r"\\\1", safe_text(" ".join(str(text).split())))
+    line = _MD_SPECIAL.sub(r"\\\1", safe_text(" ".join(str(text).split())))
+    return _MD_LEADING.sub(_md_lead, line)
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:

@@ -26,5 +26,10 @@ def png(plt, fig) -> bytes:
 
 
 def plain(text: object) -> str:
-    """An outside string as plain matplotlib text: a `$` pair would start mathtext."""
-    return str(text).replace("$", r"\$")
+    """An outside string (a backend, a host, a model or GPU name) as plain matplotlib text, for a
+    title, a label, a legend entry or a tick: a `$` pair would start mathtext, which draws what it
+    parses and refuses what it cannot (the whole report then fails), so each `$` is escaped;
+    control characters are shown as their escapes (console.safe_text)."""
+    from .console import safe_text
+
+    return safe_text(text, lines=True).replace("$", r"\$")

@@ -119,8 +119,19 @@ def sanitize_label(text: str) -> str:
 
 
 def escape_value(text: str) -> str:
-    """A label value as the text format writes it: backslash, double quote and newline escaped."""
-    return str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    """A label value (a host, a model, a stored name) as the text format writes it: control
+    characters shown as their escapes (console.safe_text: `cat x.prom` obeys none), then backslash,
+    double quote and newline escaped as the format asks."""
+    from .console import safe_text
+
+    return safe_text(text, lines=True).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _help(text: str) -> str:
+    """A # HELP text: one line, control characters shown as their escapes, backslashes doubled."""
+    from .console import safe_text
+
+    return safe_text(text).replace("\\", "\\\\")
 
 
 def format_number(v: float) -> str:
@@ -177,9 +188,7 @@ def render(metrics: Iterable[Metric], run_id: str | None, environment: Mapping) 
     for name, (help_text, series) in families.items():
         keys = [tuple(sorted(labels)) for _, labels in series]
         clash = len(set(keys)) != len(keys)
-        lines.append(
-            f"# HELP {name} {help_text.replace(chr(92), chr(92) * 2).replace(chr(10), ' ')}"
-        )
+        lines.append(f"# HELP {name} {_help(help_text)}")
         lines.append(f"# TYPE {name} gauge")
         for m, labels in series:
             if clash:

@@ -84,8 +84,12 @@ class SuiteProbe(Probe):
         ngpu = selection.visible_gpu_count()
         if ngpu:
             chosen = tuple(selection.parse_gpus(o["gpus"], ngpu))
-        elif o["gpus"] is not None:
-            raise selection.gpus_without_gpus()
+        elif o["gpus"] is not None:  # the suite has no --nproc: its CPU probes choose their own processes
+            from mgpu_bench.errors import InputError
+
+            raise InputError(f"--gpus needs NVIDIA GPUs and none is usable here ({selection.no_gpu_reason()}): drop "
+                             "--gpus; without GPUs the suite runs the probes that work on CPU processes (comm with "
+                             "gloo, the tiny model) by itself and records the others as skipped")
         else:
             chosen = ()
         model = None

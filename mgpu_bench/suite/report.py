@@ -7,14 +7,13 @@ the table of key figures and the history of a few headline metrics.
 
 As in the other reports, nothing on the page is loaded from anywhere: the PNGs are data: URIs,
 styles are inline, and every string from outside (host and GPU names, environment values, error
-texts, command lines, findings) is escaped, in the HTML with html.escape and in Markdown with
-html_page.md plus backslashes before the characters that make links, code or HTML.
+texts, command lines, findings) is escaped, in the HTML with html_page.esc and in Markdown with
+html_page.md (control characters shown as escapes, Markdown syntax backslashed).
 """
 
 from __future__ import annotations
 
 import contextlib
-import html
 import math
 import shlex
 from collections import Counter
@@ -304,7 +303,7 @@ def _own(imgs: Mapping[str, bytes], e: Entry) -> dict[str, bytes]:
 
 
 def _probe_html(p: Entry, row: dict, imgs) -> str:
-    e = html.escape
+    e = html_page.esc
     secs = "" if p.seconds is None else f", {p.seconds:.1f} s"
     head = (
         f"<h3>{e(p.title or p.name)} <span class=sub>({e(p.name)}: "
@@ -339,7 +338,7 @@ def _telemetry_html(p: Entry, imgs) -> str:
     """The suite's own NVML samples beside the probe: the plot and one row per GPU."""
     if not p.telemetry:
         return ""
-    e = html.escape
+    e = html_page.esc
     every = p.telemetry.get("interval_s")
     every_text = f" every {every:g} s" if isinstance(every, (int, float)) else ""
     parts = [
@@ -389,7 +388,7 @@ def _telemetry_html(p: Entry, imgs) -> str:
 
 
 def _environment_html(env: Mapping) -> str:
-    e = html.escape
+    e = html_page.esc
     keys = (*html_page.ENV_KEYS, "platform", "python")
     rows = [[k, env.get(k)] for k in keys if k in env]
     parts = [html_page.table(["key", "value"], rows, left=(0, 1))]
@@ -454,7 +453,7 @@ def page(
     per round with each probe's own plots and tables, failed probes with their error, the
     history trend (when given: metric name -> [(created ISO time, value, unit)]) and the
     environment. `pngs`: what images() returned, so that write_report draws once."""
-    e = html.escape
+    e = html_page.esc
     found = entries(doc)
     imgs = _images(found, history_trend) if pngs is None else pngs
     env = doc.get("environment") or {}

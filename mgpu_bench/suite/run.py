@@ -30,7 +30,7 @@ from pathlib import Path
 from mgpu_bench import children
 from mgpu_bench import probe as registry
 from mgpu_bench.document import envelope
-from mgpu_bench.errors import InputError, is_sigterm, terminated
+from mgpu_bench.errors import InputError, interruption, is_sigterm, signal_name, terminated, termination_signal
 from mgpu_bench.probe import PlanContext, Step
 
 from .judge import ROUND_TITLES
@@ -194,8 +194,10 @@ def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None
             entry["error"] = f"its result file could not be read: {exc}"
     if timed_out:
         entry["status"], entry["error"] = "failed", f"did not finish within {probe.timeout_s:g} s; stopped"
-    elif interrupted is not None or proc.returncode in (130, 143):
-        how = "terminated (SIGTERM)" if is_sigterm(interrupted) or proc.returncode == 143 else "interrupted (Ctrl-C)"
+    elif interrupted is not None or proc.returncode in (129, 130, 143):  # Ctrl-C, SIGHUP, SIGTERM
+        how = ("terminated (SIGHUP)" if proc.returncode == 129 else
+               interruption(interrupted) if is_sigterm(interrupted) else
+               "terminated (SIGTERM)" if proc.returncode == 143 else "interrupted (Ctrl-C)")
         entry["status"], entry["error"] = "interrupted", f"{how}; what it measured is kept"
     else:
         entry["status"] = "ok" if proc.returncode == 0 else "failed"
@@ -263,7 +265,7 @@ def run_suite(cfg: SuiteConfig, bus_ids: dict[int, str], say: Callable[[str], No
             except _Interrupted as stop:
                 run.probes.append(stop.entry)
                 run.interrupted = True
-                how = "terminated (SIGTERM)" if terminated() else "interrupted (Ctrl-C)"
+                how = f"terminated ({signal_name(termination_signal())})" if terminated() else "interrupted (Ctrl-C)"
                 run.stop_message = f"{how}; the probes measured so far are in the report"
                 for rest in steps[i + 1:]:
                     run.probes.append({**_skipped(rest), "error": "not run: the suite was interrupted"})

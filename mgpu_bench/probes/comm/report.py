@@ -9,11 +9,11 @@ escaped. matplotlib is imported here only, with its non-interactive Agg backend.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping
 from pathlib import Path
 
 from mgpu_bench.output import html_page
+from mgpu_bench.output.plotting import plain
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
 from mgpu_bench.probe import OK, PROBLEM, SEVERITIES, WARNING, Finding
@@ -61,7 +61,7 @@ def plot_op(run: CommRun, op: str) -> bytes:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes, nccl-tests' size column)")
         ax.set_ylabel("busbw (GB/s)")
-        ax.set_title(f"{op}: {run.nranks} ranks, {run.backend}")
+        ax.set_title(plain(f"{op}: {run.nranks} ranks, {run.backend}"))  # the backend is stored text
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
     except BaseException:
@@ -117,7 +117,7 @@ def verdicts(run: CommRun) -> list[Finding]:
 def summary_html(run: CommRun) -> str:
     """The top of the page: the key figure, the status, the headline per op with the theory,
     and the findings by severity."""
-    e = html.escape
+    e = html_page.esc
     fs = verdicts(run)
     worst = next((s for s in SEVERITIES if any(f.severity == s for f in fs)), "")
     fig, expected = key_figure(run)
@@ -169,7 +169,7 @@ def markdown(run: CommRun, environment: dict, tuning: dict | None = None) -> str
 
 
 def _series_table(run: CommRun, sr) -> str:
-    e = html.escape
+    e = html_page.esc
     out = ["<table><tr>" + "".join(f"<th>{e(c.title)}<br>{e(c.unit)}</th>" for c in COLUMNS) + "</tr>"]
     for m in sr.measurements:
         r = row(m, theory_for(run, m))
@@ -181,7 +181,7 @@ def _series_table(run: CommRun, sr) -> str:
 def page(run: CommRun, environment: dict, images: dict[str, bytes], tuning: dict | None = None) -> str:
     """The summary first (summary_html), the environment, then per op its plot and tables, and
     for `comm --tune` the settings per size band with the lines to paste."""
-    e = html.escape
+    e = html_page.esc
     all_series = series(run)
     sections = []
     for key, png in images.items():
@@ -216,7 +216,7 @@ def images(run: CommRun) -> dict[str, bytes]:
 
 def section(run: CommRun, pngs: dict[str, bytes]) -> str:
     """The sweep's part of the suite page: ranks, theory, transports, plots, summary per op."""
-    e = html.escape
+    e = html_page.esc
     t = theory_dict(run.theory) or {}
     theory = t.get("summary") or "none (no GPU topology)"
     parts = [f"<p>{run.nranks} ranks, backend {e(run.backend)}; theory: {e(theory)}</p>"]

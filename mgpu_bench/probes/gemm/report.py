@@ -15,7 +15,6 @@ here, when rendering.
 from __future__ import annotations
 
 import base64
-import html
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -287,13 +286,8 @@ def _wall(run: GemmRun) -> str:
             "algorithm selection included.")
 
 
-def _md(text: object) -> str:
-    """An outside string on one Markdown line: newlines would start a new block."""
-    return " ".join(str(text).split())
-
-
-def _md_cell(text: object) -> str:
-    return _md(text).replace("|", "\\|")
+_md = html_page.md  # an outside string on one Markdown line, its controls and syntax escaped
+_md_cell = html_page.md
 
 
 def markdown(run: GemmRun, environment: dict) -> str:
@@ -328,7 +322,7 @@ def page(run: GemmRun, environment: dict, images: dict[str, bytes]) -> str:
     """The HTML page: environment, findings, per dtype its images and table rows, the summary
     lines and notes. `images` is keyed by file stem ('gemm_bf16', 'sustained_bf16',
     'search_bf16'); other keys are shown after the dtypes."""
-    e = html.escape
+    e = html_page.esc
     env_ = environment
     head = [f"<h1>{e(_title(run))}</h1>", "<table class=kv>"]
     for key in ("host", "nvidia_driver", "cuda_driver", "cuda_runtime", "cublaslt", "torch", "mgpu_bench"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import statistics
 
 from mgpu_bench.output import html_page
@@ -88,7 +87,7 @@ def section(run: LinksRun, pngs: dict[str, bytes], hops: dict | None = None) -> 
     details = sorted({h.detail for h in hops.values()})
     if details:
         bws = sorted({h.bandwidth for h in hops.values() if h.bandwidth})
-        parts.append(f"<p>link theory: {html.escape('; '.join(details))}"
+        parts.append(f"<p>link theory: {html_page.esc('; '.join(details))}"
                      + (f", {bws[0] / 1e9:.0f} GB/s per direction" if len(bws) == 1 else "") + "</p>")
     parts.append(html_page.images(pngs, grid=True))
     lat = run.latencies()

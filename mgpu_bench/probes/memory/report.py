@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mgpu_bench.output import html_page
+from mgpu_bench.output.plotting import plain
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
 
@@ -27,7 +28,7 @@ def plot_churn(run: MemoryRun, gpu: int) -> bytes | None:
         if r.fragmentation is not None:
             ax.annotate(f"{100 * r.fragmentation:.0f}%", (x + 0.2, r.largest / 2**30), ha="center", va="bottom",
                         fontsize=7)
-    ax.set_xticks(list(xs), [f"{r.allocator}\n{r.pattern}" for r in rs], fontsize=7)
+    ax.set_xticks(list(xs), [plain(f"{r.allocator}\n{r.pattern}") for r in rs], fontsize=7)
     ax.set_ylabel("GiB")
     ax.set_title(f"GPU {gpu}: free memory against the largest allocatable block (label: fragmentation)",
                  fontsize=9)
@@ -41,7 +42,7 @@ def plot_hbm(run: MemoryRun) -> bytes | None:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    labels = [f"GPU {h.gpu}\n{h.kind}" for h in run.hbm]
+    labels = [plain(f"GPU {h.gpu}\n{h.kind}") for h in run.hbm]
     ax.bar(range(len(run.hbm)), [h.bandwidth / 1e12 for h in run.hbm], color="tab:blue")
     for peak in sorted({h.peak for h in run.hbm if h.peak}):
         ax.axhline(peak / 1e12, color="black", linestyle=":", label=f"datasheet {peak / 1e12:.2f} TB/s")

@@ -39,7 +39,7 @@ LATENCY = Map(Map(LATENCY_FIGURES, keys_what="a size class",
 CHURN = Obj({
     "gpu": _GPU, "allocator": Str(ALLOCATORS), "pattern": Str(PATTERNS), "fragmentation": Num(0, 1, null=True),
     "lost_bytes": Num(null=True), "largest_block": Num(0, null=True), "free_before": Num(null=True),
-    "free_after_pattern": Num(null=True), "total": Num(0, null=True), "held_bytes": Num(null=True),
+    "free_after_pattern": Num(0, null=True), "total": Num(0, null=True), "held_bytes": Num(null=True),
     "allocations_done": Int(0, null=True), "allocations_failed": Int(0, null=True),
     "search_seconds": Num(0, null=True), "pool_reserved": Num(null=True), "pool_used": Num(null=True),
     "latency": LATENCY,

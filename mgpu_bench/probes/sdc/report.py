@@ -7,7 +7,6 @@ Data stay in base units (FLOP/s, bytes/s, bytes); TFLOP/s, GB/s and GiB are chos
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from mgpu_bench.output import html_page
@@ -90,7 +89,7 @@ def _tables(run: SdcRun) -> list[tuple[str, str]]:
             ["GPU", "work", "repetition", "where", "here", "there", "against"], diffs, left=(1, 3, 4, 5, 6))))
     if run.algo:
         text = f"chosen on GPU {run.algo.get('chosen_on')}: {algo_text(run.algo)}"
-        out.append(("pinned cuBLASLt algorithm", f"<p class=mono>{html.escape(text)}</p>"))
+        out.append(("pinned cuBLASLt algorithm", f"<p class=mono>{html_page.esc(text)}</p>"))
     return out
 
 
