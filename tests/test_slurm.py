@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import slurm_cluster
@@ -210,15 +211,23 @@ def test_slurm_that_refuses_says_why_in_one_line(idle, monkeypatch):
     try:
         os.chmod(shared, 0o755)
         conf = shutil.copy(c.conf, shared)
-        # mgpu_bench/slurm.py needs nothing but the standard library: the system's Python runs it as
-        # nobody (the test's interpreter lives under root's home, which nobody cannot enter)
-        code = (f"import importlib.util as u\ns = u.spec_from_file_location('slurm', {slurm.__file__!r})\n"
-                "slurm = u.module_from_spec(s)\nimport sys\nsys.modules['slurm'] = slurm\ns.loader.exec_module(slurm)\n"
+        # mgpu_bench.slurm and children, all it imports, need nothing but the standard library: the
+        # system's Python runs copies of the two as nobody (the test's interpreter lives under root's
+        # home, which nobody cannot enter)
+        pkg = Path(shared) / "mgpu_bench"
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text("")
+        for name in ("slurm.py", "children.py"):
+            shutil.copy(Path(slurm.__file__).with_name(name), pkg / name)
+        subprocess.run(["chmod", "-R", "a+rX", shared], check=True)
+        code = ("from mgpu_bench import slurm\n"
                 "try:\n    slurm.drain('node2', 'test')\nexcept slurm.SlurmError as e:\n    print(e)\n")
-        r = subprocess.run(["/usr/bin/python3", "-c", code], check=False, env=_env(c, SLURM_CONF=conf, HOME=shared),
+        r = subprocess.run(["/usr/bin/python3", "-c", code], check=False,
+                           env=_env(c, SLURM_CONF=conf, HOME=shared, PYTHONPATH=shared),
                            user="nobody", capture_output=True, text=True, timeout=60, cwd="/")
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+    assert len(r.stdout.strip().splitlines()) == 1, r.stderr[-2000:]
     (line,) = r.stdout.strip().splitlines()
     assert line.startswith("Slurm refused to change node 'node2'") and "run as root or SlurmUser" in line, r.stderr
     assert c.reasons() == {}
