@@ -134,3 +134,26 @@ def _private_history(tmp_path_factory, monkeypatch):
     """Every test (and every process it starts) stores runs in a database of its own, never in
     the user's data directory."""
     monkeypatch.setenv("MGPU_BENCH_DB", str(tmp_path_factory.mktemp("history") / "history.sqlite3"))
+
+
+_STOP_STATE = ("_terminated", "_term_signal", "_interrupted", "_stopping", "_installed", "_deferred",
+               "_agent_exc", "_last_press", "_presses", "_noted")
+
+
+@pytest.fixture(autouse=True)
+def _stop_state_per_test():
+    """One CLI process handles one run's stop signals (errors.py keeps them in module state);
+    tests run many in this one process: each test ends with the state and the SIGINT, SIGTERM
+    and SIGHUP handlers it began with, so a Ctrl-C one test simulates (interrupt_main) is never
+    a later test's interruption (exit 130)."""
+    import signal
+
+    from mgpu_bench import errors
+
+    state = {k: getattr(errors, k) for k in _STOP_STATE}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for s, h in handlers.items():
+        signal.signal(s, h)
+    for k, v in state.items():
+        setattr(errors, k, v)

@@ -19,6 +19,7 @@ from mgpu_bench import probe as registry
 from mgpu_bench import theory
 from mgpu_bench.output import html_page
 from mgpu_bench.probes.comm import document as comm_document
+from mgpu_bench.probes.comm.analyse import gbs
 from mgpu_bench.probes.comm import report as comm_report
 from mgpu_bench.probes.model import report as model_report
 from mgpu_bench.suite import report as suite_report
@@ -65,7 +66,7 @@ def test_cpu_comm_page_opens_with_its_summary(cpu_comm):
     assert page.index("<img") > first_op
     top = page[:first_op]
     for op in ("allreduce", "allgather"):  # the peak busbw per op, with its unit
-        assert re.search(rf"<td class=l>{op}</td><td>\d+\.\d\d GB/s</td><td>\d+ KiB</td>", top), op
+        assert re.search(rf"<td class=l>{op}</td><td>\d+\.\d+ GB/s</td><td>\d+ KiB</td>", top), op
     assert "STATUS</span>complete: 12 of 12 planned size(s) and placement(s) measured" in top
     assert "0 wrong element(s)" in top
     assert "no link theory: the ranks are CPU processes" in top
@@ -88,11 +89,11 @@ def test_gpu_comm_summary_has_theory_and_share(gpu_run):
     top = page[:page.index("<table class=kv>")]  # above the environment
     ar = [m for m in run.measurements if m.spec.op == "allreduce" and m.spec.scope == "world"]
     peak = max(ar, key=lambda m: m.busbw)
-    cells = (f"<td class=l>allreduce</td><td>{peak.busbw / 1e9:.1f} GB/s</td><td>1 GiB</td>"
+    cells = (f"<td class=l>allreduce</td><td>{gbs(peak.busbw)} GB/s</td><td>1 GiB</td>"
              f"<td class=l>{peak.spec.placement}</td><td>450 GB/s</td><td>{100 * peak.busbw / 450e9:.0f}%</td>")
     assert cells in top
     assert "<b>theory</b>: NVLink 4 x18 via NVSwitch: 450.0 GB/s per direction" in top
-    assert "<span class=tag>OK</span>allreduce busbw 330.8 GB/s at 1 GiB, 74% of the 450 GB/s theory" in top
+    assert "<span class=tag>OK</span>allreduce busbw 330.77 GB/s at 1 GiB, 74% of the 450 GB/s theory" in top
     kv = _kv(page)
     assert "<th>nvidia_driver</th><td>580.159.04</td>" in kv and "<th>GPUs</th><td>NVIDIA H200, NVIDIA H200</td>" in kv
     assert "ran on" not in kv and "None" not in kv
