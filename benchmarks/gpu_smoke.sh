@@ -25,6 +25,9 @@
 #                          processes) run the same loop (tests/test_gpu_documents.py runs it so).
 #   MGPU_SMOKE_ONLY        names of rows to run, comma-separated [default: all].
 #   MGPU_SMOKE_TABLE       a file of rows in the table's format, run instead of the table below.
+#   MGPU_SMOKE_BUDGET_S    seconds the whole run may take (a machine lent by the call): each row's
+#                          limit is cut to what is left, and a row that would start with under 20 s
+#                          left is skipped, saying so [default: no limit].
 #
 # On one H200 the table is sized to finish in about 5 minutes (an estimate: the suite about 2 of
 # them, its round 3 finding the largest batch of 350m for about a minute): each probe at quick
@@ -175,6 +178,15 @@ while IFS='|' read -r name gpus want limit stores cmd; do
     SKIP[$name]="skipped: needs $gpus GPU(s), $NGPU present"
     printf '%-20s %s\n' "$name" "${SKIP[$name]}"
     continue
+  fi
+  if [ -n "${MGPU_SMOKE_BUDGET_S:-}" ]; then
+    rest=$((MGPU_SMOKE_BUDGET_S - (SECONDS - T_START)))
+    if [ "$rest" -lt 20 ]; then
+      SKIP[$name]="skipped: ${rest} s left of MGPU_SMOKE_BUDGET_S=$MGPU_SMOKE_BUDGET_S"
+      printf '%-20s %s\n' "$name" "${SKIP[$name]}"
+      continue
+    fi
+    [ "$limit" -gt "$rest" ] && limit=$rest
   fi
   json=$DOCS/$name-$TAG.json
   dir=$LOGS/$name-report

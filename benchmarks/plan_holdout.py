@@ -109,7 +109,7 @@ def gpu(tmp: Path) -> list[dict]:
     out = []
     timed = ["--steps", "20", "--warmup-steps", "5", "--gpus", "1", "--no-exposed-comm", "--no-profile"]
     memory_only = ["--steps", "6", "--warmup-steps", "2", "--gpus", "1", "--no-exposed-comm", "--no-profile"]
-    for model in ("125m", "350m", "760m"):
+    for model in ("350m", "125m", "760m"):  # 350m first: the step prediction needs only its runs
         for batch in (4, 8):
             doc = tmp / f"{model}-{batch}.json"
             cli(["model", "--model", model, "--batch-size", str(batch), *(timed if model == "350m" else memory_only),
@@ -124,6 +124,7 @@ def gpu(tmp: Path) -> list[dict]:
     out.append({"what": "350m step at batch 16 from batches 4 and 8", "predicted": predicted["step_s"],
                 "measured": measured, "unit": "s", "error": error, "target": STEP_TARGET,
                 "ok": abs(error) <= STEP_TARGET})
+    print("row:", json.dumps(out[-1]), file=sys.stderr, flush=True)  # kept should a later part be cut short
     for model in ("125m", "350m", "760m"):
         p = plan(db, tmp, "--model", model, "--batch-size", "8", "--gpus", "1")
         found = torch_memory.max_batch(model, 2048, checkpointing=False)
@@ -136,6 +137,7 @@ def gpu(tmp: Path) -> list[dict]:
                     "ok": abs(error) <= BATCH_TARGET, "search_s": found.get("wall_s"),
                     "fit_at_batch_8": p["fit"]["ddp"]["fits"], "reserved_at_batch_8": p["fit"]["ddp"]["reserved"],
                     "capacity": p["fit"]["ddp"]["capacity"]})
+        print("row:", json.dumps(out[-1]), file=sys.stderr, flush=True)
     return out
 
 
