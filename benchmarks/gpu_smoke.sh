@@ -38,15 +38,17 @@
 set -u
 
 # -- the commands ---------------------------------------------------------------------------------
-# name | GPUs it needs (0: runs without GPUs too, on CPU processes) | exit code the README documents
+# name | GPUs it needs (0: runs without GPUs too; cpu: runs on CPU processes, CUDA_VISIBLE_DEVICES='',
+# wherever the script runs) | exit code the README documents
 # | time limit (s) | stores a run (yes/no) | the command: mgpu-bench's arguments, {dir} a folder of
 # its own (for --report); --json is added. A command that starts with ":" is a function below.
 # One line per command: later issues add theirs here.
 TABLE='
-comm-small          | 0 | 0 | 120 | yes | comm --sizes 4K,256K
-comm                | 1 | 0 | 120 | yes | comm --report {dir}
-comm-all-ops        | 1 | 0 | 180 | yes | comm --ops all --sizes 8,1K,64M --dtype bf16
-comm-torch          | 1 | 0 | 180 | yes | comm --backend torch --sizes 1M-64M
+comm-small          | cpu | 0 | 120 | yes | comm --sizes 4K,256K
+comm-1x             | 1 | 2 | 60  | no  | comm --sizes 1M
+comm                | 2 | 0 | 120 | yes | comm --report {dir}
+comm-all-ops        | 2 | 0 | 180 | yes | comm --ops all --sizes 8,1K,64M --dtype bf16
+comm-torch          | 2 | 0 | 180 | yes | comm --backend torch --sizes 1M-64M
 comm-graph-2x       | 2 | 0 | 120 | yes | comm --gpus 0,1 --graph --sizes 8-1M
 comm-tune-1x        | 1 | 2 | 120 | no  | comm --tune --gpus 1
 comm-tune-2x        | 2 | 0 | 300 | yes | comm --tune --sizes 1M-64M
@@ -174,6 +176,8 @@ while IFS='|' read -r name gpus want limit stores cmd; do
   gpus=$(trim "$gpus"); want=$(trim "$want"); limit=$(trim "$limit"); stores=$(trim "$stores"); cmd=$(trim "$cmd")
   wanted "$name" || continue
   NAMES+=("$name")
+  cpu_only=0
+  if [ "$gpus" = cpu ]; then cpu_only=1; gpus=0; fi
   if [ "$NGPU" -lt "$gpus" ]; then
     SKIP[$name]="skipped: needs $gpus GPU(s), $NGPU present"
     printf '%-20s %s\n' "$name" "${SKIP[$name]}"
@@ -192,7 +196,10 @@ while IFS='|' read -r name gpus want limit stores cmd; do
   dir=$LOGS/$name-report
   log=$LOGS/$name.log
   t0=$SECONDS
-  if [ "${cmd:0:1}" = : ]; then
+  if [ "$cpu_only" = 1 ]; then
+    # shellcheck disable=SC2086
+    ( export CUDA_VISIBLE_DEVICES=; timeout "$limit" $MB ${cmd//\{dir\}/$dir} --json "$json" ) < /dev/null > "$log" 2>&1
+  elif [ "${cmd:0:1}" = : ]; then
     ( timeout "$limit" bash -c "$(declare -f fleet_two_nodes monitor_job); PY='$PY'; ${cmd:1} '$json'" ) < /dev/null > "$log" 2>&1
   else
     args=${cmd//\{dir\}/$dir}

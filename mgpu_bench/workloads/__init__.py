@@ -96,7 +96,7 @@ def resolve(text: str, *, seq_len: int | None = None, image_size: int | None = N
             raise InputError(f"unknown model {text!r}" + (f" (near: {', '.join(near)})" if near else "")
                              + f"; choose one of {FORMS}")
         _no(image_size, "--image-size", spec.name, "it has no images")
-        return GptWorkload(spec, seq_len if seq_len is not None else (128 if cpu_defaults else 2048))
+        return GptWorkload(spec, seq_len if seq_len is not None else min(128 if cpu_defaults else 2048, spec.max_seq))
     if prefix == "torchvision":
         from .vision import VisionWorkload
 

@@ -104,6 +104,11 @@ def resolve_backend(cfg: CommConfig) -> tuple[str, list[str], list[int]]:
         within("--nproc", cfg.nproc, 2, 256, "gloo processes on this machine's CPUs")
         return "torch-gloo", ["cpu"] * cfg.nproc, []
     gpus = selection.parse_gpus(cfg.gpus, ngpu)
+    if len(gpus) < 2 and ngpu < 2:
+        raise InputError(
+            "1 GPU visible: collectives need at least 2 ranks (on one GPU per node, run comm across nodes "
+            "under torchrun or srun, one process per GPU; or on CPU processes with CUDA_VISIBLE_DEVICES='')"
+        )
     if len(gpus) < 2:
         raise InputError(
             f"{len(gpus)} GPU selected: collectives need at least 2 ranks (use --gpus 2 or more; "

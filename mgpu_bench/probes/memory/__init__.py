@@ -82,7 +82,7 @@ class MemoryProbe(Probe):
                    help="Find the largest batch that fits for this workload: tiny..1.3b, torchvision:NAME, hf:NAME, "
                         "hf:path/config.json, module:function."),
             option("--seq-len", default=None, type=int,
-                   help="Tokens per sample for --max-batch [default: 2048; hf: its positions, at most 2048]."),
+                   help="Tokens per sample for --max-batch [default: 2048, at most the model's positions (tiny: 256; hf: its own)]."),
             option("--image-size", default=None, type=int,
                    help="Pixels per side for --max-batch of a torchvision model [default: 224]."),
             option("--timeout", default=600.0, show_default=True, type=float, help="Seconds per child process."),

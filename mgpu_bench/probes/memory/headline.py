@@ -3,6 +3,8 @@
     memory.gpu{i}.hbm.{copy_ce|copy_sm|read|write}              B/s
     memory.gpu{i}.{allocator}.{pattern}.fragmentation           fraction, lower is better
     memory.{model}.{seq{n}|img{n}|own}.{ckpt|nockpt}.max_batch  samples per GPU
+    memory.torch.{model}.b{batch}.{setting}.fragmentation       fraction of reserved unallocated at peak
+    memory.torch.{model}.b{batch}.{setting}.peak_reserved       B, lower is better
 
 {model} is the workload's key (workloads.Workload.key); the second segment its sample: tokens,
 pixels per side, or a module's own batches.
@@ -69,4 +71,14 @@ def headline(doc: Mapping) -> list[Metric]:
                 },
             )
         )
+    for setting, t in (doc.get("torch") or {}).items():
+        if not isinstance(t, Mapping) or t.get("kind") != "workload" or not t.get("peak_reserved_bytes"):
+            continue  # a setting that failed (returncode, OOM) carries no peak to compare
+        labels = {"model": str(t.get("model")), "batch": str(t.get("batch")), "seq_lens": str(t.get("seq_lens")),
+                  "setting": str(setting)}
+        prefix = f"memory.torch.{slug(str(t.get('model')))}.b{int(t.get('batch') or 0)}.{slug(str(setting))}"
+        reserved = float(t["peak_reserved_bytes"])
+        out.append(Metric(f"{prefix}.fragmentation", float(t.get("reserved_unallocated_at_peak_bytes") or 0) / reserved,
+                          "fraction", "lower", (), labels))
+        out.append(Metric(f"{prefix}.peak_reserved", reserved, "B", "lower", (), labels))
     return out

@@ -82,7 +82,7 @@ class ModelProbe(Probe):
                    help="tiny, 125m, 350m, 760m, 1.3b, torchvision:NAME, hf:NAME, hf:path/config.json, "
                         "module:function [default: 350m on GPUs, tiny on CPU]."),
             option("--seq-len", default=None, type=int,
-                   help="Tokens per sample [default: 2048 on GPUs, 128 on CPU; hf: its positions, at most 2048]."),
+                   help="Tokens per sample [default: 2048 on GPUs, 128 on CPU, at most the model's positions (tiny: 256)]."),
             option("--image-size", default=None, type=int,
                    help="Pixels per side, torchvision models [default: 224 on GPUs, 64 on CPU]."),
             option("--batch-size", default=None, type=int,
