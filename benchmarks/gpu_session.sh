@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_session.sh STEP [STEP ...]
 # Steps: build pytest1 diagnose fleetnode compile1 sdc1 overlap1 suite1 (one GPU); model2 two18 wall16 fleet2
 # (two GPUs: prepared for a session that is lent the two-GPU kind; not run yet).
-# Session 15 (one GPU, issues 23-29): smoke pytestgpu work26 check27 monitor28 plan29.
+# Session 15 (one GPU, issues 23-29): smoke pytestgpu work26 check27 monitor28 plan29; then bert26 pytestnew.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -144,6 +144,23 @@ check27() {  # issue 27: check on the healthy GPU, then with a GEMM of another p
 
 monitor28() {  # issue 28: the 350m loop with and without StepMonitor, beside mgpu-bench model
   run monitor-overhead 420 $PY benchmarks/monitor_overhead.py --model 350m --seq-len 2048 --batch-size 8 --steps 30 --reps 5
+}
+
+bert26() {  # issue 26: bert-large against its plain loop, A B C A B C (C: the same command with Python's GC off)
+  local m="model --model hf:bert-large --seq-len 512 --batch-size 16 --steps 30 --warmup-steps 5 --gpus 1 --no-store"
+  local rep
+  for rep in 1 2; do
+    run "plain-bert16-$rep" 120 $PY benchmarks/plain_bert_loop.py --seq-len 512 --batch-size 16 --steps 30
+    run "model-bert16-$rep" 150 $MB $m --json "$L/model-bert16-$rep.json"
+    # shellcheck disable=SC2086
+    run "model-bert16-nogc-$rep" 150 $PY -c "import gc, sys; gc.disable(); sys.argv = ['mgpu-bench', *sys.argv[1:]]
+from mgpu_bench.cli import main; main()" $m --json "$L/model-bert16-nogc-$rep.json"
+  done
+}
+
+pytestnew() {  # the GPU tests of issues 26-28
+  run pytest-gpu-new 200 $PY -m pytest -m gpu -q -p no:cacheprovider --durations=20 tests/test_gpu_workloads.py \
+    tests/test_monitor_gpu.py tests/test_check.py
 }
 
 plan29() {  # issue 29: held-out points on one H200

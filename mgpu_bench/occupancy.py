@@ -151,7 +151,8 @@ class Watch:
 
 def foreign(before: Mapping, after: Mapping | None = None) -> list[GpuProcess]:
     """The processes not ours: any not ours before the run (an unknown owner included: none of
-    ours could be there yet), and those that came during it that are visibly someone else's."""
+    ours could be there yet), and those that came during it that are visibly someone else's; per
+    GPU the one holding the most memory first (the one a one-line verdict names)."""
     out: dict[tuple[int, int], GpuProcess] = {}
     for snap, strict in ((before, False), (after or {}, True)):
         for g in (snap.get("gpus") or {}).values():
@@ -160,7 +161,7 @@ def foreign(before: Mapping, after: Mapping | None = None) -> list[GpuProcess]:
             for p in g.get("processes") or []:
                 if p["owner"] == "foreign" or (p["owner"] == "unknown" and not strict):
                     out.setdefault((p["gpu"], p["pid"]), GpuProcess(**{**p, "busy": busy}))
-    return sorted(out.values(), key=lambda p: (p.gpu, p.pid))
+    return sorted(out.values(), key=lambda p: (p.gpu, -(p.used_bytes or 0), p.pid))  # the largest holder first
 
 
 def from_document(doc: Mapping) -> list[GpuProcess]:

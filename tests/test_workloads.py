@@ -82,6 +82,26 @@ def test_vision_and_transformers_count_their_convolutions_and_attention():
     assert cpu.flops == pytest.approx(meta.flops)
 
 
+def test_every_dense_op_recorded_replays_as_the_ceiling_replays_it():
+    """The ceiling times each recorded op alone (flops.ceiling): every op recorded for a GPT, a
+    torchvision and a transformers model is rebuilt from its record and runs (on the CPU here, in
+    bf16, with the recorded shapes), and gives the shape torch gave it in the step."""
+    import torch
+
+    from mgpu_bench.workloads import flops
+
+    gen = torch.Generator().manual_seed(1)
+    for w in (workloads.resolve("tiny", seq_len=32), workloads.resolve("torchvision:resnet18", image_size=32),
+              workloads.resolve(TINY_BERT, seq_len=32)):
+        ops = w.count_flops(2).dense_ops
+        assert ops, w.key
+        for op in ops:
+            fn, args, kwargs = flops.replay(op, "cpu", gen=gen)
+            out = fn(*args, **kwargs)
+            assert out is not None, (w.key, op["op"])
+        assert not any("repr" in json.dumps(op["kwargs"]) for op in ops), w.key
+
+
 # -- forms, keys, blocks --------------------------------------------------------------------------
 
 def test_every_form_resolves_to_a_key_metric_names_can_hold():

@@ -133,7 +133,7 @@ class Counter:
                     self.failed.append(f"{getattr(formula, '__name__', 'formula')}: {type(exc).__name__}")
                 return 0
             if dense_name is not None:
-                spec = {"op": dense_name, "args": _spec(args), "kwargs": _spec(kwargs)}
+                spec = {"op": dense_name, "args": _spec(args), "kwargs": {k: _spec(v) for k, v in kwargs.items()}}
                 row = self.seen.setdefault(json.dumps(spec, sort_keys=True), {**spec, "count": 0, "flops": float(n)})
                 row["count"] += 1
             return n
@@ -209,6 +209,18 @@ def _build(arg, device, dtype, channels_last, gen):
     return arg
 
 
+def replay(op: dict, device, channels_last: bool = False, gen=None):
+    """One recorded dense op (FlopCount.dense_ops) made callable again: (the aten op, its args,
+    its kwargs) with bf16 tensors of the recorded shapes and layouts on `device`. RuntimeError,
+    ValueError or TypeError where it cannot be (an argument recorded only as its repr)."""
+    import torch
+
+    fn = getattr(torch.ops.aten, op["op"])
+    args = [_build(a, device, torch.bfloat16, channels_last, gen) for a in op["args"]]
+    kwargs = {k: _build(v, device, torch.bfloat16, channels_last, gen) for k, v in (op.get("kwargs") or {}).items()}
+    return fn, args, kwargs
+
+
 def ceiling(ops, device, channels_last: bool = False) -> dict:
     """Each dense op of a count (FlopCount.dense_ops) replayed alone in bf16 on `device` (CUDA):
     3 untimed calls, then the median of 5 bursts of about 10 ms each (CUDA events); and the rate
@@ -219,10 +231,8 @@ def ceiling(ops, device, channels_last: bool = False) -> dict:
     gen = torch.Generator(device=device).manual_seed(7)
     rows, flops_total, seconds_total, skipped = [], 0.0, 0.0, 0
     for op in ops:
-        fn = getattr(torch.ops.aten, op["op"])
         try:
-            args = [_build(a, device, torch.bfloat16, channels_last, gen) for a in op["args"]]
-            kwargs = {k: _build(v, device, torch.bfloat16, channels_last, gen) for k, v in (op.get("kwargs") or {}).items()}
+            fn, args, kwargs = replay(op, device, channels_last, gen)
             for _ in range(3):
                 fn(*args, **kwargs)
         except (RuntimeError, ValueError, TypeError):
