@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -65,6 +66,14 @@ def test_a_cpu_check_runs_its_share_within_its_budget_and_is_stored(baseline):
     assert "check cpu-node: ok in" in r.stdout and "judged against the floors alone" in r.stdout
     listed = CliRunner().invoke(cli, ["history", "list", "--db", str(db)]).output
     assert "check" in listed and "cpu-node" in listed
+    # the stored check renders again (seen on one H200: `report rN` of a check was a traceback)
+    rid = re.search(r"\b(r\d+)\b.*check", listed).group(1)
+    rep = db.parent / "check-report"
+    shown = CliRunner().invoke(cli, ["report", rid, "--db", str(db), "--out", str(rep)])
+    assert shown.exit_code == 0, shown.output
+    page = (rep / "report.html").read_text()
+    assert "check of cpu-node: ok" in page and "<td class=l>ranks</td>" in page and "judged against the floors" in page
+    assert "| ranks | measured |" in (rep / "summary.md").read_text()
     text = prom.read_text()
     assert 'mgpu_bench_check_healthy_ratio{host="cpu-node",node="cpu-node"} 1.0' in text
     assert 'mgpu_bench_check_tflops_flops_per_second{host="cpu-node",node="cpu-node",device="rank0"}' in text
@@ -112,6 +121,14 @@ def test_a_resume_slurm_cannot_take_says_the_fix_in_one_line_and_the_passing_ver
     assert "scontrol is not on PATH (/nonexistent): install Slurm's client" in line
     listed = CliRunner().invoke(cli, ["history", "list", "--db", str(db)]).output
     assert "check" in listed and "cpu-node" in listed
+    # the stored check renders again (seen on one H200: `report rN` of a check was a traceback)
+    rid = re.search(r"\b(r\d+)\b.*check", listed).group(1)
+    rep = db.parent / "check-report"
+    shown = CliRunner().invoke(cli, ["report", rid, "--db", str(db), "--out", str(rep)])
+    assert shown.exit_code == 0, shown.output
+    page = (rep / "report.html").read_text()
+    assert "check of cpu-node: ok" in page and "<td class=l>ranks</td>" in page and "judged against the floors" in page
+    assert "| ranks | measured |" in (rep / "summary.md").read_text()
 
 
 @pytest.mark.parametrize("args, words", [
@@ -314,7 +331,8 @@ def test_a_healthy_gpu_passes_within_its_budget_with_every_part_and_its_floors(t
 @pytest.mark.gpu
 def test_a_gemm_in_another_process_is_named_with_exit_1_in_npd_form(tmp_path):
     hog = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_hog.py"),
-                            "0", "90"], stdout=subprocess.PIPE, text=True)
+                            "0", "90", "24"], stdout=subprocess.PIPE, text=True)  # 24 GiB: more than this
+    # pytest process holds from earlier GPU tests (the line names the largest holder first)
     try:
         assert "hog pid" in hog.stdout.readline()
         time.sleep(2.0)  # its matmuls are running

@@ -118,7 +118,7 @@ def test_findings_flag_slow_hbm():
     (["--budget", "1.5"], "--budget"),
     (["--no-churn"], "nothing to run"),
     (["--json", "/nonexistent/m.json"], "does not exist"),
-    (["--no-churn", "--max-batch", "tiny"], "--seq-len 2048 does not fit tiny"),
+    (["--no-churn", "--max-batch", "tiny", "--seq-len", "2048"], "--seq-len 2048 does not fit tiny"),
     (["--no-churn", "--torch-allocators", "default", "--model", "tiny"], "--seq-lens reaches 2048"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, text):

@@ -105,6 +105,21 @@ def test_watch_reports_the_foreign_before_and_the_visibly_foreign_after(orphan):
                            "they hold 4.0 of 141 GiB")
 
 
+def test_the_process_holding_the_most_memory_is_named_first(orphan):
+    """Seen on one H200: the pytest process (the lower pid, a few GiB left from earlier tests) was
+    named before the 24 GiB GEMM beside it; the largest holder comes first, ties by pid."""
+
+    class Sized(FakeNvml):
+        def nvmlDeviceGetComputeRunningProcesses(self, h):
+            return [SimpleNamespace(pid=orphan, usedGpuMemory=2 * GIB),
+                    SimpleNamespace(pid=4_000_001, usedGpuMemory=24 * GIB),
+                    SimpleNamespace(pid=4_000_002, usedGpuMemory=2 * GIB)]
+
+    found = occupancy.Watch({0: BUS}, nvml=Sized([])).check()
+    assert [p.pid for p in found] == [4_000_001, orphan, 4_000_002]
+    assert occupancy.cause(0, found).startswith("GPU 0 shared with pid 4000001 (python3, 24.0 GiB)")
+
+
 def test_a_process_that_only_holds_memory_is_not_the_cause(orphan):
     """Seen on one H200: the pytest process that launched `model` held 3.1 GiB and ran nothing,
     and the verdict said "shared GPU". Idle when the run started (0% utilisation): it lowers

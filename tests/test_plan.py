@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -280,6 +281,14 @@ def test_an_empty_history_names_the_command_for_each_figure(tmp_path):
     assert whats["allreduce bus bandwidth within a node"].startswith("mgpu-bench comm --ops allreduce --backend torch")
     assert doc["curve"] == [] and doc["answer"]["days"] is None and "no estimate" in out
     assert "missing: the step time of tiny" in out and _fig(doc, "activations")["source"].startswith("formula")
+    # a plan without a time still answers the fit: stored with its metrics, comparable with itself (seen on one
+    # H200: "the two runs share no metric")
+    db = tmp_path / "stored.sqlite3"
+    r = invoke("--model", "tiny", "--tokens", "1M", "--gpus", "2", "--db", str(db))
+    assert r.exit_code == 0, r.output
+    rid = re.search(r"stored as (r\d+)", r.output).group(1)
+    again = CliRunner().invoke(cli, ["compare", rid, "--baseline", rid, "--db", str(db)])
+    assert again.exit_code == 0 and "plan.tiny.ddp.b4.memory" in again.output, again.output  # no capacity on CPU
 
 
 def test_a_vision_workload_plans_in_samples(tmp_path):

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from mgpu_bench import workloads
 from mgpu_bench.cli import cli
+from mgpu_bench.errors import InputError
 from mgpu_bench.probe import load_document
 from mgpu_bench.schema import NAME
 from mgpu_bench.workloads import gpt
@@ -103,6 +104,16 @@ def test_every_dense_op_recorded_replays_as_the_ceiling_replays_it():
 
 
 # -- forms, keys, blocks --------------------------------------------------------------------------
+
+def test_the_gpt_default_sequence_fits_the_model():
+    """Seen on one H200: `model --model tiny --compile` (no --seq-len) was refused, "--seq-len 2048
+    does not fit tiny", a default the user never typed. The default is 2048 on GPUs (128 on CPU),
+    at most the model's positions; a length the user gives is still checked."""
+    assert workloads.resolve("tiny").seq_len == gpt.MODELS["tiny"].max_seq == 256
+    assert workloads.resolve("350m").seq_len == 2048 and workloads.resolve("tiny", cpu_defaults=True).seq_len == 128
+    with pytest.raises(InputError, match="--seq-len 2048 does not fit tiny"):
+        workloads.resolve("tiny", seq_len=2048)
+
 
 def test_every_form_resolves_to_a_key_metric_names_can_hold():
     cases = {

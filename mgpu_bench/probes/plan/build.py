@@ -206,6 +206,9 @@ def _traffic_source(parallel: str, coll) -> str:
 
 def _node_bandwidth(ev, coll, gpn, figures, missing, run_here, on_gpu) -> dict[str, Bandwidth] | None:
     out: dict[str, Bandwidth] = {}
+    if gpn <= 1:  # one GPU per node: every collective crosses nodes (_world_bandwidth)
+        return out
+    here, local_gpus = run_here
     for op in coll.ops:
         bw = bandwidth_from(ev.bus, op, "node", gpn)
         if bw is None and op != "allreduce":
@@ -213,7 +216,11 @@ def _node_bandwidth(ev, coll, gpn, figures, missing, run_here, on_gpu) -> dict[s
             if stand_in is not None:
                 bw = replace(stand_in, source=f"{stand_in.source}, the allreduce's busbw standing in for {op}")
         if bw is None:
-            missing.append(_missing(f"{op} bus bandwidth within a node", _comm_cmd(coll, on_gpu, run_here)))
+            why = None
+            if on_gpu and here and local_gpus < 2:
+                why = (f"this machine has {local_gpus} GPU: run it on one of the cluster's {gpn}-GPU nodes, or give "
+                       "--gpus-per-node 1 where the nodes have one GPU each")
+            missing.append(_missing(f"{op} bus bandwidth within a node", _comm_cmd(coll, on_gpu, run_here), why))
             return None
         if bw.ranks < gpn:
             bw = replace(bw, source=f"{bw.source}, held for up to {gpn} GPUs")
@@ -229,7 +236,8 @@ def _comm_cmd(coll, on_gpu: bool, run_here: tuple[bool, int]) -> tuple[list[str]
     here, local_gpus = run_here
     args = ["comm", "--ops", ",".join(coll.ops)]
     if on_gpu:
-        return args + ["--sizes", "1M-1G"] + (["--gpus", str(local_gpus)] if here else []), here and local_gpus >= 2
+        return args + ["--sizes", "1M-1G"] + (["--gpus", str(local_gpus)] if here and local_gpus >= 2 else []), \
+            here and local_gpus >= 2
     sizes = [size for _, size, _ in coll.calls]
     lo, hi = 1 << max(18, int(min(sizes)).bit_length() - 1), 1 << max(18, (int(max(sizes)) - 1).bit_length())
     return args + ["--backend", "torch", "--nproc", "2", "--sizes", f"{_size(lo)}-{_size(hi)}", "--iters", "10",
@@ -254,7 +262,9 @@ def _world_bandwidth(cfg, ev, ops, node_bw, gpn, figures, missing) -> dict[str, 
             bw = bandwidth_from(ev.bus, op, "world") or bandwidth_from(ev.bus, "allreduce", "world")
             if bw is None:
                 rail = bandwidth_from(ev.bus, op, "rail") or bandwidth_from(ev.bus, "allreduce", "rail")
-                if rail is not None and node_bw:
+                if rail is not None and gpn <= 1:
+                    bw = rail  # one GPU, one rail per node
+                elif rail is not None and node_bw:
                     ring = node_bw[op].points[-1][1]
                     pts = tuple((s, min(ring, b * gpn)) for s, b in rail.points)
                     bw = Bandwidth(pts, f"{rail.source} x {gpn} rails, capped by the node's ring", rail.ranks, rail.noise)

@@ -4,6 +4,10 @@ when the figures under it do (a driver upgrade, a slower link):
     plan.{model}.{parallel}.{n}gpu.step               s, the step time on n GPUs (the answer's n)
     plan.{model}.{parallel}.{n}gpu.time_to_train      s, for the plan's budget on n GPUs
 
+    plan.{model}.{parallel}.largest_batch             samples per GPU that fit (the fit, answered even
+                                                      where the time is not)
+    plan.{model}.{parallel}.b{batch}.memory            B allocated per GPU at the plan's batch
+
 {model} is the workload's key. No samples: a projection has no noise of its own (its range is in
 the document)."""
 
@@ -15,15 +19,26 @@ from mgpu_bench.metrics import Metric, slug
 
 
 def headline(doc: Mapping) -> list[Metric]:
+    out: list[Metric] = []
+    key, parallel = slug((doc.get("workload") or {}).get("key")), slug((doc.get("config") or {}).get("parallel"))
+    model = str((doc.get("workload") or {}).get("key"))
+    fit = doc.get("fit") or {}
+    largest = fit.get(f"largest_batch_{parallel}")
+    if largest is not None:
+        out.append(Metric(f"plan.{key}.{parallel}.largest_batch", float(largest), "samples", "higher", (),
+                          {"model": model, "parallel": parallel}))
+    at = fit.get(parallel) or {}
+    if at.get("allocated") is not None and at.get("batch"):
+        out.append(Metric(f"plan.{key}.{parallel}.b{int(at['batch'])}.memory", float(at["allocated"]), "B", "lower",
+                          (), {"model": model, "parallel": parallel, "batch": str(at["batch"])}))
     answer = doc.get("answer") or {}
     n = answer.get("gpus")
     point = next((p for p in doc.get("curve") or [] if p.get("gpus") == n), None)
     if not n or point is None:
-        return []
-    key, parallel = slug((doc.get("workload") or {}).get("key")), slug((doc.get("config") or {}).get("parallel"))
+        return out
     prefix = f"plan.{key}.{parallel}.{int(n)}gpu"
-    labels = {"model": str((doc.get("workload") or {}).get("key")), "parallel": parallel, "gpus": str(n)}
-    out = [Metric(f"{prefix}.step", float(point["step_s"]), "s", "lower", (), labels)]
+    labels = {"model": model, "parallel": parallel, "gpus": str(n)}
+    out.append(Metric(f"{prefix}.step", float(point["step_s"]), "s", "lower", (), labels))
     if point.get("days") is not None:
         out.append(Metric(f"{prefix}.time_to_train", float(point["days"]) * 86400.0, "s", "lower", (), labels))
     return out
