@@ -61,9 +61,10 @@ class CheckProbe(Probe):
     summary = "this node fit to run jobs, within a budget: Slurm drain, NHC, node-problem-detector"
     help = HELP
     payload = "parts"
-    outputs = ("json",)
+    outputs = ("json", "report")
     output_help: ClassVar[Mapping[str, str]] = {
         "json": "Write the result document (every part's raw samples, the reference, the verdict).",
+        "report": "Write report.html and summary.md (the verdict, every part, the floors) to this folder.",
         "progress": "A line per part on stderr [default: on].",
     }
     progress = "lines"
