@@ -319,3 +319,26 @@ def clean_stale(prefix: str, where: str | None = None, now: float | None = None)
         except OSError:
             continue
     return removed
+
+
+def signal_group(proc, sig: int) -> None:
+    """`sig` to the process group of `proc` (a child started with start_new_session=True); one
+    already gone, or not ours to signal, is left alone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def stop_group(proc, grace_s: float = 60.0) -> None:
+    """Stops a child command's process group as a user's Ctrl-C would: SIGINT (it writes what it
+    measured and exits), SIGKILL to the group after `grace_s`, and SIGKILL again to anything of
+    the group still alive once the command itself ended (no worker of it holds a GPU after it).
+    The suite's probes and plan --measure's commands are stopped this way."""
+    import subprocess
+
+    signal_group(proc, signal.SIGINT)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        signal_group(proc, signal.SIGKILL)
+        proc.wait()
+    signal_group(proc, signal.SIGKILL)

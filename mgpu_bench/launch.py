@@ -548,8 +548,8 @@ def strip_options(argv: list[str], drop: tuple[str, ...]) -> list[str]:
 def relaunch(args: list[str], nprocs: int, timeout_s: float) -> int:
     """`python -m mgpu_bench.cli ARGS` again in `nprocs` local processes started by torch's elastic
     launcher on a localhost rendezvous; they join as under torchrun and rank 0 prints and writes.
-    Exit code: 0; the ranks' own code when one failed (2 bad input, 143 SIGTERM, 130 Ctrl-C), else
-    1; 130 when this process is interrupted."""
+    Exit code: 0; the ranks' own code when one failed (2 bad input, 143 SIGTERM, 129 SIGHUP, 130
+    Ctrl-C), else 1; 130 when this process is interrupted (143 or 129 when it was terminated: cli.py)."""
     import sys
     import uuid
 
@@ -567,7 +567,7 @@ def relaunch(args: list[str], nprocs: int, timeout_s: float) -> int:
         run_elastic(lc, sys.executable, "-m", "mgpu_bench.cli", *args, children="keep")
     except ChildFailedError as exc:  # the ranks said why; their exit code is ours (2: bad input)
         codes = {f.exitcode for f in exc.failures.values()}
-        return next((c for c in (2, 143, 130) if c in codes), 1)
+        return next((c for c in (2, 143, 129, 130) if c in codes), 1)
     except (KeyboardInterrupt, SignalException) as exc:  # the agent turns Ctrl-C and SIGTERM into SignalException
         print(f"mgpu-bench: {interruption(exc)}", file=sys.stderr)
         return 130

@@ -118,6 +118,7 @@ def _comm(args: list[str], tmp_path) -> tuple[subprocess.CompletedProcess, float
     return proc, wall, int(m.group(1)) * (60 if m.group(2) == "min" else 1), json.loads(out.read_text())
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(visible_gpu_count() > 0, reason="checks what a machine without a GPU does")
 def test_the_main_command_keeps_within_twice_its_estimate_beside_a_busy_neighbour(tmp_path):
     """`mgpu-bench comm` at reduced sizes with another process burning a core the whole time.

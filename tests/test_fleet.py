@@ -295,7 +295,8 @@ def _links_too_noisy(doc):
     return any(s["what"] == "noise" and s["text"].startswith("Pairings") for s in doc["verdicts"]["suspects"])
 
 
-@pytest.mark.parametrize("seed", [11, 12])
+@pytest.mark.timing
+@pytest.mark.parametrize("seed", [11, pytest.param(12, marks=pytest.mark.slow)])  # a second seed: -m slow
 def test_eight_emulated_nodes_name_the_slow_node_and_the_slow_link(tmp_path, seed):
     """One node slowed all along; two others only during the round that pairs them."""
     bad = seed % NODES

@@ -731,6 +731,7 @@ def _cli_proc(*args: str, db: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.timing
 def test_real_processes_store_a_real_sweep_and_gate_on_it(tmp_path, db):
     """A real gloo comm sweep written by the real command, stored, made the baseline, compared
     with itself (exit 0) and with a copy 20x slower (exit 1: gloo's small-message times on CPU

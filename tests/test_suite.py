@@ -89,6 +89,7 @@ def test_rounds_2_and_3_on_cpu_ranks_report_store_and_skip_with_reasons(tmp_path
     assert "mgpu_bench_" in (tmp_path / "m.prom").read_text()
 
 
+@pytest.mark.timing
 def test_a_baseline_that_was_faster_makes_the_suite_exit_1(tmp_path):
     first = _suite(tmp_path, "--rounds", "1", "--report", "a")
     assert first.returncode == 0, first.stderr[-3000:]

@@ -192,9 +192,16 @@ class StepMonitor:
         self.store, self.db, self.prometheus, self.json, self.report = bool(store), db, prometheus, json, report
         self.print, self.progress, self.strict = bool(print), bool(progress), bool(strict)
         if self._writer():  # an output that cannot be written is found now, not after the training
-            from mgpu_bench.paths import check_report_dir, check_writable
+            from mgpu_bench.paths import check_distinct, check_report_dir, check_writable
 
             try:
+                db_path = None
+                if self.store:
+                    from mgpu_bench.history import default_path
+
+                    db_path = db or default_path()
+                check_distinct([("StepMonitor(json=...)", json), ("StepMonitor(prometheus=...)", prometheus),
+                                ("--report", report)], db_path, "StepMonitor(db=...)" if db else "the history database")
                 check_writable(json, "StepMonitor(json=...)")
                 check_writable(prometheus, "StepMonitor(prometheus=...)")
                 check_report_dir(report, "StepMonitor(report=...)")

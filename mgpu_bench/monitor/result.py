@@ -294,8 +294,8 @@ def _stored_gemm(mon, gpu_name: str, host: str, rate: float) -> dict | None:
 
 
 def _report(mon, doc, run, job) -> None:
-    """Rank 0: findings, notes, the model table, the job's own lines and the verdict on stdout;
-    the history row, the Prometheus textfile, the JSON document and the report folder."""
+    """Rank 0: the history row, the Prometheus textfile, the JSON document and the report folder
+    first; then findings, notes, the model table, the job's own lines and the verdict on stdout."""
     from mgpu_bench import runner
     from mgpu_bench.output.console import err_console, out_console
     from mgpu_bench.paths import write_json
@@ -303,10 +303,25 @@ def _report(mon, doc, run, job) -> None:
 
     probe = get("model")
     out, err = out_console(), err_console()
-    if mon.print:
-        from mgpu_bench.probes.model.analyse import findings, verdicts
-        from mgpu_bench.probes.model.render import render_terminal
+    if probe.measured(doc):  # stored and written first: a closed or full stdout never costs the job's figures
+        history, run_id = None, None
+        try:
+            if mon.store:
+                history, run_id, _ = runner._store(probe, None, doc, runner.Store(mon.db, False, mon.prometheus), out,
+                                                   err)
+            if mon.prometheus:
+                runner._textfile(mon.prometheus, doc, run_id, err)
+            runner.write_outputs([(mon.json, lambda p: write_json(p, doc)),
+                                  (mon.report, lambda p: probe.report(doc, p, history))], err)
+        finally:
+            if history is not None:
+                history.close()
+    if not mon.print:
+        return
+    from mgpu_bench.probes.model.analyse import findings, verdicts
+    from mgpu_bench.probes.model.render import render_terminal
 
+    try:
         for f in findings(run):
             out.print(f"finding: {f.text}", highlight=False, soft_wrap=True,
                       style=None if f.severity == "ok" else "bold yellow")
@@ -322,19 +337,8 @@ def _report(mon, doc, run, job) -> None:
         found = verdicts(run)
         out.print(f"verdict: {found[-1].line}" if found else f"verdict: none ({run.stop_message})", highlight=False,
                   soft_wrap=True)
-    if not probe.measured(doc):
-        return
-    history, run_id = None, None
-    try:
-        if mon.store:
-            history, run_id, _ = runner._store(probe, None, doc, runner.Store(mon.db, False, mon.prometheus), out, err)
-        if mon.prometheus:
-            runner._textfile(mon.prometheus, doc, run_id, err)
-        runner.write_outputs([(mon.json, lambda p: write_json(p, doc)),
-                              (mon.report, lambda p: probe.report(doc, p, history))], err)
-    finally:
-        if history is not None:
-            history.close()
+    except (BrokenPipeError, OSError):  # the job's stdout closed or full: its figures are stored and written
+        pass
 
 
 def job_lines(job: dict, run) -> list[str]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
-import os
 import re
 import signal
 import subprocess
@@ -173,15 +172,15 @@ def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None
                 proc.wait(timeout=probe.timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _stop_group(proc)
+                children.stop_group(proc)
             except KeyboardInterrupt as exc:
                 interrupted = exc
-                _stop_group(proc)
+                children.stop_group(proc)
         finally:
             if proc.poll() is None:  # an error of ours while it was stopping
-                _signal_group(proc, signal.SIGKILL)
+                children.signal_group(proc, signal.SIGKILL)
                 proc.wait()
-            _signal_group(proc, signal.SIGKILL)  # no worker of it outlives it to hold a GPU
+            children.signal_group(proc, signal.SIGKILL)  # no worker of it outlives it to hold a GPU
             entry["seconds"] = time.monotonic() - t0
             if sampler is not None:
                 sampler.stop()
@@ -212,23 +211,6 @@ def _last_error(stderr: str) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     ours = [ln for ln in lines if ln.startswith("mgpu-bench:")]
     return (ours or lines or ["no message"])[-1][:400]
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def _stop_group(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
-    """SIGINT to the probe's process group (it writes what it measured and exits), SIGKILL to
-    the group after `grace_s`."""
-    _signal_group(proc, signal.SIGINT)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        _signal_group(proc, signal.SIGKILL)
-        proc.wait()
-    _signal_group(proc, signal.SIGKILL)  # anything of it still alive after the probe itself ended
 
 
 class _Interrupted(KeyboardInterrupt):

@@ -101,12 +101,23 @@ def device_of(doc: Mapping) -> str:
 
 
 def _documents(history, kind: str) -> list[tuple[str, dict]]:
+    """The stored documents of `kind`, newest first, then those of the same kind inside stored
+    suites (a suite's model-1gpu, max-batch, comm: "r7 (suite: max-batch)")."""
     out = []
     for info in history.list(limit=RUNS_READ, kind=kind):
         try:
             out.append((info.run_id, history.get(info.run_id).document))
         except ValueError:  # InputError: a stored row that no longer reads (said by `history show`); skipped
             continue
+    for info in history.list(limit=RUNS_READ, kind="suite"):
+        try:
+            suite = history.get(info.run_id).document
+        except ValueError:
+            continue
+        for probe in suite.get("probes") or []:
+            doc = probe.get("document")
+            if isinstance(doc, dict) and doc.get("kind") == kind:
+                out.append((f"{info.run_id} (suite: {probe.get('name')})", doc))
     return out
 
 

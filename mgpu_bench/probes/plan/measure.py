@@ -6,8 +6,6 @@ environment as it is, marked so that they die with this process)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import signal
 import subprocess
@@ -66,15 +64,15 @@ def _run_one(args: list[str], db: str, log: Path, timeout_s: float) -> tuple[dic
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _stop(proc)
+                children.stop_group(proc, GRACE_S)
             except KeyboardInterrupt:
                 interrupted = True
-                _stop(proc)
+                children.stop_group(proc, GRACE_S)
         finally:
             if proc.poll() is None:
-                _signal(proc, signal.SIGKILL)
+                children.signal_group(proc, signal.SIGKILL)
                 proc.wait()
-            _signal(proc, signal.SIGKILL)  # nothing of it outlives it to hold a GPU
+            children.signal_group(proc, signal.SIGKILL)  # nothing of it outlives it to hold a GPU
     output = log.read_text(errors="replace")
     run = next((m.group(1) for ln in output.splitlines() if (m := re.match(r"stored as (r\d+) ", ln))), None)
     entry = {"command": "mgpu-bench " + " ".join(args), "status": "ok", "seconds": time.monotonic() - t0, "run": run,
@@ -91,15 +89,3 @@ def _run_one(args: list[str], db: str, log: Path, timeout_s: float) -> tuple[dic
     return entry, interrupted
 
 
-def _signal(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    _signal(proc, signal.SIGINT)
-    try:
-        proc.wait(timeout=GRACE_S)
-    except subprocess.TimeoutExpired:
-        _signal(proc, signal.SIGKILL)
-        proc.wait()
