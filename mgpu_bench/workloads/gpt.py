@@ -50,7 +50,9 @@ class ModelSpec:
 
 
 MODELS: dict[str, ModelSpec] = {
-    "tiny": ModelSpec("tiny", layers=2, d_model=64, heads=2, max_seq=256),  # CI on CPU
+    # CI on CPU. A vocabulary of 4096, not GPT-2's 50304: with that one the LM head made the step at
+    # batch 4, seq 128 take 268.7 ms on a 2-core CPU, 31.0 ms with this one (every CPU test trains it)
+    "tiny": ModelSpec("tiny", layers=2, d_model=64, heads=2, vocab=4096, max_seq=256),
     "125m": ModelSpec("125m", layers=12, d_model=768, heads=12),
     "350m": ModelSpec("350m", layers=24, d_model=1024, heads=16),
     "760m": ModelSpec("760m", layers=24, d_model=1536, heads=16),
