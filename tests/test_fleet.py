@@ -298,13 +298,21 @@ def _links_too_noisy(doc):
 @pytest.mark.timing
 @pytest.mark.parametrize("seed", [11, pytest.param(12, marks=pytest.mark.slow)])  # a second seed: -m slow
 def test_eight_emulated_nodes_name_the_slow_node_and_the_slow_link(tmp_path, seed):
-    """One node slowed all along; two others only during the round that pairs them."""
+    """One node slowed all along; two others only during the round that pairs them. Eight emulated
+    nodes share two cores: a pass that names no node at all (exit 0: every figure within the
+    noise it measured) is run once more, as test_slurm.py does; a pass that names a wrong node fails
+    at once."""
     bad = seed % NODES
     rounds = schedule.pairing_rounds(NODES, schedule.default_rounds(NODES), seed)
     pair = next(p for p in rounds[1] if bad not in p)  # met in round 2
-    doc, drain, codes, progress, stdout = _fleet(tmp_path, seed, slow_node=bad, slow_pair=pair)
+    for attempt in range(2):
+        where = tmp_path / f"try{attempt}"
+        where.mkdir()
+        doc, drain, codes, progress, stdout = _fleet(where, seed, slow_node=bad, slow_pair=pair)
+        if codes[0] != 0 or drain:
+            break
     name = doc["nodes"][bad]["node"]
-    assert codes[0] == 1 and all(c == 0 for c in codes[1:]), progress[-3000:]  # rank 0: a node to drain
+    assert codes[0] == 1 and all(c == 0 for c in codes[1:]), progress[-3000:] + stdout[-3000:]  # a node to drain
     assert [n["node"] for n in doc["nodes"]] == [f"{doc['nodes'][0]['host']}#{k}" for k in range(NODES)]
     got = _suspects(doc)
     assert ("gpu", bad, 0) in got  # its own GEMM and copy, one rank at a time
