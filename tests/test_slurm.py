@@ -22,7 +22,6 @@ from slurm_cluster import Throttle, processes
 from mgpu_bench import launch, slurm
 from mgpu_bench.cli import cli
 
-
 CLI = [sys.executable, "-m", "mgpu_bench.cli"]
 
 
