@@ -295,9 +295,10 @@ def _links_too_noisy(doc):
     return any(s["what"] == "noise" and s["text"].startswith("Pairings") for s in doc["verdicts"]["suspects"])
 
 
-# Eight emulated nodes on two cores are at the edge of what the pass can tell from noise: in CI it named
-# no node, or a partner of the slowed pair as well, in 3 of 6 runs. `-m slow` runs it; in CI the srun
-# fleet --drain test of tests/test_slurm.py (four nodes, one slowed) and the verdict tests above carry it.
+# Eight emulated nodes on two cores are at the edge of what the pass can tell from noise: in CI it
+# named no node, or a partner of the slowed pair as well, in 3 of the 5 runs of 2026-12-01. `-m slow`
+# runs it; in CI the srun fleet --drain test of tests/test_slurm.py (four nodes, one slowed) and the
+# verdict tests above carry it.
 @pytest.mark.slow
 @pytest.mark.timing
 @pytest.mark.parametrize("seed", [11, 12])
