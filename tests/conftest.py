@@ -157,3 +157,27 @@ def _stop_state_per_test():
         signal.signal(s, h)
     for k, v in state.items():
         setattr(errors, k, v)
+
+
+class Measuring(Exception):
+    """Raised where a probe would start its work (before_measuring): everything before it was taken."""
+
+
+@pytest.fixture
+def before_measuring(monkeypatch, tmp_path):
+    """CPU ranks, no launcher, the current folder a scratch one, each probe stopped where it would
+    start measuring (its delegate raises Measuring)."""
+    from mgpu_bench import probe as registry
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS",
+                "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def stop(self, cfg):
+        raise Measuring()
+
+    for name in registry.names():
+        monkeypatch.setattr(type(registry.get(name)), "delegate", stop)
+    return tmp_path

@@ -33,10 +33,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import AS_A_TERMINAL, DEADLINE_S, FIRST_SIZE, plain, wait_for_output
+from conftest import AS_A_TERMINAL, DEADLINE_S, FIRST_SIZE, Measuring, plain, wait_for_output
 from test_headline import comm_document
 
-from mgpu_bench import probe as registry
 from mgpu_bench.cli import cli
 from mgpu_bench.history import History
 
@@ -45,26 +44,6 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: 
 TRACES = ("Traceback", "Exception ignored", "resource_tracker", "leaked")
 
 
-class _Measuring(Exception):
-    """Raised where a probe would start its work: everything before it was taken."""
-
-
-@pytest.fixture
-def before_measuring(monkeypatch, tmp_path):
-    """CPU ranks, no launcher, the current folder a scratch one, each probe stopped where it would
-    start measuring."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS",
-                "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
-
-    def stop(self, cfg):
-        raise _Measuring()
-
-    for name in registry.names():
-        monkeypatch.setattr(type(registry.get(name)), "delegate", stop)
-    return tmp_path
 
 
 def invoke(*args, env=None):
@@ -73,7 +52,7 @@ def invoke(*args, env=None):
 
 def refused(r, *words: str) -> str:
     """Exit 2, one line on stderr, no traceback, naming `words`; the line."""
-    assert not isinstance(r.exception, _Measuring), f"measured: {r.output}"
+    assert not isinstance(r.exception, Measuring), f"measured: {r.output}"
     assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
     lines = r.output.strip().splitlines()
     assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("mgpu-bench: error: "), r.output
@@ -84,7 +63,7 @@ def refused(r, *words: str) -> str:
 
 def reached(r) -> None:
     """The options were taken and the probe reached its measurement, no traceback."""
-    assert isinstance(r.exception, _Measuring), r.output + repr(r.exception)
+    assert isinstance(r.exception, Measuring), r.output + repr(r.exception)
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from conftest import Measuring
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -43,33 +44,18 @@ SETTINGS = {"deadline": None, "derandomize": True, "database": None,
 RUNNER = CliRunner()
 
 
-class _Measuring(Exception):
-    """Raised where a probe would start its work: the options were all taken."""
-
-
 @pytest.fixture
-def stop_before_measuring(monkeypatch, tmp_path):
-    """CPU ranks only, no launcher, a private database, the current folder a scratch one, and each
-    probe stopped where its measurement would start."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS",
-                "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
-
-    def stop(self, cfg):
-        raise _Measuring()
-
-    for name in registry.names():
-        monkeypatch.setattr(type(registry.get(name)), "delegate", stop)
-    History.open().close()  # the database exists: a run that reaches it adds no file
-    return tmp_path
+def stop_before_measuring(before_measuring):
+    """before_measuring (conftest.py), with a private database that exists: a run that reaches it
+    adds no file."""
+    History.open().close()
+    return before_measuring
 
 
 def _verdict(result, args) -> str:
     """'refused' (exit 2, one line, no traceback) or 'accepted' (reached the measurement, or a
     query that answered); anything else fails the test with what it printed."""
-    if isinstance(result.exception, _Measuring) or (result.exit_code == 0 and result.exception is None):
+    if isinstance(result.exception, Measuring) or (result.exit_code == 0 and result.exception is None):
         return "accepted"
     text = result.output.strip()
     crash = "" if result.exception is None or isinstance(result.exception, SystemExit) else \

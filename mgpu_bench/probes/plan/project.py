@@ -285,7 +285,7 @@ class Projection:
 def _is_run(source: str) -> bool:
     """A run id ("r12") or a suite's probe ("r12 (suite: model-1gpu)"), not a formula or a range."""
     head = source.split(" (suite: ", 1)[0]
-    return head.startswith("r") and head[1:].isdigit() and (head == source or source.endswith(")"))
+    return head.startswith("r") and head[1:].isdigit()
 
 
 def counts(gpn: int, limit: int) -> list[int]:
