@@ -345,6 +345,7 @@ def _slurm_task(k: int, tasks: int, nodelist: str, port: int, args: list[str], l
                                 env=env, cwd=log.parent)
 
 
+@pytest.mark.timing  # the two that arrive are judged against each other: CI runs it alone
 def test_a_node_that_never_arrives_is_drained_and_each_node_is_its_own_history(tmp_path):
     """Slurm starts 3 tasks on gpu[1-3]; gpu3's never starts, and --expect names a gpu4 the job
     never had. The two that arrive measure; both missing nodes are named and drained; each
