@@ -106,10 +106,17 @@ def rates(amount: float, seconds) -> tuple[float, ...]:
 def window_steps(run: Mapping) -> list[float]:
     """A model document's run entry: seconds per step over its stable window, the slowest rank
     per step (as the model probe's analyse computes its figures from them)."""
+    steps = measured_steps(run)
+    n = len(steps)
+    start, end = (list(run.get("window") or [0, n]) + [0, n])[:2]
+    return steps[int(start):int(end)]
+
+
+def measured_steps(run: Mapping) -> list[float]:
+    """A model document's run entry: seconds per timed step, every one after warm-up (the wall
+    clock's throughput is taken over them), the slowest rank per step."""
     good = [r for r in run.get("ranks") or [] if (r.get("phases") or {}).get("step")]
     if not good:
         return []
     n = min(len(r["phases"]["step"]) for r in good)
-    steps = [max(r["phases"]["step"][i] for r in good) for i in range(n)]
-    start, end = (list(run.get("window") or [0, n]) + [0, n])[:2]
-    return steps[int(start):int(end)]
+    return [max(r["phases"]["step"][i] for r in good) for i in range(n)]

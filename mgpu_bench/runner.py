@@ -332,7 +332,8 @@ def print_comparison(found, out, err) -> bool:
         out.print(safe_text(f"regression: {c.name}: {format_value(c.base, c.unit)} -> {format_value(c.new, c.unit)} "
                             f"({format_change(c.change, c.absolute)}; threshold "
                             f"{format_noise(c.threshold, c.absolute)})"), highlight=False, soft_wrap=True)
-    out.print(f"compared with baseline {base}: {len(comparison.regressions)} regression(s)", highlight=False)
+    undecided = f", {len(comparison.undecided)} too close to the noise to call" if comparison.undecided else ""
+    out.print(f"compared with baseline {base}: {len(comparison.regressions)} regression(s){undecided}", highlight=False)
     return comparison.failed
 
 

@@ -357,14 +357,17 @@ def test_noise_widens_the_threshold():
     ]  # MAD 4 -> 5.9% robust spread
     assert noise(noisy) == pytest.approx(1.4826 * 4 / 100)
     base = _m("x.q", 100.0, samples=noisy)
-    c = _status(base, _m("x.q", 90.0, samples=noisy))
+    # a 5.5% drop is inside one spread: the runs agree
+    c = _status(base, _m("x.q", 94.5, samples=noisy))
     assert c.status == "within noise" and c.threshold == pytest.approx(
         3 * 1.4826 * 0.04
     )
+    # a 10% drop is beyond one spread, under three: neither a regression nor "within noise"
+    assert _status(base, _m("x.q", 90.0, samples=noisy)).status == "cannot tell"
     assert _status(base, _m("x.q", 80.0, samples=noisy)).status == "regression"
     # only the new run has samples: its noise alone counts
     assert (
-        _status(_m("x.q", 100.0), _m("x.q", 90.0, samples=noisy)).status
+        _status(_m("x.q", 100.0), _m("x.q", 94.5, samples=noisy)).status
         == "within noise"
     )
     # fewer than 5 samples: no noise estimate, the tolerance alone decides

@@ -4,6 +4,7 @@ real two-process gloo run of the tiny model through the command line, bad input.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -97,8 +98,16 @@ def test_two_gloo_processes_end_to_end(tmp_path):
     assert run["tokens_per_step"] == 2 * 64 * 2
     assert all(len(r["phases"]["step"]) == 4 for r in run["ranks"])
     d = run["derived"]
-    assert d["tokens_per_s"] == pytest.approx(run["tokens_per_step"] / d["step_s"])
+    # the wall clock's rate: every timed step's tokens over the longest rank's time; the median step's beside it
+    elapsed = max(sum(r["phases"]["step"]) for r in run["ranks"])
+    assert d["elapsed_s"] == pytest.approx(elapsed) and d["measured_steps"] == 4
+    assert d["tokens_per_s"] == pytest.approx(4 * run["tokens_per_step"] / elapsed)
+    assert d["steady_tokens_per_s"] == pytest.approx(run["tokens_per_step"] / d["step_s"])
     assert d["exposed_comm_share"] is not None  # the no_sync pass ran on both ranks
+    assert run["comm_method"] == "no_sync" and d["sync_bytes"] > 0  # and the DDP hook timed the all-reduce
+    cores = [set(r["cpu_pin"]["cores"]) for r in run["ranks"]]
+    assert not cores[0] & cores[1] or len(os.sched_getaffinity(0)) < 2  # each rank its own share of the cores
+    assert any(n.startswith("CPU ranks pinned to their share of the cores") for n in doc["notes"])
 
 
 @pytest.mark.parametrize("args,text", [

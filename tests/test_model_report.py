@@ -95,16 +95,16 @@ def test_markdown_table_carries_the_figures():
     # 1 GPU synthetic: 4 x 128 tokens per 50 ms step
     tps1 = 4 * 128 / 0.050
     assert (f"| 1 | synthetic | 50.00 | {4 / 0.050:.1f} | {tps1:.0f} | {tps1:.0f} | {tps1 * 1e9 / 1e12:.1f} | "
-            f"{100 * tps1 * 1e9 / PEAK:.1f} | {100 * 0.001 / 0.050:.1f} | 15.00 | 30.00 | 3.00 | - | 36.00 | "
+            f"{100 * tps1 * 1e9 / PEAK:.1f} | {100 * 0.001 / 0.050:.1f} | 15.00 | 30.00 | 3.00 | - | - | 36.00 | "
             "2-7 of 8 |") in md
     tps2 = 2 * 4 * 128 / 0.055
     assert (f"| 2 | synthetic | 55.00 | {8 / 0.055:.1f} | {tps2:.0f} | {tps2 / 2:.0f} | {tps2 / 2 * 1e9 / 1e12:.3g} | "
-            f"{100 * tps2 / 2 * 1e9 / PEAK:.1f} | {100 * 0.001 / 0.055:.1f} | 15.00 | 34.00 | 3.00 | 12.0 | "
+            f"{100 * tps2 / 2 * 1e9 / PEAK:.1f} | {100 * 0.001 / 0.055:.1f} | 15.00 | 34.00 | 3.00 | 12.0 | - | "
             "36.00 | 2-7 of 8 |") in md
     assert "| 2 | loader | failed: out of memory: tried to allocate |" in md
-    assert ("| GPUs | data | step ms | samples/s total | tokens/s total | tokens/s per GPU | TFLOP/s per GPU | "
+    assert ("| GPUs | data | steady step ms | samples/s total | tokens/s total | tokens/s per GPU | TFLOP/s per GPU | "
             "MFU % |") in md
-    assert "exposed comm % | peak reserved GiB |" in md
+    assert "exposed comm % | long steps % of time | peak reserved GiB |" in md
     # scaling: T_2 / (2 x T_1)
     assert f"| 2 | synthetic | {tps2:.0f} | {2 * tps1:.0f} | {100 * tps2 / (2 * tps1):.1f} |" in md
     assert "communication-bound: exposed communication is 12.0% of the step" in md

@@ -24,6 +24,9 @@ EXIT_REGRESSION = 1
 # compare only: the comparison was made and printed, no regression, but --json was not written.
 # Not 1 (a regression gate must not fire on a full disk) nor 2 (the input was good).
 EXIT_OUTPUT = 3
+# compare only: no regression, but a change too close to the noise to call either way (a gate can
+# say neither passed nor failed); a regression still exits 1.
+EXIT_CANNOT_TELL = 4
 
 _DB_HELP = "History database [default: $MGPU_BENCH_DB, else $XDG_DATA_HOME/mgpu-bench/history.sqlite3]."
 
@@ -494,18 +497,24 @@ RUN and --baseline: r12 (as `history list` prints it), 12, or latest. Without --
 the baseline set for RUN's kind (`mgpu-bench baseline set`).
 Per metric: change = (new - base) / base; fractions (MFU, shares) change in percentage
 points. Noise of a run = 1.4826 x MAD / median of the metric's own samples (iterations,
-steps, bursts), none with fewer than 5. A metric is a regression when it is worse by more
-than max(--tolerance, 3 x the larger noise of the two runs), an improvement when better by
-as much, "within noise" when beyond the tolerance but inside that noise band, else
-unchanged. Differences of host, GPUs, driver, CUDA, NCCL, torch, NCCL_*/CUDA_* variables
-or topology between the two runs are printed first as a warning.
+steps, bursts), none with fewer than 5. Up to --tolerance a change is "unchanged". Beyond it
+a metric is a regression when it is worse by more than max(--tolerance, 3 x the larger noise
+of the two runs) (ratios as |ln(new / base)|, so a 10x drop counts as far as a 10x gain), an
+improvement when better by as much, "within noise" when inside one noise, and "cannot tell"
+in between: larger than the runs' spread, too small against it to call. On a host too noisy
+to compare (a CPU run started on a busy host, or figures spreading over 10% within a run)
+each metric's noise is at least that run's typical spread (said). Differences of host, GPUs,
+driver, CUDA, NCCL, torch, NCCL_*/CUDA_* variables or topology between the two runs are
+printed first as a warning.
 
 \b
-Exit codes: 0 no regression; 1 at least one regression, or runs that cannot be compared
-(gate cron jobs and CI on it); 2 bad input (unknown run, no baseline, bad --tolerance, an
-unusable database, a --json path that cannot be written: checked before comparing);
-3 compared without a regression, but --json could not be written afterwards (a full disk
-must not read as a regression; a regression still exits 1, with the write failure said).
+Exit codes: 0 no regression and nothing undecided; 1 at least one regression, or runs that
+cannot be compared (gate cron jobs and CI on it); 2 bad input (unknown run, no baseline, bad
+--tolerance, an unusable database, a --json path that cannot be written: checked before
+comparing); 3 compared without a regression, but --json could not be written afterwards (a
+full disk must not read as a regression; a regression still exits 1, with the write failure
+said); 4 cannot tell: no regression, but a change too close to the noise to call either way
+(run both again on a quieter host, or with more steps or iterations).
 """
 
 
@@ -554,7 +563,7 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
                     "or give --baseline RUN"
                 )
         result = compare_runs(h, base, new.run_id, tolerance)
-    code = EXIT_REGRESSION if result.failed else 0
+    code = EXIT_REGRESSION if result.failed else EXIT_CANNOT_TELL if result.cannot_tell else 0
     if json_path:  # written first, printed after: a reader that stops reading stdout costs no file
         from mgpu_bench.paths import write_json
 
@@ -588,7 +597,7 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
     for name in ("base", "new", "change", "noise"):
         t.add_column(name, justify="right", no_wrap=True)
     t.add_column("status", no_wrap=True)
-    styles = {"regression": "bold red", "improvement": "green", "missing": "yellow"}
+    styles = {"regression": "bold red", "improvement": "green", "missing": "yellow", "cannot tell": "yellow"}
     for c in result.changes:
         noises = [x for x in (c.noise_base, c.noise_new) if x is not None]
         t.add_row(
@@ -608,13 +617,29 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
             f"({format_change(c.change, c.absolute)}, threshold {format_noise(c.threshold, c.absolute)})"),
             soft_wrap=True,
         )
+    for c in result.undecided:
+        out.print(safe_text(
+            f"cannot tell: {c.name} {format_value(c.base, c.unit)} -> {format_value(c.new, c.unit)} "
+            f"({format_change(c.change, c.absolute)}: beyond the noise {format_noise(_spread(c), c.absolute)}, under "
+            f"the threshold {format_noise(c.threshold, c.absolute)})"),
+            soft_wrap=True,
+        )
     out.print(", ".join(f"{n} {s}{'s' if n != 1 and s in ('regression', 'improvement') else ''}"
                         for s, n in counts.items()))
+    if result.cannot_tell:
+        out.print(f"cannot tell (exit code {EXIT_CANNOT_TELL}): {len(result.undecided)} change(s) too close to the "
+                  "noise to call; run both again on a quieter host, or longer", soft_wrap=True)
     out.print(f"{result.compared} metric(s) compared, those both runs have; {counts['missing']} only in {result.base}, "
               f"{counts['added']} only in {result.new}", soft_wrap=True)
-    if code == 0 and stdout_failure() is not None and not isinstance(stdout_failure(), BrokenPipeError):
+    if code in (0, EXIT_CANNOT_TELL) and stdout_failure() is not None and not isinstance(stdout_failure(), BrokenPipeError):
         return EXIT_OUTPUT  # compared, no regression, the comparison not printed: never the regression code
     return code
+
+
+def _spread(c) -> float | None:
+    """The noise a change was judged against: the larger of the runs', or a noisy host's floor."""
+    known = [x for x in (c.noise_base, c.noise_new, c.floor) if x is not None]
+    return max(known) if known else None
 
 
 def register(main: click.Group) -> None:

@@ -1,5 +1,14 @@
 """Comparing runs: per metric the change against a noise-aware threshold, and what differs
 between the two machines' fingerprints (driver, NCCL, GPUs, topology, NCCL_* / CUDA_* variables).
+
+A change is judged in the only three ways the figures allow: it is beyond the noise (regression
+or improvement), within it (inside one spread: the runs agree), or too close to the noise to say
+("cannot tell": larger than the runs' spread, yet under NOISE_K of it). A drop larger than the
+runs' spread is never "within noise". Ratios are judged as the log of new / base against the
+spread, so that a 10x drop (-90%) and a 10x gain (+900%) are the same distance from no change.
+On a host too noisy to compare (noisy_host: busy when a CPU run started, or figures that spread
+more than NOISY_SPREAD within the run) every metric's spread is at least the run's own typical
+spread: two identical runs drifting apart on such a host are "cannot tell", not regressions.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ MIN_SAMPLES_FOR_NOISE = (
 STATUSES = (
     "regression",
     "improvement",
+    "cannot tell",
     "within noise",
     "unchanged",
     "added",
@@ -74,6 +84,7 @@ class Change:
     noise_new: float | None
     threshold: float | None
     status: str
+    floor: float | None = None  # the noisy host's spread that this metric's noise was raised to (None: not raised)
 
     @property
     def absolute(self) -> bool:
@@ -85,10 +96,12 @@ def compare(
     base_metrics: Iterable[Metric],
     new_metrics: Iterable[Metric],
     tolerance: float = 0.05,
+    floor: float | None = None,
 ) -> list[Change]:
     """Per metric of the two runs, the change and its status (see Change), in the new run's
-    order, then the base's metrics missing from the new run. tolerance: a fraction in (0, 1).
-    Runs that share no metric give only added and missing ones (compare_runs: not comparable)."""
+    order, then the base's metrics missing from the new run. tolerance: a fraction in (0, 1);
+    floor: the least relative spread of a ratio metric (a noisy host's, host_spread). Runs that
+    share no metric give only added and missing ones (compare_runs: not comparable)."""
     if not (0 < tolerance < 1):
         raise InputError(
             f"tolerance {tolerance:g} is out of range: give more than 0 and less than 100%"
@@ -115,7 +128,7 @@ def compare(
                 )
             )
             continue
-        out.append(_change(b, n, tolerance))
+        out.append(_change(b, n, tolerance, floor))
     for name, b in base.items():
         if name not in new:
             out.append(
@@ -136,7 +149,7 @@ def compare(
     return out
 
 
-def _change(b: Metric, n: Metric, tolerance: float) -> Change:
+def _change(b: Metric, n: Metric, tolerance: float, floor: float | None = None) -> Change:
     absolute = n.unit == "fraction"
     diff = n.value - b.value
     if absolute:
@@ -148,13 +161,25 @@ def _change(b: Metric, n: Metric, tolerance: float) -> Change:
     gain = change if n.better == "higher" else -change
     nb, nn = noise(b.samples, absolute), noise(n.samples, absolute)
     known = [x for x in (nb, nn) if x is not None]
-    threshold = max(tolerance, NOISE_K * max(known)) if known else tolerance
+    spread = max(known) if known else None
+    raised = None
+    if floor is not None and not absolute and (spread is None or spread < floor):
+        spread, raised = floor, floor
+    threshold = max(tolerance, NOISE_K * spread) if spread is not None else tolerance
+    # the distance from no change: percentage points of a fraction, else |ln(new / base)| (of two
+    # values of one sign; a ratio near 1 gives about the relative change)
+    if absolute or not (b.value and n.value) or (b.value > 0) != (n.value > 0):
+        distance = abs(change)
+    else:
+        distance = abs(math.log(n.value / b.value))
     if abs(change) <= tolerance:
         status = "unchanged"
-    elif abs(change) <= threshold:
+    elif distance > threshold:
+        status = "regression" if gain < 0 else "improvement"
+    elif spread is None or distance <= max(tolerance, spread):
         status = "within noise"
     else:
-        status = "regression" if gain < 0 else "improvement"
+        status = "cannot tell"
     return Change(
         n.name,
         n.unit,
@@ -167,6 +192,7 @@ def _change(b: Metric, n: Metric, tolerance: float) -> Change:
         nn,
         threshold,
         status,
+        raised,
     )
 
 
@@ -308,6 +334,17 @@ class Comparison:
         return [c for c in self.changes if c.status == "regression"]
 
     @property
+    def undecided(self) -> list[Change]:
+        """Changes too close to the noise to call either way ("cannot tell")."""
+        return [c for c in self.changes if c.status == "cannot tell"]
+
+    @property
+    def cannot_tell(self) -> bool:
+        """No regression, but some change cannot be told from the noise: a gate can say neither
+        "passed" nor "failed" (compare's own exit code)."""
+        return not self.failed and bool(self.undecided)
+
+    @property
     def failed(self) -> bool:
         """A gate on this comparison fails: a regression, or runs that cannot be compared."""
         return bool(self.regressions or self.not_comparable)
@@ -327,12 +364,15 @@ class Comparison:
             "new": self.new,
             "tolerance": self.tolerance,
             "noise_k": NOISE_K,
-            "rule": "regression: worse by more than max(tolerance, noise_k x the larger noise); noise = 1.4826 x "
-            "MAD / median of a run's samples (fractions: in points), none under 5 samples",
+            "rule": "regression: worse by more than max(tolerance, noise_k x the larger noise), |ln(new/base)| for "
+            "ratios (fractions: in points); within noise: within one noise; cannot tell: between; noise = 1.4826 x "
+            "MAD / median of a run's samples, none under 5 samples, at least the run's typical spread on a noisy "
+            "host",
             "fingerprint_differences": self.fingerprint_differences,
             "not_comparable": list(self.not_comparable),
             "warnings": list(self.warnings),
             "regressions": len(self.regressions),
+            "cannot_tell": len(self.undecided),
             "changes": [
                 {k: clean(v) for k, v in asdict(c).items()} for c in self.changes
             ],
@@ -348,7 +388,11 @@ def compare_runs(
     be compared: a regression gate fails on them (not_comparable)."""
     base, new = history.get(base_id), history.get(new_id)
     base_metrics, new_metrics = _comparable(history, base), _comparable(history, new)
-    changes = compare(base_metrics, new_metrics, tolerance)
+    noisy = noisy_host(base, base_metrics) + noisy_host(new, new_metrics)
+    floor = None
+    if noisy:  # drift between runs on such a host exceeds a metric's own samples: its typical spread at least
+        floor = max(NOISY_SPREAD, host_spread(base_metrics) or 0.0, host_spread(new_metrics) or 0.0)
+    changes = compare(base_metrics, new_metrics, tolerance, floor)
     apart = []
     if not any(c.status not in ("added", "missing") for c in changes):
         apart.append((other_workloads(base_metrics, new_metrics) or f"the two runs share no metric ({len(base_metrics)} "
@@ -361,7 +405,8 @@ def compare_runs(
         fingerprint_diff(base.fingerprint, new.fingerprint),
         changes,
         tuple(apart + shared_gpus(base) + shared_gpus(new)),
-        tuple(noisy_host(base, base_metrics) + noisy_host(new, new_metrics))
+        tuple(line + (f"; every metric's noise is taken as at least {100 * floor:.0f}%" if floor else "")
+              for line in noisy)
         + tuple(line + ": their training figures are not compared" for line in
                 [other_workloads(base_metrics, new_metrics)] if line and not apart),
     )
@@ -417,12 +462,19 @@ def noisy_host(run, metrics: Sequence[Metric]) -> list[str]:
         out.append(f"{run.run_id}: the host was busy when it started (load average {busy:.1f} on {cpus} CPU(s)) and "
                    "it ran on CPU processes: its figures drift between runs more than its own samples show; run "
                    "both on an idle host")
-    spreads = [s for m in metrics if m.unit != "fraction" and (s := noise(m.samples)) is not None]
-    if len(spreads) >= 3 and statistics.median(spreads) > NOISY_SPREAD:
-        out.append(f"{run.run_id}: its figures spread {100 * statistics.median(spreads):.0f}% within the run (the "
-                   f"median of {len(spreads)} metrics' noise; above {100 * NOISY_SPREAD:.0f}% no change can be "
-                   "told from noise): the host is too noisy to compare")
+    spread = host_spread(metrics)
+    if spread is not None and spread > NOISY_SPREAD:
+        n = sum(1 for m in metrics if m.unit != "fraction" and noise(m.samples) is not None)
+        out.append(f"{run.run_id}: its figures spread {100 * spread:.0f}% within the run (the median of {n} metrics' "
+                   f"noise; above {100 * NOISY_SPREAD:.0f}% a small change cannot be told from noise): the host is too "
+                   "noisy to compare")
     return out
+
+
+def host_spread(metrics: Sequence[Metric]) -> float | None:
+    """A run's typical relative spread: the median of its ratio metrics' noise (3 at least)."""
+    spreads = [s for m in metrics if m.unit != "fraction" and (s := noise(m.samples)) is not None]
+    return statistics.median(spreads) if len(spreads) >= 3 else None
 
 
 def shared_gpus(run) -> list[str]:

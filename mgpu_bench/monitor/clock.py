@@ -12,7 +12,11 @@ A step's wall runs from its start to the next step's start when that step is the
 (time between the `with` blocks, where `for batch in loader` fetches the batch, belongs to the
 step before it), else to its own end (the last step, one before a profiled or discarded step).
 Its data wait is the wall outside compute(): (compute start - start) + (next start - compute
-end). Base units: seconds.
+end). On a GPU each mark also keeps the host clock, so that how far the GPU was behind the host
+at a step's compute end can be read back (queue_s: stalls.queue_depths): 0 when the GPU had caught
+up and waited for the host. With a DDP model the pool also keeps each step's gradient all-reduce
+marks (gradsync.Slot, filled by the communication hook): arrival_s, sync_exposed_s, sync_busy_s and
+sync_bytes per step (gradsync.read). Base units: seconds.
 """
 
 from __future__ import annotations
@@ -34,9 +38,20 @@ class HostPool:
         self.tokens: list[int | None] = [None] * size
         self.computed = [False] * size
         self.marks: list[list] = [[0.0, 0.0, 0.0, 0.0] for _ in range(size)]
+        self.sync: list | None = None  # gradsync.Slot per slot, once a communication hook marks steps
 
     def mark(self, which: int) -> None:
         self.marks[self.n][which] = time.perf_counter()
+
+    def sync_slot(self):
+        """The current slot's gradient all-reduce marks, emptied (made at the first use)."""
+        if self.sync is None:
+            from mgpu_bench.gradsync import Slot
+
+            self.sync = [Slot() for _ in range(self.size)]
+        slot = self.sync[self.n]
+        slot.reset()
+        return slot
 
     def between(self, a, b) -> float:
         return b - a
@@ -53,6 +68,12 @@ class HostPool:
                                 "samples": self.samples[:n], "tokens": self.tokens[:n], "computed": self.computed[:n]}
         if not n:
             return out
+        syncs = None
+        if self.sync is not None:
+            from mgpu_bench.gradsync import read
+
+            syncs = [read(self.sync[k], self.marks[k][COMPUTE_START], self.between) if self.computed[k] else None
+                     for k in range(n)]
         nxt = None
         if following is not None and following.n and following.index[0] == self.index[n - 1] + 1:
             nxt = following.marks[0][START]
@@ -74,7 +95,15 @@ class HostPool:
             else:
                 out["compute_s"].append(0.0)
                 out["data_s"].append(0.0)
+        if syncs is not None:
+            for key, col in (("arrival_s", "arrival_s"), ("exposed_s", "sync_exposed_s"), ("busy_s", "sync_busy_s"),
+                             ("bytes", "sync_bytes")):
+                out[col] = [x[key] if x else None for x in syncs]
+        self._queue(out, n)
         return out
+
+    def _queue(self, out: dict, n: int) -> None:
+        """The GPU's lag behind the host at each step's compute end (CudaPool); none on the host."""
 
 
 class CudaPool(HostPool):
@@ -89,9 +118,29 @@ class CudaPool(HostPool):
         self._current_stream = torch.cuda.current_stream
         with torch.cuda.device(device):
             self.marks = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(size)]
+        self.host = [[0.0, 0.0, 0.0, 0.0] for _ in range(size)]  # the host clock at each mark
 
     def mark(self, which: int) -> None:
         self.marks[self.n][which].record(self._current_stream(self.device))
+        self.host[self.n][which] = time.perf_counter()
+
+    def _queue(self, out: dict, n: int) -> None:
+        """queue_s per step: at its compute end (its end where compute() did not run), the GPU's
+        time less the host's, against the least such difference at the pool's step starts and
+        compute ends (stalls.queue_depths), both clocks from the pool's first start."""
+        from mgpu_bench.probes.model.stalls import queue_depths
+
+        first = self.marks[0][START]
+        h0 = self.host[0][START]
+        gpu, host, at = [], [], []
+        for k in range(n):
+            end = COMPUTE_END if self.computed[k] else END
+            for which in (START, end):
+                gpu.append(self.between(first, self.marks[k][which]))
+                host.append(self.host[k][which] - h0)
+            at.append(len(gpu) - 1)
+        depth = queue_depths(gpu, host)
+        out["queue_s"] = [depth[i] for i in at]
 
     def between(self, a, b) -> float:
         try:
@@ -107,24 +156,38 @@ class CudaPool(HostPool):
 
 def summary(cols: dict[str, list], window: int) -> dict:
     """One window's figures: its steps (first and last index), the medians of wall, data wait and
-    compute (seconds), samples and tokens in all, steps that ran compute()."""
+    compute (seconds), samples and tokens in all, steps that ran compute(), the seconds of the
+    walls and of compute() in all, and its long steps (stalls.events against the window's own
+    median: [index, excess seconds, where])."""
+    from mgpu_bench.probes.model.stalls import events
+
     walls = cols["wall_s"]
     out = {"window": window, "first": cols["index"][0], "last": cols["index"][-1], "steps": len(walls),
            "step_s": statistics.median(walls), "data_s": None, "compute_s": None,
            "samples": sum(cols["samples"]), "tokens": None, "computed": sum(cols["computed"]),
-           "seconds": sum(walls)}
-    if out["computed"] == len(walls):
+           "seconds": sum(walls), "compute_seconds": None}
+    told = out["computed"] == len(walls)
+    if told:
         out["data_s"] = statistics.median(cols["data_s"])
         out["compute_s"] = statistics.median(cols["compute_s"])
+        out["compute_seconds"] = sum(cols["compute_s"])
     if all(t is not None for t in cols["tokens"]):
         out["tokens"] = sum(cols["tokens"])
+    out["stalls"] = events(walls, cols["data_s"] if told else None, cols["compute_s"] if told else None,
+                           cols.get("queue_s"), cols["index"])
     return out
 
 
 def joined(windows) -> dict[str, list]:
-    """Kept windows' columns end to end (oldest first)."""
-    out: dict[str, list] = {k: [] for k in ("index", "wall_s", "data_s", "compute_s", "samples", "tokens", "computed")}
+    """Kept windows' columns end to end (oldest first); a column some windows lack (the gradient
+    marks before the hook was attached) is None there."""
+    windows = list(windows)
+    keys = ["index", "wall_s", "data_s", "compute_s", "samples", "tokens", "computed"]
+    keys += [k for cols in windows for k in cols if k not in keys]
+    keys = list(dict.fromkeys(keys))
+    out: dict[str, list] = {k: [] for k in keys}
     for cols in windows:
-        for key, values in cols.items():
-            out.setdefault(key, []).extend(values)
+        n = len(cols.get("index") or [])
+        for key in keys:
+            out[key].extend(cols.get(key) or [None] * n)
     return out

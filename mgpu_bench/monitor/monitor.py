@@ -44,6 +44,9 @@ from mgpu_bench.errors import InputError
 from . import clock
 
 IDLE, IN_STEP, IN_COMPUTE = 0, 1, 2
+# The most samples (or tokens) one step of one rank may carry: beyond it a count is a mistake (an
+# id, a byte count), and the document's totals would lose their precision.
+MAX_PER_STEP = 1 << 40
 _INSTANCES = itertools.count()  # monitors made in this process: the same order on every rank names their keys
 
 
@@ -147,6 +150,11 @@ class StepMonitor:
         warm-up) with torch.profiler; None: on GPUs, off on CPU processes.
     ceiling: at finish() on GPUs, time the counted matmuls and convolutions alone (the measured
         ceiling); without a count, the best stored gemm run of this GPU is the reference.
+    comm_hook: time the gradient all-reduce from inside (mgpu_bench.gradsync: torch's default DDP
+        all-reduce as a communication hook, with marks): when each rank reaches it (the straggler
+        inside compute) and the communication the backward could not hide, with its bandwidth.
+        None (default): where `model` is a DDP model with no hook of its own; False: never; True:
+        asked for (a note says why when it cannot be).
     store, db, prometheus: keep the run in the history database (the default one unless `db`);
         also write a Prometheus textfile.
     json, report: also write the result document / the model report folder.
@@ -162,7 +170,7 @@ class StepMonitor:
                  flops_per_step: float | None = None, count_flops: bool = True, peak_tflops: float | None = None,
                  dtype: str = "bf16", warmup: int = 5, window: int = 50, keep_steps: int = 1000,
                  profile: bool | None = None, profile_at: int | None = None, profile_steps: int = 3,
-                 ceiling: bool = True, store: bool = True, db: str | None = None, json: str | None = None,
+                 ceiling: bool = True, comm_hook: bool | None = None, store: bool = True, db: str | None = None, json: str | None = None,
                  report: str | None = None, prometheus: str | None = None, print: bool = True,
                  progress: bool = False, device: Any = None, strict: bool = False,
                  gather_timeout_s: float = 120.0) -> None:
@@ -180,6 +188,10 @@ class StepMonitor:
         self.profile_at = _positive_int(profile_at, "profile_at", 0, none=True)
         if profile not in (None, True, False):
             raise MonitorError(f"StepMonitor(profile={profile!r}): give True, False or None (on GPUs only)")
+        if comm_hook not in (None, True, False):
+            raise MonitorError(f"StepMonitor(comm_hook={comm_hook!r}): give True, False or None (a DDP model's "
+                               "all-reduce timed in its communication hook where it has none of its own)")
+        self.comm_hook = comm_hook
         from mgpu_bench import hardware
 
         try:
@@ -234,6 +246,11 @@ class StepMonitor:
         self._notes: list[str] = []
         self._no_compute = 0  # timed steps that never entered compute()
         self._first_step_s: float | None = None
+        self._sync: Any = None  # gradsync.GradSync on the DDP model, once attached
+        # every timed step's sums (the windows': steps no longer kept per step count too), and its stalls
+        self.totals: dict[str, Any] = {"steps": 0, "samples": 0, "tokens": 0, "elapsed_s": 0.0, "compute_s": 0.0}
+        self._stall_events: list[list] = []  # the first stalls.KEPT_EVENTS, [index, excess s, where]
+        self.stall_sums: dict | None = None  # stalls.tally of them all
         self._t_first = 0.0
         self._doc: dict | None = None
         self._finished = False
@@ -255,11 +272,11 @@ class StepMonitor:
                                 "step() after finish(): the step is not measured" if self._finished else
                                 "step() inside a step: the inner step is ignored (one step per iteration of the "
                                 "training loop)")
-        if samples.__class__ is not int or samples <= 0:
+        if samples.__class__ is not int or not 0 < samples <= MAX_PER_STEP:
             samples = self._samples_of(samples)
             if samples is None:
                 return _NOOP
-        if tokens is not None and (tokens.__class__ is not int or tokens < 0):
+        if tokens is not None and (tokens.__class__ is not int or not 0 <= tokens <= MAX_PER_STEP):
             tokens = self._tokens_of(tokens)
         self._samples, self._tokens = samples, tokens
         return self._step_ctx
@@ -317,9 +334,9 @@ class StepMonitor:
             n = operator.index(samples) if not isinstance(samples, bool) else -1
         except TypeError:
             n = -1
-        if n <= 0:
-            self._misuse("samples", f"step(samples={samples!r}): give the step's samples on this rank as a positive int: "
-                                    "the step is not measured", stacklevel=4)
+        if not 0 < n <= MAX_PER_STEP:
+            self._misuse("samples", f"step(samples={samples!r}): give the step's samples on this rank as a positive int "
+                                    f"(at most {MAX_PER_STEP:,}): the step is not measured", stacklevel=4)
             return None
         return n
 
@@ -328,9 +345,10 @@ class StepMonitor:
             n = operator.index(tokens) if not isinstance(tokens, bool) and not hasattr(tokens, "device") else -1
         except TypeError:
             n = -1
-        if n < 0:
-            self._misuse("tokens", f"step(tokens={tokens!r}): give the step's tokens as a whole number (or leave it out): "
-                                   "tokens_per_sample x samples counts instead", stacklevel=4)
+        if not 0 <= n <= MAX_PER_STEP:
+            self._misuse("tokens", f"step(tokens={tokens!r}): give the step's tokens as a whole number up to "
+                                   f"{MAX_PER_STEP:,} (or leave it out): tokens_per_sample x samples counts instead",
+                         stacklevel=4)
             return None
         return n
 
@@ -389,6 +407,8 @@ class StepMonitor:
                 if not pool.computed[pool.n]:
                     pool.computed[pool.n] = True
                     pool.mark(clock.COMPUTE_START)
+                    if self._sync is not None:
+                        self._sync.slot = pool.sync_slot()
             if self._count_pending and self._profiling is None:
                 self._count_pending = False
                 self._discard = True  # a counted step runs slower: never timed
@@ -407,6 +427,8 @@ class StepMonitor:
         try:
             if self._slot_open:
                 self._pool.mark(clock.COMPUTE_END)
+            if self._sync is not None:
+                self._sync.slot = None
             if self._counter is not None:
                 counter, self._counter = self._counter, None
                 counter.__exit__(exc_type, None, None)
@@ -474,6 +496,7 @@ class StepMonitor:
             dev = torch.device("cuda", torch.cuda.current_device())
         self.device = dev
         cuda = dev.type == "cuda"
+        from mgpu_bench.probes.model import stalls  # noqa: F401 - imported now, not at the first window edge inside a step
         self._pool = clock.CudaPool(self.window, dev) if cuda else clock.HostPool(self.window)
         self._other = clock.CudaPool(self.window, dev) if cuda else clock.HostPool(self.window)
         import torch.distributed as dist
@@ -494,10 +517,28 @@ class StepMonitor:
         elif self.rank != 0:
             self._notes.append(f"rank {self.rank} of a launcher's job without a process group "
                                "(torch.distributed.init_process_group before the first step gathers the ranks)")
+        self._attach_sync(cuda)
         wanted = self.profile if self.profile is not None else cuda
         if wanted:
             self._prof_start = self.warmup if self.profile_at is None else self.profile_at
             self._prof_end = self._prof_start + self.profile_steps
+
+    def _attach_sync(self, cuda: bool) -> None:
+        """The DDP model's all-reduce timed in its communication hook (comm_hook)."""
+        if self.comm_hook is False or self.world < 2:
+            if self.comm_hook and self.world < 2:
+                self._notes.append("comm_hook=True: one rank, no gradient all-reduce to time")
+            return
+        from mgpu_bench.gradsync import GradSync
+
+        ddp, why = GradSync.usable(self.model) if self.model is not None else (None, "no model= given")
+        if ddp is None:
+            if self.comm_hook:
+                self._notes.append(f"comm_hook=True: not timed: {why} (give model=, the DDP model)")
+            return
+        sync = GradSync(cuda)
+        sync.attach(ddp)
+        self._sync = sync
 
     def _edge(self) -> None:
         """The pool is full: the one before it is read (its steps ended a window ago), and the
@@ -514,6 +555,19 @@ class StepMonitor:
         cols["tokens"] = [t if t is not None else (tps * s if tps else None)
                           for t, s in zip(cols["tokens"], cols["samples"])]
         s = clock.summary(cols, len(self.windows))
+        t = self.totals
+        t["steps"] += s["steps"]
+        t["samples"] += s["samples"]
+        t["tokens"] = None if t["tokens"] is None or s["tokens"] is None else t["tokens"] + s["tokens"]
+        t["elapsed_s"] += s["seconds"]
+        t["compute_s"] = None if t["compute_s"] is None or s["compute_seconds"] is None else \
+            t["compute_s"] + s["compute_seconds"]
+        from mgpu_bench.probes.model.stalls import KEPT_EVENTS, tally
+
+        room = KEPT_EVENTS - len(self._stall_events)
+        if room > 0:
+            self._stall_events.extend(s["stalls"][:room])
+        self.stall_sums = tally(self.stall_sums, s["stalls"])
         if self.device.type == "cuda":
             import torch
 

@@ -6,32 +6,18 @@ at the next edge) and waits for the records at finish() (up to a timeout, then i
 ranks it has). No message pairs with another, so ranks whose step counts drift apart (a step
 that raised on one rank) never block each other.
 
-The straggler: in a data-parallel step the ranks meet in the gradient collectives, so their
-walls are equal and the slow rank is the one the others wait for. It reaches the collectives
-late: its time outside compute() (waiting for data, host work between steps) is longer than
-the others', who spend the difference waiting inside compute(). Without a collective in the
-step, the slow rank's wall is longer. A rank's lag at a step is the larger of the two excesses
-over the fastest rank at that step; in a profiled window on GPUs also the excess of its
-compute kernels' time (a slower GPU: the others wait in NCCL). The straggler is the rank with
-the largest median lag, named when that is over STRAGGLER_LIMIT of the step and it is the last
-rank in LATE_SHARE of the steps.
+The straggler rule itself is the model probe's (probes/model/straggler.py), the same for the
+monitor's job and `mgpu-bench model`'s ranks.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import time
-from collections.abc import Sequence
 
-# A rank is named the straggler when it holds the job back by more than 5% of the median step:
-# below that the lag is within what the stable window lets step times wander (the model probe's
-# STABLE_TOLERANCE, 5%), so it cannot be told from noise; above it every rank of the job loses
-# that share of its throughput.
-STRAGGLER_LIMIT = 0.05
-# ... and when it is the last rank in at least this share of the steps: noise makes each rank the
-# last about as often as the others (the comm probe's straggler rule, STRAGGLER_SHARE, likewise).
-LATE_SHARE = 0.75
+from mgpu_bench.probes.model.straggler import LATE_SHARE, STRAGGLER_LIMIT, lags, straggler, straggler_text
+
+__all__ = ["LATE_SHARE", "STRAGGLER_LIMIT", "Exchange", "default_store", "lags", "straggler", "straggler_text"]
 
 
 def default_store():
@@ -102,70 +88,3 @@ class Exchange:
                 return None
             time.sleep(poll_s)
         return json.loads(bytes(self.store.get(key)))
-
-
-def lags(walls: Sequence[Sequence[float]], outside: Sequence[Sequence[float]] | None) -> list[list[float]]:
-    """Per rank and step, seconds behind the fastest rank: the larger of its wall's excess over
-    the shortest wall of that step and (where compute() ran) its time outside compute's excess
-    over the shortest of that step. Every rank's lists cover the same steps."""
-    ranks, steps = len(walls), len(walls[0]) if walls else 0
-    out = [[0.0] * steps for _ in range(ranks)]
-    for i in range(steps):
-        w0 = min(w[i] for w in walls)
-        d0 = min(d[i] for d in outside) if outside else 0.0
-        for r in range(ranks):
-            lag = walls[r][i] - w0
-            if outside:
-                lag = max(lag, outside[r][i] - d0)
-            out[r][i] = lag
-    return out
-
-
-def straggler(walls: Sequence[Sequence[float]], outside: Sequence[Sequence[float]] | None,
-              kernels: Sequence[float | None] = (), step_s: float | None = None) -> dict | None:
-    """The slowest rank over the steps given (the stable window, every rank's steps aligned):
-    {"rank", "lag_s" (median seconds behind the fastest rank per step), "lag_share" (of the
-    median step), "by" ("arrival": its time outside compute(); "wall": its step is longer;
-    "kernels": its compute kernels ran longer in the profiled window), "limit", "named",
-    "per_rank_lag_s"}. `kernels`: per rank, seconds of compute kernels per profiled step (None
-    where not profiled). None for fewer than two ranks or no steps."""
-    if len(walls) < 2 or not walls[0]:
-        return None
-    per_step = lags(walls, outside)
-    median_lag = [statistics.median(x) for x in per_step]
-    wall_excess = [statistics.median(x) for x in lags(walls, None)]
-    step = step_s or statistics.median(max(w[i] for w in walls) for i in range(len(walls[0])))
-    by = ["wall" if wall_excess[r] >= median_lag[r] else "arrival" for r in range(len(walls))]
-    known = [k for k in kernels if k is not None]
-    if len(known) == len(walls):
-        k0 = min(known)
-        for r, k in enumerate(known):
-            if k - k0 > median_lag[r]:
-                median_lag[r], by[r] = k - k0, "kernels"
-    r = max(range(len(walls)), key=lambda i: median_lag[i])
-    share = median_lag[r] / step if step > 0 else 0.0
-    steps = len(walls[0])
-    last = sum(1 for i in range(steps) if max(range(len(walls)), key=lambda q: per_step[q][i]) == r) / steps
-    if by[r] == "kernels":
-        last = 1.0  # one figure per rank over the profiled window
-    return {"rank": r, "lag_s": median_lag[r], "lag_share": share, "by": by[r], "limit": STRAGGLER_LIMIT,
-            "last_share": last, "named": share > STRAGGLER_LIMIT and last >= LATE_SHARE, "per_rank_lag_s": median_lag}
-
-
-_BY = {"arrival": "it reaches the step's collectives late (its time outside compute(): waiting for data, host work "
-                  "between steps, is longer) and the others wait for it inside compute()",
-       "wall": "its steps are longer than the others'",
-       "kernels": "its compute kernels run longer in the profiled steps (a slower or throttled GPU): the others wait "
-                  "for it in NCCL"}
-
-
-def straggler_text(s: dict, where: str) -> str:
-    """The finding's words: the rank, where it runs, its lag, the limit and the likely cause."""
-    line = (f"rank {s['rank']}{where} lags the fastest rank by {1e3 * s['lag_s']:.1f} ms per step "
-            f"({100 * s['lag_share']:.1f}% of the step")
-    if s["named"]:
-        return f"straggler: {line}; healthy is under {100 * s['limit']:.0f}%): {_BY[s['by']]}"
-    if s["lag_share"] > s["limit"]:
-        return (f"no straggler: the slowest rank, {line}), is the last in only {100 * s['last_share']:.0f}% of the "
-                f"steps (one is named when it is in {100 * LATE_SHARE:.0f}%): the ranks take turns, noise")
-    return f"no straggler: the slowest rank, {line}), is under the {100 * s['limit']:.0f}% that names one"

@@ -33,7 +33,8 @@ def record(mon) -> dict:
                            "flop_count": None, "flop_note": mon._flop_note, "profile": mon.profile_record,
                            "notes": list(dict.fromkeys(mon._notes + mon.misuse_notes())),
                            "peak_allocated": None, "peak_reserved": None, "total_memory": None,
-                           "matmul_ceiling": None}
+                           "matmul_ceiling": None, "totals": dict(mon.totals), "stall_events": list(mon._stall_events),
+                           "stall_sums": mon.stall_sums}
     if mon.device is None:
         return rec
     import torch
@@ -133,8 +134,6 @@ def build(mon, present: list[dict], missing: list[int], steps: list[int], cols: 
     from mgpu_bench.probes.model.analyse import ModelRun, analyse
     from mgpu_bench.probes.model.config import ModelConfig
 
-    from .ranks import straggler, straggler_text
-
     r0 = present[0] if present else {}
     key = job_key(mon.name)
     world = max(mon.world, len(present) + len(missing))
@@ -171,12 +170,22 @@ def build(mon, present: list[dict], missing: list[int], steps: list[int], cols: 
     per_sample = flops_step / batch if flops_step and batch else None
     ranks = []
     for r, c in zip(present, cols):
-        ranks.append({"rank": r["rank"], "world": world, "device": r["device"], "error": None,
-                      "gpu_name": r["gpu_name"], "torch": r["torch"],
-                      "phases": {"step": c["wall_s"], "data": c["data_s"], "compute": c["compute_s"]},
-                      "profile": r.get("profile"), "peak_allocated": r["peak_allocated"],
-                      "peak_reserved": r["peak_reserved"], "total_memory": r["total_memory"],
-                      "wall_s": sum(c["wall_s"]), "matmul_ceiling": r.get("matmul_ceiling")})
+        rank = {"rank": r["rank"], "world": world, "device": r["device"], "host": r["host"], "error": None,
+                "gpu_name": r["gpu_name"], "torch": r["torch"],
+                "phases": {"step": c["wall_s"], "data": c["data_s"], "compute": c["compute_s"]},
+                "steps_index": list(steps), "profile": r.get("profile"), "peak_allocated": r["peak_allocated"],
+                "peak_reserved": r["peak_reserved"], "total_memory": r["total_memory"],
+                "wall_s": sum(c["wall_s"]), "matmul_ceiling": r.get("matmul_ceiling")}
+        if r.get("totals") and r["totals"].get("steps"):
+            rank["totals"] = r["totals"]
+            rank["stall_events"] = r.get("stall_events") or []
+            rank["stall_sums"] = r.get("stall_sums")
+        if c.get("queue_s"):
+            rank["queue"] = c["queue_s"]
+        if c.get("arrival_s") and any(x is not None for x in c["arrival_s"]):
+            rank["sync"] = {"arrival": c["arrival_s"], "exposed": c["sync_exposed_s"], "busy": c["sync_busy_s"],
+                            "bytes": c["sync_bytes"]}
+        ranks.append(rank)
     run = ModelRun(cfg, [world], ["loader"], r0.get("gpu_name"), peak, notes=notes,
                    workload=_workload(mon, key, tps, counted, flops_step, batch))
     if steps:
@@ -197,24 +206,9 @@ def build(mon, present: list[dict], missing: list[int], steps: list[int], cols: 
                          "the figures are the other ranks'")
     job = _job(mon, run, present, cols, flops_step, flop_source)
     st = run.stats[0] if run.stats else None
-    if st is not None and st.derived and len(cols) > 1:
-        a, b, _ = st.window
-        kernels = [_kernel_s(r.get("profile")) for r in present]
-        s = straggler([c["wall_s"][a:b] for c in cols], [c["data_s"][a:b] for c in cols], kernels,
-                      st.derived["step_s"])
-        if s is not None:
-            who = present[s["rank"]]
-            s["rank"] = who["rank"]
-            job["straggler"] = s
-            job["straggler_text"] = straggler_text(s, f" ({who['device']} on {who['host']})")
+    if st is not None and st.straggler is not None:
+        job["straggler"] = st.straggler
     return run, job
-
-
-def _kernel_s(profile: dict | None) -> float | None:
-    """Seconds per profiled step with a compute kernel running (busy, less NCCL alone)."""
-    if not profile or not profile.get("window_s") or not profile.get("steps"):
-        return None
-    return (profile["busy_s"] - profile["nccl_exposed_s"]) / profile["steps"]
 
 
 def _workload(mon, key: str, tps, counted, flops_step, batch) -> dict:
@@ -240,9 +234,10 @@ def _job(mon, run, present: list[dict], cols: list[dict], flops_step, flop_sourc
         w = c["wall_s"][a:b]
         row = {"rank": r["rank"], "host": r["host"], "device": r["device"], "steps_seen": r["steps_seen"]}
         if w:
+            t = r.get("totals") or {}
             row.update(step_s=statistics.median(w), data_s=statistics.median(c["data_s"][a:b]),
                        compute_s=statistics.median(c["compute_s"][a:b]),
-                       samples_per_s=sum(c["samples"][a:b]) / sum(w) if sum(w) > 0 else None)
+                       samples_per_s=t["samples"] / t["elapsed_s"] if t.get("elapsed_s") else None)
         row["peak_allocated"] = r["peak_allocated"]
         ranks.append(row)
     job: dict[str, Any] = {"name": mon.name, "key": job_key(mon.name), "ranks": ranks, "straggler": None,
@@ -253,9 +248,8 @@ def _job(mon, run, present: list[dict], cols: list[dict], flops_step, flop_sourc
                            "optimizer": type(mon.optimizer).__name__ if mon.optimizer is not None else None,
                            "ceiling": None}
     if d:
-        compute = d.get("compute_s") or statistics.median(cols[0]["compute_s"][a:b])
         job["gross_samples_per_s"] = d["samples_per_s"]
-        job["effective_samples_per_s"] = st.samples_per_step / compute if compute > 0 else None
+        job["effective_samples_per_s"] = d.get("effective_samples_per_s")
         if d.get("matmul_ceiling"):
             job["ceiling"] = {"flops_per_s": d["matmul_ceiling"], "of_ceiling": d.get("of_ceiling"),
                               "source": "the step's own matmul and convolution shapes (counted on its first step), "
@@ -322,12 +316,9 @@ def _report(mon, doc, run, job) -> None:
     from mgpu_bench.probes.model.render import render_terminal
 
     try:
-        for f in findings(run):
+        for f in findings(run):  # the straggler among them, once
             out.print(f"finding: {f.text}", highlight=False, soft_wrap=True,
                       style=None if f.severity == "ok" else "bold yellow")
-        if job.get("straggler_text"):
-            out.print(f"finding: {job['straggler_text']}", highlight=False, soft_wrap=True,
-                      style="bold yellow" if job["straggler"]["named"] else None)
         for note in dict.fromkeys(run.notes):
             err.print(f"note: {note}", highlight=False)
         if run.stats and run.stats[0].derived:
@@ -348,8 +339,9 @@ def job_lines(job: dict, run) -> list[str]:
     st = run.stats[0]
     if job.get("effective_samples_per_s"):
         gross, eff = job["gross_samples_per_s"], job["effective_samples_per_s"]
-        lines.append(f"gross {gross:,.1f} samples/s (the whole step), effective {eff:,.1f} samples/s (compute() alone): "
-                     f"the time outside compute() costs {100 * max(0.0, 1 - gross / eff):.1f}%")
+        lines.append(f"gross {gross:,.1f} samples/s (samples / the wall clock over every timed step), effective "
+                     f"{eff:,.1f} samples/s (samples / the time inside compute()): the time outside compute() costs "
+                     f"{100 * max(0.0, 1 - gross / eff):.1f}%")
     if job.get("flops_source") and "given" in job["flops_source"]:  # a count is said by the model table's lines
         lines.append(f"FLOPs per step and rank: {job['flops_per_step'] / 1e9:,.2f} GFLOP, {job['flops_source']}")
     c = job.get("ceiling")
@@ -360,8 +352,10 @@ def job_lines(job: dict, run) -> list[str]:
         if r.get("step_s") is not None:
             lag = (job.get("straggler") or {}).get("per_rank_lag_s") or []
             idx = job["ranks"].index(r)
-            lines.append(f"rank {r['rank']} ({r['device']} on {r['host']}): step {1e3 * r['step_s']:.1f} ms, outside "
-                         f"compute {1e3 * r['data_s']:.1f} ms, compute {1e3 * r['compute_s']:.1f} ms"
+            lines.append(f"rank {r['rank']} ({r['device']} on {r['host']}): "
+                         + (f"{r['samples_per_s']:,.1f} samples/s by the wall clock, " if r.get("samples_per_s") else "")
+                         + f"steady-state step {1e3 * r['step_s']:.1f} ms, outside compute {1e3 * r['data_s']:.1f} ms, "
+                         f"compute {1e3 * r['compute_s']:.1f} ms"
                          + (f", lag {1e3 * lag[idx]:.1f} ms" if idx < len(lag) else ""))
     if job.get("first_step_s") is not None:
         lines.append(f"first step {job['first_step_s']:.2f} s (not timed"

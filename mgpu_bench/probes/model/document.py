@@ -76,6 +76,9 @@ def run_from_document(doc: dict) -> ModelRun:
                 error=s.get("error"),
                 derived=dict(s.get("derived") or {}),
                 flops_per_sample=s.get("flops_per_sample"),
+                stalls=s.get("stalls"),
+                comm_method=s.get("comm_method"),
+                straggler=s.get("straggler"),
             )
         )
     return run

@@ -8,7 +8,8 @@
 another's. samples/s always; tokens/s where the workload has tokens.
 
 Every metric but peak memory carries per-step samples, so that compare holds its change against
-its noise. The derived ones pair steps by their index in the stable windows: exposed
+its noise: throughput's are each timed step's rate (every step after warm-up, as the figure is
+the wall clock's), their robust spread a step's. The derived ones pair steps by their index in the stable windows: exposed
 communication 1 - (step without gradient sync i) / (step i); scaling efficiency
 (tokens/s at step i on n GPUs) / (n x tokens/s at step i on 1 GPU). Each pair is one estimate of
 the figure, so their spread is the noise of a single estimate, as the step times' is for tokens/s.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench.metrics import Metric, finite, rates, slug, window_steps
+from mgpu_bench.metrics import Metric, finite, measured_steps, rates, slug, window_steps
 
 
 def _no_sync_steps(run: Mapping) -> list[float]:
@@ -75,8 +76,8 @@ def headline(doc: Mapping) -> list[Metric]:
             "world": str(world),
             "data": data,
         }
-        steps = window_steps(run)
-        step_s = d.get("step_s")
+        steps = measured_steps(run)
+        step_s = d.get("wall_step_s") or d.get("step_s")
         if d.get("samples_per_s"):
             out.append(Metric(f"{prefix}.samples_per_s", float(d["samples_per_s"]), "samples/s", "higher",
                               rates(run.get("samples_per_step") or 0, steps), labels))
@@ -84,7 +85,7 @@ def headline(doc: Mapping) -> list[Metric]:
             out.append(Metric(f"{prefix}.tokens_per_s", float(d["tokens_per_s"]), "tokens/s", "higher",
                               rates(run.get("tokens_per_step") or 0, steps), labels))
         if d.get("mfu") is not None:
-            # MFU is tokens/s times a constant: per step, mfu x median step / that step's seconds.
+            # MFU is tokens/s times a constant: per step, mfu x the mean step / that step's seconds.
             mfu_samples = (
                 finite(d["mfu"] * step_s / s for s in steps if s > 0) if step_s else ()
             )

@@ -1,10 +1,16 @@
 """`mgpu-bench model`: full training steps of a workload (workloads.resolve: the built-in GPT,
 torchvision, transformers, the user's module), timed per phase, on 1..N GPUs.
 
-One process per GPU (gloo processes on CPU) started through torch's elastic launcher, or joined
-when an outer torchrun/srun already started them. Each rank runs `worker()`: warm-up steps,
-then timed steps with CUDA events at the phase boundaries (data wait, forward, backward,
-optimizer; host clocks on CPU), read back once at the end so the loop stays asynchronous; then,
+One process per GPU (gloo processes on CPU, each pinned to its share of the cores when this
+command started them: pin_cpu) started through torch's elastic launcher, or joined when an outer
+torchrun/srun already started them. Each rank runs `worker()`: warm-up steps, then timed steps
+with CUDA events at the phase boundaries (data wait, forward, backward, optimizer; host clocks on
+CPU; every event made before the timed steps, the host clock beside each step's first and last
+so that how far the GPU ran behind the host is known), read back once at the end so the loop
+stays asynchronous. Synthetic batches come from a small pool made before timing (SYNTHETIC_POOL,
+cycled): a launch-bound step is never slowed by the tool's own data. Under DDP the gradient
+all-reduce runs through torch's default communication hook with marks (gradsync): when each
+rank reached it, and how long it ran, per step; then,
 for DDP on more than one rank, the same number of steps under `no_sync()` (no gradient
 all-reduce) to measure exposed communication, and a few profiled steps for the split of
 kernel time between communication and compute. The parent turns the raw seconds into a stable
@@ -31,7 +37,7 @@ from typing import Any
 
 from mgpu_bench.errors import InputError, MgpuError, interruption
 
-from .analyse import PHASES, ModelRun, analyse, kernel_split
+from .analyse import PHASES, ModelRun, analyse, kernel_split, reconcile
 from .config import ModelConfig, ModelPlan
 
 __all__ = ["ModelConfig", "ModelPlan", "launch", "run_model", "worker"]
@@ -39,17 +45,59 @@ __all__ = ["ModelConfig", "ModelPlan", "launch", "run_model", "worker"]
 
 # ------------------------------------------------------------------------------------ worker
 
+# Synthetic batches made before the timed steps and cycled: a few distinct ones, so that no step
+# reuses the one before it, at most SYNTHETIC_POOL_BYTES of them (one at least).
+SYNTHETIC_POOL = 4
+SYNTHETIC_POOL_BYTES = 1 << 30
+
+
 def _cycle(loader):
     """Batches from `loader` without end: a new epoch when one ends."""
     while True:
         yield from loader
 
 
-def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None) -> dict:
+def _nbytes(batch) -> int:
+    """Bytes of the tensors in a batch (tensors, tuples, lists, dicts)."""
+    if hasattr(batch, "element_size") and hasattr(batch, "numel"):
+        return batch.element_size() * batch.numel()
+    if isinstance(batch, dict):
+        return sum(_nbytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_nbytes(v) for v in batch)
+    return 0
+
+
+def pin_cpu(local: int, nlocal: int) -> dict:
+    """This rank's share of the cores: local rank k of nlocal on the k-th of nlocal equal slices
+    of the cores this process may run on (round-robin where ranks outnumber cores), its threads as
+    many as its cores (an OMP_NUM_THREADS the user set is kept). Ranks that each spread threads
+    over every core fight for them: on a 2-core machine 2 ranks unpinned gave exposed
+    communication of 7% to 63% in four identical runs. Returns what was done (for the notes)."""
+    import torch
+
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not cores or nlocal < 1:
+        return {}
+    if nlocal <= len(cores):
+        per = len(cores) // nlocal
+        mine = cores[local * per:(local + 1) * per]
+    else:
+        mine = [cores[local % len(cores)]]
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, mine)
+    user = os.environ.get("OMP_NUM_THREADS")
+    threads = torch.get_num_threads() if user else len(mine)
+    torch.set_num_threads(threads)
+    return {"cores": mine, "threads": threads, "threads_from": "OMP_NUM_THREADS" if user else "cores"}
+
+
+def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = False) -> dict:
     """One rank: returns raw per-step seconds and facts (never raises for an OOM: the error and
     the steps measured so far come back instead). `dense_ops`: the workload's matmuls and
     convolutions as counted on meta (the ceiling replays them on GPUs); None: this rank counts
-    the FLOPs on its device first, with one extra forward and backward, and returns the count."""
+    the FLOPs on its device first, with one extra forward and backward, and returns the count.
+    `pin`: on CPU processes this command started, pin this rank to its share of the cores."""
     import torch
     import torch.distributed as dist
 
@@ -60,6 +108,7 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None) -> dict:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     on_gpu = cfg.device == "cuda"
+    pinned = pin_cpu(local, int(os.environ.get("LOCAL_WORLD_SIZE", world))) if pin and not on_gpu else {}
     if on_gpu:
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
@@ -71,6 +120,8 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None) -> dict:
     out: dict[str, Any] = {"rank": rank, "world": world, "device": str(device), "error": None,
                            "gpu_name": torch.cuda.get_device_name(device) if on_gpu else None,
                            "torch": torch.__version__}
+    if pinned:
+        out["cpu_pin"] = pinned
     torch.manual_seed(cfg.seed)
     gen = torch.Generator(device=device).manual_seed(cfg.seed + rank)
     try:
@@ -99,6 +150,12 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None) -> dict:
             # defaults (25 MB, copies); benchmarks/RESULTS.md.
             model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[local] if on_gpu else None, gradient_as_bucket_view=True, bucket_cap_mb=100)
+    sync = None
+    if world > 1 and cfg.parallel == "ddp":
+        from mgpu_bench.gradsync import GradSync
+
+        sync = GradSync(on_gpu)
+        sync.attach(model)
     opt = wl.optimizer(model)
     if cfg.compile:
         # After the DDP/FSDP wrapper, as torch's DDP notes advise (DDPOptimizer splits the graph at
@@ -111,17 +168,17 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None) -> dict:
         loader_iter = _cycle(wl.loader(cfg.batch_size, num_workers=cfg.num_workers, preprocess_ms=cfg.preprocess_ms,
                                        data_dir=cfg.data_dir, seed=cfg.seed, samples=total, pin_memory=on_gpu))
 
+    pool: list = []
+    if loader_iter is None:  # made before any step: the timed steps never wait for the tool's data
+        pool.append(wl.batch(cfg.batch_size, device, gen))
+        while len(pool) < SYNTHETIC_POOL and (len(pool) + 1) * _nbytes(pool[0]) <= SYNTHETIC_POOL_BYTES:
+            pool.append(wl.batch(cfg.batch_size, device, gen))
+    turn = itertools.cycle(range(len(pool))) if pool else None
+
     def next_batch():
         if loader_iter is None:
-            return wl.batch(cfg.batch_size, device, gen)
+            return pool[next(turn)]
         return wl.prepare(next(loader_iter), device)
-
-    def clock():
-        if on_gpu:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
 
     def between(a, b) -> float:
         return a.elapsed_time(b) / 1e3 if on_gpu else b - a
@@ -141,30 +198,58 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None) -> dict:
             print(text, flush=True, file=sys.stderr)
             said[0] = time.monotonic()
 
+    marks_per_step = 3 + 3 * cfg.grad_accum  # start, data, each micro-batch's three, end
+    buckets = [0]  # DDP's gradient buckets per step, as the hook saw them (warm-up: the slots' marks made ahead)
+
+    def clocks(n: int) -> list[list]:
+        """The marks of n steps, made before they run: CUDA events on GPUs, host seconds on CPU."""
+        if on_gpu:
+            return [[torch.cuda.Event(enable_timing=True) for _ in range(marks_per_step)] for _ in range(n)]
+        return [[0.0] * marks_per_step for _ in range(n)]
+
     def run_steps(n: int, sync_grads: bool, label: str) -> list[dict]:
         """n optimizer steps; per step the clocks at: start, data ready, and per micro-batch
-        forward start/end and backward end, then the optimizer's end."""
+        forward start/end and backward end, then the optimizer's end; the host clock beside
+        the start and the end; under DDP with sync the step's gradient all-reduce marks."""
+        made = clocks(n)
+        slots = sync.slots(n, buckets[0]) if sync is not None and sync_grads else None
+        perf = time.perf_counter
+        if on_gpu:
+            def clock(ev):
+                ev.record()
+                return ev
+        else:
+            def clock(_):
+                return perf()
         marks = []
         for step in range(n):
-            m: dict[str, Any] = {"start": clock()}
+            ev = made[step]
+            m: dict[str, Any] = {"host_start": perf(), "start": clock(ev[0])}
             micro = [next_batch() for _ in range(cfg.grad_accum)]
-            m["data"] = clock()
+            m["data"] = clock(ev[1])
             m["micro"] = []
+            if slots is not None:
+                sync.slot = slots[step]
             for a, batch in enumerate(micro):
-                sync = sync_grads and a == cfg.grad_accum - 1
+                sync_now = sync_grads and a == cfg.grad_accum - 1
                 if world > 1 and cfg.parallel == "fsdp":
-                    model.set_requires_gradient_sync(sync)  # FSDP2: no reduce-scatter of gradients
-                skip = world > 1 and cfg.parallel == "ddp" and not sync
+                    model.set_requires_gradient_sync(sync_now)  # FSDP2: no reduce-scatter of gradients
+                skip = world > 1 and cfg.parallel == "ddp" and not sync_now
                 with model.no_sync() if skip else contextlib.nullcontext():
-                    f0 = clock()
+                    f0 = clock(ev[2 + 3 * a])
                     with torch.autocast(device_type=device.type, dtype=amp) if amp else contextlib.nullcontext():
                         loss = wl.loss(model, batch) / cfg.grad_accum
-                    f1 = clock()
+                    f1 = clock(ev[3 + 3 * a])
                     loss.backward()
-                    m["micro"].append((f0, f1, clock()))
+                    m["micro"].append((f0, f1, clock(ev[4 + 3 * a])))
             opt.step()
             opt.zero_grad(set_to_none=True)
-            m["end"] = clock()
+            m["end"] = clock(ev[-1])
+            m["host_end"] = perf()
+            if slots is not None:
+                sync.slot = None
+                m["sync"] = slots[step]
+                buckets[0] = max(buckets[0], slots[step].k)
             marks.append(m)
             show(label, step + 1, n)
         if on_gpu:
@@ -173,16 +258,39 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None) -> dict:
 
     def phases(marks) -> dict[str, list[float]]:
         """Seconds per step and phase; a step runs from its start to the next step's start, so
-        time the device waited between steps counts."""
-        res: dict[str, list[float]] = {p: [] for p in (*PHASES, "step")}
+        time the device waited between steps counts; compute is the data's readiness to the
+        optimizer's end (forward, backward, optimizer)."""
+        res: dict[str, list[float]] = {p: [] for p in (*PHASES, "compute", "step")}
         for i, m in enumerate(marks):
             res["data"].append(between(m["start"], m["data"]))
             res["forward"].append(sum(between(f0, f1) for f0, f1, _ in m["micro"]))
             res["backward"].append(sum(between(f1, b1) for _, f1, b1 in m["micro"]))
             res["optimizer"].append(between(m["micro"][-1][2], m["end"]))
+            res["compute"].append(between(m["data"], m["end"]))
             nxt = marks[i + 1]["start"] if i + 1 < len(marks) else m["end"]
             res["step"].append(between(m["start"], nxt))
         return res
+
+    def extras(marks, into: dict) -> None:
+        """The GPU's lag behind the host at each step's end (stalls.queue_depths) and the gradient
+        all-reduce's figures per step (gradsync.read)."""
+        from mgpu_bench.gradsync import read
+
+        from .stalls import queue_depths
+
+        if on_gpu and marks:
+            first, h0 = marks[0]["start"], marks[0]["host_start"]
+            gpu, host = [], []
+            for m in marks:
+                gpu += [between(first, m["start"]), between(first, m["end"])]
+                host += [m["host_start"] - h0, m["host_end"] - h0]
+            into["queue"] = queue_depths(gpu, host)[1::2]
+        if marks and "sync" in marks[0]:
+            got = [read(m["sync"], m["data"], between) for m in marks]
+            if any(got):
+                into["sync"] = {k: [g[key] if g else None for g in got]
+                                for k, key in (("arrival", "arrival_s"), ("exposed", "exposed_s"), ("busy", "busy_s"),
+                                               ("bytes", "bytes"))}
 
     try:
         if cfg.compile:  # the first step compiles forward and backward: its wall is the compile time
@@ -195,6 +303,7 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None) -> dict:
         marks = run_steps(cfg.steps, True, "timed steps")
         out["wall_s"] = time.perf_counter() - t0
         out["phases"] = phases(marks)
+        extras(marks, out)
         if on_gpu:
             out["peak_allocated"] = torch.cuda.max_memory_allocated(device)
             out["peak_reserved"] = torch.cuda.max_memory_reserved(device)
@@ -293,7 +402,7 @@ def launch(cfg: ModelConfig, nprocs: int, dense_ops: Sequence[dict] | None = Non
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launcher.free_port()}", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn")
     # the ranks die with this process, and at once on Ctrl-C (the agent stops them with SIGINT)
-    results = launcher.run_elastic(lc, worker, asdict(cfg), dense_ops, children="die")
+    results = launcher.run_elastic(lc, worker, asdict(cfg), dense_ops, True, children="die")
     return [results[r] for r in sorted(results)]
 
 
@@ -381,7 +490,25 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
     finally:
         _leave_group(clean=run.stopped is None)
     run.wall_seconds = time.monotonic() - t0
+    reconcile(run)
+    _pin_note(run)
     return run
+
+
+def _pin_note(run: ModelRun) -> None:
+    """Say how CPU ranks were pinned (pin_cpu), once per run."""
+    pins = {(s.world, r.get("rank")): r["cpu_pin"] for s in run.stats for r in s.ranks if r.get("cpu_pin")}
+    if not pins:
+        return
+    by_world: dict[int, list[str]] = {}
+    for (world, rank), pin in sorted(pins.items()):
+        by_world.setdefault(world, []).append(f"rank {rank} cores {','.join(map(str, pin['cores']))}")
+    threads = {p["threads"] for p in pins.values()}
+    source = {p["threads_from"] for p in pins.values()}
+    run.notes.append("CPU ranks pinned to their share of the cores, " + "; ".join(
+        f"{w} processes: {', '.join(v)}" for w, v in by_world.items())
+        + f"; {'/'.join(map(str, sorted(threads)))} thread(s) each"
+        + (" (OMP_NUM_THREADS)" if "OMP_NUM_THREADS" in source else ""))
 
 
 def flop_facts(count) -> dict:

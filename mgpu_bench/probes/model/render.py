@@ -1,4 +1,5 @@
-"""model on the terminal: one row per configuration over its stable window."""
+"""model on the terminal: one row per configuration: throughput by the wall clock over every timed
+step, the steady-state (median) step of the stable window beside it."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ def render_terminal(run: ModelRun, console) -> None:
     tokens = any(s.derived.get("tokens_per_s") for s in run.stats)
     size = size_text(run.config)
     t = Table(title=f"{run.config.model} training steps ({run.config.parallel}{', ' + size if size else ''}, batch "
-                    f"{run.config.batch_size} x {run.config.grad_accum} per {unit}); median over the stable window",
+                    f"{run.config.batch_size} x {run.config.grad_accum} per {unit}); throughput: samples / the wall "
+                    "clock over every timed step; step and phases: medians over the stable window",
               title_justify="left", pad_edge=False, box=None, header_style="bold")
     rate = ("tok/s\ntotal", f"tok/s\nper {unit}") if tokens else ("samples/s\ntotal", f"samples/s\nper {unit}")
-    for name in (f"{unit}s", "data", "step\nms", *rate, "TFLOP/s\nper GPU",
+    for name in (f"{unit}s", "data", "steady\nstep ms", *rate, "TFLOP/s\nper GPU",
                  "MFU\n%", "data\n%", "fwd\nms", "bwd\nms", "opt\nms", "exposed\ncomm %", "peak mem\nGiB"):
         t.add_column(name, justify="left" if name == "data" else "right")
     per = ("tokens_per_s", "tokens_per_s_per_gpu") if tokens else ("samples_per_s", "samples_per_s_per_gpu")
@@ -42,11 +44,27 @@ def render_terminal(run: ModelRun, console) -> None:
         if s.error:
             console.print(f"  {s.world} {unit}(s), {s.data}: failed: {s.error}", highlight=False, soft_wrap=True)
         if s.derived:
-            console.print(f"  {s.world} {unit}(s), {s.data}: window steps {s.window[0]}-{s.window[1] - 1} of "
-                          f"{len(s.ranks[0].get('phases', {}).get('step', []))} after {run.config.warmup_steps} warm-up"
-                          f"{'' if s.window[2] else ' (not stable)'}; {_per_step(s)}"
+            console.print(f"  {s.world} {unit}(s), {s.data}: {wall_text(s)}; window steps {s.window[0]}-{s.window[1] - 1} "
+                          f"of {len(s.ranks[0].get('phases', {}).get('step', []))} after {run.config.warmup_steps} "
+                          f"warm-up{'' if s.window[2] else ' (not stable)'}; {_per_step(s)}"
                           + _profile_text(s.derived) + _compile_text(s.ranks),
                           highlight=False, soft_wrap=True)
+
+
+def wall_text(s) -> str:
+    """The wall clock's throughput and the steady-state rate beside it, in words."""
+    d = s.derived
+    if d.get("elapsed_s") is None:  # documents before the wall-clock rate: the median step's
+        return "throughput = batch / the median step"
+    u, wall = ("tok/s", d.get("tokens_per_s")) if d.get("tokens_per_s") else ("samples/s", d.get("samples_per_s"))
+    steady = d.get("steady_tokens_per_s") if d.get("tokens_per_s") else d.get("steady_samples_per_s")
+    text = (f"{wall:,.0f} {u} by the wall clock ({d['measured_steps']} steps in {d['elapsed_s']:.2f} s, "
+            f"{1e3 * d['wall_step_s']:.1f} ms a step); steady-state {steady:,.0f} {u} (the median step "
+            f"{1e3 * d['step_s']:.1f} ms)")
+    eff = d.get("effective_tokens_per_s") if d.get("tokens_per_s") else d.get("effective_samples_per_s")
+    if eff:
+        text += f"; effective {eff:,.0f} {u} (the time inside compute: forward, backward, optimizer)"
+    return text
 
 
 def tflops(flops_per_s: float | None) -> str:

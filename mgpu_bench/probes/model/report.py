@@ -55,7 +55,8 @@ def _title(run: ModelRun, what: str) -> str:
 # ------------------------------------------------------------------------------------ plots
 
 def plot_steps(run: ModelRun) -> bytes | None:
-    """Step time (ms) over the timed steps for each configuration; its stable window shaded."""
+    """Step time (ms) over the timed steps for each configuration; its stable window shaded, its
+    median dotted, the wall clock's mean step dashed, the long steps (stalls) ringed."""
     series = [(s, xs) for s in run.stats if (xs := step_series(s))]
     if not series:
         return None
@@ -71,13 +72,32 @@ def plot_steps(run: ModelRun) -> bytes | None:
             ax.axvspan(start - 0.5, end - 0.5, color=colour, alpha=0.08, linewidth=0)
         if "step_s" in s.derived:
             ax.hlines(s.derived["step_s"] * 1e3, start - 0.5, end - 0.5, colors=colour, linestyles=":")
+        if s.derived.get("wall_step_s"):
+            ax.hlines(s.derived["wall_step_s"] * 1e3, -0.5, len(xs) - 0.5, colors=colour, linestyles="--",
+                      linewidth=0.8)
+        marked = _stall_positions(s, len(xs))
+        if marked:
+            ax.plot(marked, [xs[i] * 1e3 for i in marked], "o", markersize=7, markerfacecolor="none",
+                    markeredgecolor="tab:red", label=f"{len(marked)} long step(s)" if i == 0 else None)
     ax.set_xlabel(f"timed step (after {run.config.warmup_steps} warm-up steps)")
     ax.set_ylabel("step time, ms (slowest rank)")
-    ax.set_title(_title(run, "step time; shaded: stable window, dotted: its median"), fontsize=9)
+    ax.set_title(_title(run, "step time; shaded: stable window, dotted: its median, dashed: the wall clock's mean, "
+                             "ringed: long steps"), fontsize=9)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.grid(True, alpha=0.3)
     return _png(plt, fig)
+
+
+def _stall_positions(s: StepStats, n: int) -> list[int]:
+    """Positions in the plotted series of the run's long steps (their step numbers mapped through
+    the ranks' steps_index where the monitor kept one)."""
+    indices = (s.stalls or {}).get("indices") or []
+    if not indices:
+        return []
+    index = next((r.get("steps_index") for r in s.ranks if r.get("steps_index")), None)
+    where = {v: k for k, v in enumerate(index)} if index else {k: k for k in range(n)}
+    return sorted(where[i] for i in indices if i in where and where[i] < n)
 
 
 def plot_phases(run: ModelRun) -> bytes | None:
@@ -123,7 +143,7 @@ def _throughput(run: ModelRun) -> dict[int, float]:
     return out
 
 
-def _unit(run: ModelRun) -> str:
+def _rate_unit(run: ModelRun) -> str:
     return "tokens/s" if any(s.derived.get("tokens_per_s") for s in run.stats) else "samples/s"
 
 
@@ -147,7 +167,7 @@ def plot_scaling(run: ModelRun) -> bytes | None:
                         xytext=(0, -6), textcoords="offset points")
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.set_xlabel("GPUs" if run.config.device == "cuda" else "processes")
-    ax.set_ylabel(f"{_unit(run)} (total)")
+    ax.set_ylabel(f"{_rate_unit(run)} (total)")
     ax.set_title(_title(run, "scaling (label: efficiency)"), fontsize=9)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8, loc="upper left")
@@ -172,12 +192,14 @@ def _fmt(d: dict, key: str, scale: float = 1.0, fmt: str = ".1f") -> str:
 
 
 def _rows(run: ModelRun) -> tuple[list[str], list[list[object]]]:
-    """One row per configuration; medians over the stable window."""
+    """One row per configuration: throughput by the wall clock over every timed step, the stall
+    share; the steady-state step and phases as medians over the stable window."""
     u = "GPU" if run.config.device == "cuda" else "proc"
-    tokens = _unit(run) == "tokens/s"
+    tokens = _rate_unit(run) == "tokens/s"
     rates = ["tokens/s total", f"tokens/s per {u}"] if tokens else []
-    headers = [f"{u}s", "data", "step ms", "samples/s total", *rates, "TFLOP/s per GPU", "MFU %",
-               "data %", "fwd ms", "bwd ms", "opt ms", "exposed comm %", "peak reserved GiB", "window steps"]
+    headers = [f"{u}s", "data", "steady step ms", "samples/s total", *rates, "TFLOP/s per GPU", "MFU %",
+               "data %", "fwd ms", "bwd ms", "opt ms", "exposed comm %", "long steps % of time", "peak reserved GiB",
+               "window steps"]
     rows: list[list[object]] = []
     for s in run.stats:
         d = s.derived
@@ -191,14 +213,15 @@ def _rows(run: ModelRun) -> tuple[list[str], list[list[object]]]:
                      tflops(d.get("flops_per_s_per_gpu")),
                      _fmt(d, "mfu", 100), _fmt(d, "data_share", 100), _fmt(d, "forward_s", 1e3, ".2f"),
                      _fmt(d, "backward_s", 1e3, ".2f"), _fmt(d, "optimizer_s", 1e3, ".2f"),
-                     _fmt(d, "exposed_comm_share", 100), _fmt(d, "peak_reserved", 2**-30, ".2f"), window])
+                     _fmt(d, "exposed_comm_share", 100), _fmt(d, "stall_share", 100),
+                     _fmt(d, "peak_reserved", 2**-30, ".2f"), window])
     return headers, rows
 
 
 def _scaling_rows(run: ModelRun) -> tuple[list[str], list[list[object]]]:
     u = "GPU" if run.config.device == "cuda" else "proc"
     tps, eff = _throughput(run), run.scaling()
-    headers = [f"{u}s", "data", f"{_unit(run)} total", f"ideal {_unit(run)} (N x T_1)", "efficiency %"]
+    headers = [f"{u}s", "data", f"{_rate_unit(run)} total", f"ideal {_rate_unit(run)} (N x T_1)", "efficiency %"]
     if len(tps) < 2:
         return headers, []
     rows = [[n, run.effective(n).data, f"{t:.0f}", f"{n * tps[1]:.0f}" if 1 in tps else "-",

@@ -27,12 +27,21 @@ RANK = Obj({
     "wall_s": Num(0, null=True), "no_sync_wall_s": Num(0, null=True), "compile_s": Num(0, null=True),
     "flop_count": Obj({"flops": Num(0), "batch_size": Int(1), "device": Str(max_len=100), "note": Str(null=True)},
                       what="a FLOP count", null=True),
+    # the GPU's lag behind the host at each step's compute end; the gradient all-reduce's marks (gradsync)
+    "queue": List(Num(0, null=True), null=True),
+    "sync": Map(List(Num(0, null=True)), null=True),
+    # the in-job monitor's sums over every timed step (its windows'), and the long steps it found
+    "totals": Obj({"steps": Int(0), "samples": Int(0), "tokens": Int(0, null=True), "elapsed_s": Num(0),
+                   "compute_s": Num(0, null=True)}, required=("steps", "samples", "elapsed_s"), what="a rank's totals",
+                  null=True),
+    "stall_events": List(List(AnyValue(), min_len=3, max_len=3), null=True),
+    "steps_index": List(Int(0), null=True), "samples_per_s": Num(0, null=True),
 }, what="a rank", rule=_phases_rule)
 _SHARES = ("matmul_share", "attention_share", "other_kernel_share", "comm_kernel_share", "comm_exposed_kernel_share")
 # What analyse.analyse always derives from a run with steps (mfu may be null: no peak figure).
 _BASE = ("step_s", "samples_per_s", "flops_per_s_per_gpu", "data_share")  # tokens/s: where there are tokens
 _TOGETHER = (("gpu_idle_share", _SHARES), ("matmul_ceiling", ("of_ceiling",)), ("of_ceiling", ("matmul_ceiling",)),
-             ("no_sync_step_s", ("exposed_comm_share",)))
+             ("no_sync_step_s", ("exposed_comm_share",)), ("sync_busbw", ("sync_bytes", "sync_busy_s")))
 
 
 def _derived_rule(d) -> tuple[str, str] | None:
@@ -61,8 +70,17 @@ def _run_rule(r) -> tuple[str, str] | None:
     return None
 
 
+# stalls.describe of the run's long steps
+STALLS = Obj({"count": Int(0), "steps": Int(0), "share": Num(0), "excess_s": Num(0), "median_excess_s": Num(0, null=True),
+              "max_excess_s": Num(0, null=True), "period": Int(1, null=True), "every": Num(0, null=True),
+              "where": Map(Int(0)), "main": Str(("outside", "host", "gpu", "compute"), null=True),
+              "indices": List(Int(0)), "rank": Int(0, MAX_RANKS, null=True)},
+             required=("count", "steps", "share"), what="a run's stalls", null=True)
+STRAGGLER = Obj({"rank": Int(0, MAX_RANKS), "lag_s": Num(0), "lag_share": Num(0), "named": Bool(),
+                 "by": Str(("arrival", "compute", "wall", "kernels"))}, what="a straggler", null=True)
 RUN = Obj({
     "world": Int(1, MAX_RANKS), "data": Str(("synthetic", "loader")), "ranks": List(RANK),
+    "stalls": STALLS, "straggler": STRAGGLER, "comm_method": Str(("no_sync", "hook", "profile"), null=True),
     "window": List(OneOf(Int(0), Bool()), min_len=3, max_len=3, null=True),
     "samples_per_step": Int(0), "tokens_per_step": Int(0, null=True), "flops_per_token": Num(0, null=True),
     "flops_per_sample": Num(0, null=True),
@@ -87,8 +105,7 @@ WORKLOAD = Obj({
 # What the in-job StepMonitor adds (mgpu_bench.monitor.result): per-rank figures, the straggler, windows.
 JOB = Obj({
     "name": Str(max_len=4096), "key": Str(pattern=NAME), "ranks": List(AnyValue()), "windows": List(AnyValue()),
-    "straggler": Obj({"rank": Int(0, MAX_RANKS), "lag_s": Num(0), "lag_share": Num(0), "named": Bool(),
-                      "by": Str(("arrival", "wall", "kernels"))}, what="a straggler", null=True),
+    "straggler": STRAGGLER,
 }, required=("name", "key"), what="a job's monitor figures", null=True)
 SCHEMA = Obj({
     "config": CONFIG, "status": STATUS, "gpu_counts": List(Int(1, MAX_RANKS), null=True),
