@@ -599,13 +599,12 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
     t.add_column("status", no_wrap=True)
     styles = {"regression": "bold red", "improvement": "green", "missing": "yellow", "cannot tell": "yellow"}
     for c in result.changes:
-        noises = [x for x in (c.noise_base, c.noise_new) if x is not None]
         t.add_row(
             safe_text(c.name),
             safe_text(format_value(c.base, c.unit)),
             safe_text(format_value(c.new, c.unit)),
             format_change(c.change, c.absolute),
-            format_noise(max(noises) if noises else None, c.absolute),
+            format_noise(_spread(c), c.absolute),
             c.status,
             style=styles.get(c.status),
         )

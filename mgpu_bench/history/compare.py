@@ -391,7 +391,11 @@ def compare_runs(
     noisy = noisy_host(base, base_metrics) + noisy_host(new, new_metrics)
     floor = None
     if noisy:  # drift between runs on such a host exceeds a metric's own samples: its typical spread at least
-        floor = max(NOISY_SPREAD, host_spread(base_metrics) or 0.0, host_spread(new_metrics) or 0.0)
+        floor = max(NOISY_SPREAD, host_spread(base_metrics) or 0.0, host_spread(new_metrics) or 0.0,
+                    BUSY_DRIFT * max(busy_load(base), busy_load(new)))
+        noisy.append(f"every metric's noise is taken as at least {100 * floor:.0f}% (the noisier run's typical spread, "
+                     f"at least {100 * NOISY_SPREAD:.0f}%, or {100 * BUSY_DRIFT:.0f}% per unit of load per CPU on a "
+                     "busy host): a change under 3 times that cannot be told from the host's drift")
     changes = compare(base_metrics, new_metrics, tolerance, floor)
     apart = []
     if not any(c.status not in ("added", "missing") for c in changes):
@@ -405,8 +409,7 @@ def compare_runs(
         fingerprint_diff(base.fingerprint, new.fingerprint),
         changes,
         tuple(apart + shared_gpus(base) + shared_gpus(new)),
-        tuple(line + (f"; every metric's noise is taken as at least {100 * floor:.0f}%" if floor else "")
-              for line in noisy)
+        tuple(noisy)
         + tuple(line + ": their training figures are not compared" for line in
                 [other_workloads(base_metrics, new_metrics)] if line and not apart),
     )
@@ -446,6 +449,22 @@ def _comparable(history: History, run) -> list[Metric]:
 # host gave 228 and 763 tokens/s in two runs a minute apart.
 NOISY_SPREAD = 0.10
 BUSY_LOAD = 0.5
+# On a busy host a CPU run's figures drift with the load: the same run gave 228 and 763 tokens/s a
+# minute apart at a load of 4 per CPU (3.3x). A busy run's noise floor is this much per unit of
+# load per CPU (at 4 per CPU: 40%, a threshold of 3.3x in ln terms): a rule of thumb from those runs,
+# not a model.
+BUSY_DRIFT = 0.10
+
+
+def busy_load(run) -> float:
+    """The 1-minute load per CPU of a CPU-only run at its start; 0 for a GPU run or none recorded."""
+    fp = run.fingerprint if isinstance(run.fingerprint, Mapping) else {}
+    load = fp.get("host_load") if isinstance(fp.get("host_load"), Mapping) else {}
+    try:
+        busy, cpus = float(load.get("load_1m")), int(load.get("cpus"))
+    except (TypeError, ValueError):
+        return 0.0
+    return busy / cpus if cpus > 0 and not fp.get("gpus") else 0.0
 
 
 def noisy_host(run, metrics: Sequence[Metric]) -> list[str]:

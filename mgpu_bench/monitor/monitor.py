@@ -16,6 +16,13 @@ read back (its events are long done: no wait), summarised and put into the job's
 every rank's record on rank 0, which builds the model probe's result (result.py), prints it,
 stores it and hands the document to every rank.
 
+A job that ends without finish() keeps its figures: an exception out of the loop (the interpreter
+runs the monitor's exit hook), SIGTERM (a scheduler's time limit, torchrun stopping the job: the
+monitor's handler runs first, then the one that was there, the default ending the process as it
+would have), a rank whose peers are gone. The windows measured so far are read, gathered for at most
+EARLY_GATHER_S and stored as a run whose status says it ended early; where the history cannot take
+it (locked, full, gone) the document is kept in a file, with the `history add` line that stores it.
+
 Misuse never stops the training: a step inside a step, compute() outside a step or inside
 compute(), a step without a valid sample count, a step after finish() are ignored with a
 MonitorWarning (once per kind; counted in the document's notes), or raise MonitorError with
@@ -47,6 +54,10 @@ IDLE, IN_STEP, IN_COMPUTE = 0, 1, 2
 # The most samples (or tokens) one step of one rank may carry: beyond it a count is a mistake (an
 # id, a byte count), and the document's totals would lose their precision.
 MAX_PER_STEP = 1 << 40
+# A job ending without finish() waits at most this long for its other ranks' records (they end too).
+# (A scheduler's SIGKILL follows its SIGTERM after Slurm's KillWait, 30 s by default, or torch
+# elastic's 30 s: the run is stored well inside it.)
+EARLY_GATHER_S = 5.0
 _INSTANCES = itertools.count()  # monitors made in this process: the same order on every rank names their keys
 
 
@@ -247,6 +258,9 @@ class StepMonitor:
         self._no_compute = 0  # timed steps that never entered compute()
         self._first_step_s: float | None = None
         self._sync: Any = None  # gradsync.GradSync on the DDP model, once attached
+        self._early: str | None = None  # why the job ended without finish(), when it did
+        self._previous_term: Any = None  # the SIGTERM handler the monitor's own runs before (once installed)
+        self._ending = False  # finish() (or the job's end) under way
         # every timed step's sums (the windows': steps no longer kept per step count too), and its stalls
         self.totals: dict[str, Any] = {"steps": 0, "samples": 0, "tokens": 0, "elapsed_s": 0.0, "compute_s": 0.0}
         self._stall_events: list[list] = []  # the first stalls.KEPT_EVENTS, [index, excess s, where]
@@ -296,18 +310,29 @@ class StepMonitor:
         files it was asked for. Returns the result document (a `model` document of workload
         job:NAME) on every rank. Never raises for misuse (see the module's docs); a second call
         returns the same document."""
-        if self._doc is not None:
-            return self._doc
-        self._finished = True
+        return self._end(None)
+
+    def _end(self, early: str | None) -> dict:
+        """finish(), or (early: why) the job's end without it: the same document, marked as ended
+        early, its gathering bounded by EARLY_GATHER_S."""
+        if self._doc is not None or self._ending:
+            return self._doc or {}
+        self._finished, self._ending = True, True
+        self._early = early
+        pending = self._defer_term()
         try:
             doc = self._finish()
         except (KeyboardInterrupt, MonitorError):  # MonitorError: misuse with strict=True
+            self._ending = False
+            self._redeliver(pending)
             raise
         except Exception as exc:  # noqa: BLE001 - the training is done; its end must not be a traceback of ours
             text = f"mgpu-bench monitor: finish() failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); nothing stored"
             warnings.warn(text, MonitorWarning, stacklevel=2)
             doc = {"kind": "model", "status": {"completed": False, "stopped": "failed", "message": text}, "runs": []}
         self._doc = doc
+        self._ending = False
+        self._redeliver(pending)
         return doc
 
     def __repr__(self) -> str:
@@ -518,10 +543,83 @@ class StepMonitor:
             self._notes.append(f"rank {self.rank} of a launcher's job without a process group "
                                "(torch.distributed.init_process_group before the first step gathers the ranks)")
         self._attach_sync(cuda)
+        self._hook_exit()
         wanted = self.profile if self.profile is not None else cuda
         if wanted:
             self._prof_start = self.warmup if self.profile_at is None else self.profile_at
             self._prof_end = self._prof_start + self.profile_steps
+
+    def _hook_exit(self) -> None:
+        """The job's end without finish(): the interpreter's exit (an exception out of the loop)
+        and SIGTERM (in the main thread only, where handlers are set)."""
+        import atexit
+        import signal
+        import threading
+
+        atexit.register(self._at_exit)
+        if threading.current_thread() is threading.main_thread():
+            try:
+                previous = signal.getsignal(signal.SIGTERM)
+                if previous is not signal.SIG_IGN and previous is not None:
+                    self._previous_term = previous
+                    signal.signal(signal.SIGTERM, self._on_term)
+            except (ValueError, OSError):  # not the main interpreter, or no signals here
+                self._previous_term = None
+
+    def _defer_term(self) -> list:
+        """While the run is gathered and stored, a SIGTERM waits (the list it is noted in) instead of
+        ending the process with the figures half kept; the exit hook is taken off."""
+        import atexit
+        import signal
+        import threading
+
+        atexit.unregister(self._at_exit)
+        pending: list = []
+        if threading.current_thread() is not threading.main_thread():
+            return pending
+        try:
+            self._restore_term = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, lambda signum, frame: pending.append(signum))
+        except (ValueError, OSError):
+            self._restore_term = None
+        return pending
+
+    def _redeliver(self, pending: list) -> None:
+        """The handler there before the monitor's back in place; a SIGTERM that waited is delivered."""
+        import os
+        import signal
+
+        restore = getattr(self, "_restore_term", None)
+        if restore is None:
+            return
+        if restore == self._on_term:
+            restore = self._previous_term
+        try:
+            signal.signal(signal.SIGTERM, restore if restore is not None else signal.SIG_DFL)
+        except (ValueError, OSError):
+            return
+        if pending:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _at_exit(self) -> None:
+        if self._doc is None and self._seen:
+            self._end("the job ended without finish() (an exception out of the loop, or sys.exit)")
+
+    def _on_term(self, signum, frame) -> None:
+        """SIGTERM: the figures kept first, then what the handler before would have done (the
+        default: the process ends by the signal, as it would have without the monitor)."""
+        import signal
+
+        if self._doc is None and self._seen and not self._ending:
+            self._end("SIGTERM (a scheduler's time limit, or the job stopped)")
+        previous = self._previous_term
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            import os
+
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _attach_sync(self, cuda: bool) -> None:
         """The DDP model's all-reduce timed in its communication hook (comm_hook)."""
@@ -623,6 +721,10 @@ class StepMonitor:
     def _finish(self) -> dict:
         from . import result
 
+        if self._state != IDLE and self._early is not None:  # the job ended inside a step: that step is left out
+            self._state, self._slot_open = IDLE, False
+            if self._counter is not None:
+                self._fault(RuntimeError("the job ended inside the counted step"))
         if self._state != IDLE:
             self._misuse("finish-in-step", "finish() inside a step: the open step is left out")
             self._state, self._slot_open = IDLE, False
@@ -659,14 +761,20 @@ class StepMonitor:
             self._notes.append(f"the job's store went away ({type(exc).__name__}): this rank's figures alone")
             self._exchange = None
             return result.conclude(self, [record])
+        wait = self.gather_timeout_s if self._early is None else min(self.gather_timeout_s, EARLY_GATHER_S)
+        if self._early is not None:  # a store whose server went with the job must not hold the end for minutes
+            with contextlib.suppress(Exception):
+                import datetime
+
+                self._exchange.store.set_timeout(datetime.timedelta(seconds=wait))
         if self.rank == 0:
-            records = self._exchange.finals(self.gather_timeout_s)
+            records = self._exchange.finals(wait)
             records[0] = record
             doc = result.conclude(self, records)
             with contextlib.suppress(Exception):  # the others fall back to their own record
                 self._exchange.put_doc(doc)
             return doc
-        doc = self._exchange.doc(2 * self.gather_timeout_s)
+        doc = self._exchange.doc(2 * wait)
         if doc is None:
             warnings.warn(f"mgpu-bench monitor: rank 0 gave no result document within {2 * self.gather_timeout_s:g} "
                           "s; this rank's own figures are returned", MonitorWarning, stacklevel=3)

@@ -118,6 +118,9 @@ def conclude(mon, records: list[dict | None], alone: bool = False) -> dict:
         environment = {}
     doc = Document.of(document(run, environment, list(sys.argv)), run)
     doc["job"] = job
+    if mon._early is not None and run.stats:
+        doc["status"] = status("interrupted", f"ended early: {mon._early}; the {len(job['windows'])} window(s) "
+                                              "measured before are kept")
     if not run.stats:
         doc["status"] = status("failed", run.stop_message)
         if not alone and mon.rank == 0:
@@ -299,14 +302,16 @@ def _report(mon, doc, run, job) -> None:
     out, err = out_console(), err_console()
     if probe.measured(doc):  # stored and written first: a closed or full stdout never costs the job's figures
         history, run_id = None, None
+        store = runner.Store(mon.db, False, mon.prometheus)
         try:
             if mon.store:
-                history, run_id, _ = runner._store(probe, None, doc, runner.Store(mon.db, False, mon.prometheus), out,
-                                                   err)
+                history, run_id, _ = runner._store(probe, None, doc, store, out, err)
             if mon.prometheus:
                 runner._textfile(mon.prometheus, doc, run_id, err)
-            runner.write_outputs([(mon.json, lambda p: write_json(p, doc)),
-                                  (mon.report, lambda p: probe.report(doc, p, history))], err)
+            failed = runner.write_outputs([(mon.json, lambda p: write_json(p, doc), "--json"),
+                                           (mon.report, lambda p: probe.report(doc, p, history), "--report")], err)
+            if mon.store and run_id is None:  # the history could not take it: a file for `history add`
+                runner._kept_for_later(doc, "model", mon.json, "--json" in failed, store, err)
         finally:
             if history is not None:
                 history.close()

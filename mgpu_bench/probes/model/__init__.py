@@ -89,8 +89,12 @@ class ModelProbe(Probe):
                    help="Samples per GPU per micro-batch [default: 8 on GPUs, 4 on CPU; torchvision 128 and 4; "
                         "a module's fixed DataLoader: its own]."),
             option("--grad-accum", default=1, show_default=True, type=int, help="Micro-batches per optimizer step."),
-            option("--steps", default=30, show_default=True, type=int, help="Timed steps per configuration."),
-            option("--warmup-steps", default=5, show_default=True, type=int, help="Untimed steps first."),
+            option("--steps", default=None, type=int,
+                   help="Timed steps per configuration [default: 30; on CPU processes fewer where the run would "
+                        "take over 2 min at the guessed rate, and each configuration keeps to its share of the "
+                        "estimate]."),
+            option("--warmup-steps", default=None, type=int, help="Untimed steps first [default: 5; on CPU "
+                                                                   "processes 2 where the run is sized down]."),
             option("--parallel", default="ddp", show_default=True, type=click.Choice(["ddp", "fsdp"])),
             option("--data", "data_mode", default="synthetic", show_default=True,
                    type=click.Choice(["synthetic", "loader", "both"]),
@@ -130,11 +134,15 @@ class ModelProbe(Probe):
                 within(flag, o[key], 1, 1 << 16)
         wl = workloads.resolve(o["model_name"] or ("350m" if on_gpu else "tiny"), seq_len=o["seq_len"],
                                image_size=o["image_size"], cpu_defaults=not on_gpu)
+        from . import sizing
+
         batch_size = wl.default_batch(on_gpu) if o["batch_size"] is None else o["batch_size"]
         within("--batch-size", batch_size, 1, 1_000_000, "samples per GPU per micro-batch")
         within("--grad-accum", o["grad_accum"], 1, 10_000, "micro-batches per step")
-        within("--steps", o["steps"], 1, 1_000_000, "timed steps per configuration")
-        within("--warmup-steps", o["warmup_steps"], 0, 1_000_000)
+        steps = sizing.DEFAULT_STEPS if o["steps"] is None else o["steps"]
+        warmup = sizing.DEFAULT_WARMUP if o["warmup_steps"] is None else o["warmup_steps"]
+        within("--steps", steps, 1, 1_000_000, "timed steps per configuration")
+        within("--warmup-steps", warmup, 0, 1_000_000)
         within("--num-workers", o["num_workers"], 0, 256, "DataLoader workers per GPU")
         within("--preprocess-ms", o["preprocess_ms"], 0, 60_000, "milliseconds per sample")
         peak_tflops = o["peak_tflops"]
@@ -182,7 +190,7 @@ class ModelProbe(Probe):
 
             peak = hardware.peak_flops(_native.device_info(chosen[0])["name"], "bf16")
         cfg = ModelConfig(model=wl.key, seq_len=wl.seq_len, batch_size=batch_size, grad_accum=o["grad_accum"],
-                          steps=o["steps"], warmup_steps=o["warmup_steps"], parallel=o["parallel"], data="synthetic",
+                          steps=steps, warmup_steps=warmup, parallel=o["parallel"], data="synthetic",
                           num_workers=o["num_workers"], preprocess_ms=o["preprocess_ms"], data_dir=o["data_dir"],
                           checkpointing=o["checkpointing"], exposed_comm=o["exposed_comm"], profile=o["profile"],
                           device="cuda" if on_gpu else "cpu", progress=False, compile=o["compile_model"],
@@ -191,31 +199,30 @@ class ModelProbe(Probe):
             raise InputError(f"--compile with --warmup-steps {cfg.warmup_steps}: the first warm-up step compiles "
                              "the model, so give at least 2 (--warmup-steps 3)")
         modes = ("synthetic", "loader") if o["data_mode"] == "both" else (o["data_mode"],)
-        return ModelPlan(cfg, tuple(counts), modes, peak, chosen, wl.facts(), count, note)
+        facts = wl.facts()
+        per_sample = sizing.flops_per_sample(facts, count)
+        notes: tuple[str, ...] = ()
+        budgets: tuple[float, ...] = ()
+        if not on_gpu:
+            given = {"steps": o["steps"] is not None, "warmup_steps": o["warmup_steps"] is not None,
+                     "batch_size": o["batch_size"] is not None or wl.kind == "module"}
+            if cfg.compile:
+                given["warmup_steps"] = True
+            cfg, sized = sizing.size_for_cpu(cfg, counts, modes, per_sample, given)
+            notes = (sized,) if sized else ()
+            budgets = tuple(sizing.seconds(cfg, counts, modes, per_sample, peak))
+        return ModelPlan(cfg, tuple(counts), modes, peak, chosen, facts, count, note, budgets, notes)
 
     def estimate(self, plan) -> str | None:
-        """Every configuration's start-up and steps at a guessed rate: 40% of the bf16 peak on a GPU, 40 GFLOP/s
-        per core pair on CPU processes (the tiny model on a 2-core VM: 0.24 s a step, 0.52 s on 2 processes). A guess
-        to say how long to wait, never a figure."""
-        import os
-
-        from mgpu_bench import models
+        """Every configuration's start-up and steps at a guessed rate (sizing.py). A guess to say
+        how long to wait, never a figure; on CPU processes each configuration keeps to its share."""
+        from . import sizing
 
         cfg = plan.config
-        on_gpu = cfg.device == "cuda"
-        if str(cfg.model).lower() not in models.MODELS:
-            return None  # another workload: its FLOPs are counted when it runs, not guessed here
-        flops = models.flops_per_token(models.get_model_spec(cfg.model), cfg.seq_len) * cfg.seq_len * cfg.batch_size
-        rate = 0.4 * plan.peak.value if on_gpu and plan.peak is not None else 300e12 if on_gpu else 40e9
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        total = 0.0
-        for n in plan.counts:
-            share = 1.0 if on_gpu else max(1.0, 2 * n / cores)  # CPU ranks share the cores
-            steps = cfg.warmup_steps + cfg.steps * (2 if n > 1 and cfg.exposed_comm else 1) + (3 if on_gpu else 0)
-            total += len(plan.modes) * ((15.0 if on_gpu else 4.0) + steps * cfg.grad_accum * flops / rate * share)
-        when = f"about {total:.0f} s" if total < 120 else f"about {total / 60:.0f} min"
-        return (f"{when} for {len(plan.counts) * len(plan.modes)} configuration(s) of {cfg.warmup_steps} + "
-                f"{cfg.steps} steps (a guess at {rate / 1e12:g} TFLOP/s per {'GPU' if on_gpu else 'process'})")
+        per_sample = sizing.flops_per_sample(plan.workload, plan.count)
+        total = sum(plan.budgets or sizing.seconds(cfg, plan.counts, plan.modes, per_sample, plan.peak))
+        return sizing.text(total, len(plan.counts) * len(plan.modes), cfg, cfg.device == "cuda", plan.peak,
+                           max(plan.counts))
 
     def run(self, plan, ctx):
         from dataclasses import replace
@@ -229,7 +236,9 @@ class ModelProbe(Probe):
         if plan.gpus:
             selection.pin_gpus(list(plan.gpus))  # child processes see only the chosen GPUs
         cfg = replace(plan.config, progress=ctx.progress.show and ctx.rank == 0)
-        run = run_model(cfg, plan.counts, plan.modes, plan.peak, ctx.progress.say_fn, plan.workload, plan.count)
+        run = run_model(cfg, plan.counts, plan.modes, plan.peak, ctx.progress.say_fn, plan.workload, plan.count,
+                        plan.budgets)
+        run.notes[:0] = list(plan.notes)
         if plan.count_note:
             run.notes.append(plan.count_note)
         if plan.peak is None:

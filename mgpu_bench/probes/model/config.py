@@ -30,6 +30,7 @@ class ModelConfig:
     progress: bool = False
     workload: str | None = None  # what workloads.resolve() takes, where it is not the key (a path, a module)
     image_size: int | None = None  # pixels per side, vision workloads
+    deadline: float | None = None  # CPU processes: the wall-clock time (time.time()) the timed steps keep to (sizing)
 
     @property
     def workload_text(self) -> str:
@@ -51,3 +52,5 @@ class ModelPlan:
     workload: dict | None = None
     count: Any = None
     count_note: str | None = None
+    budgets: tuple[float, ...] = ()  # CPU processes: each configuration's guessed seconds, kept to (sizing)
+    notes: tuple[str, ...] = ()

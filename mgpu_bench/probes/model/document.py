@@ -16,9 +16,10 @@ def _config(run: ModelRun) -> dict:
     """The config as written; `compile` only when on, `workload` and `image_size` only where set,
     so that a run without them writes what the releases before them wrote."""
     cfg = asdict(run.config)
-    for key in ("compile", "workload", "image_size"):
+    for key in ("compile", "workload", "image_size", "deadline"):
         if not cfg.get(key):
             cfg.pop(key, None)
+    cfg.pop("deadline", None)  # a moment of this run, not its configuration
     return cfg
 
 

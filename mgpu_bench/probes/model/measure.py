@@ -298,9 +298,10 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
             run_steps(1, True, "compiling (torch.compile, not timed)")
             out["compile_s"] = time.perf_counter() - t0
         warm = run_steps(cfg.warmup_steps - (1 if cfg.compile else 0), True, "warm-up (not timed)")
+        steps = _keep_to_deadline(cfg, warm, world, out)
         del warm
         t0 = time.perf_counter()
-        marks = run_steps(cfg.steps, True, "timed steps")
+        marks = run_steps(steps, True, "timed steps")
         out["wall_s"] = time.perf_counter() - t0
         out["phases"] = phases(marks)
         extras(marks, out)
@@ -310,8 +311,8 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
             out["total_memory"] = torch.cuda.get_device_properties(device).total_memory
         if cfg.exposed_comm and world > 1:
             t0 = time.perf_counter()  # DDP: no_sync(); FSDP: gradient sync off (no reduce-scatter)
-            out["no_sync_phases"] = phases(run_steps(cfg.steps, False, "the same steps without gradient sync "
-                                                               "(for the exposed communication)"))
+            out["no_sync_phases"] = phases(run_steps(steps, False, "the same steps without gradient sync "
+                                                           "(for the exposed communication)"))
             out["no_sync_wall_s"] = time.perf_counter() - t0
         if cfg.profile and on_gpu:
             out["profile"] = _profile_split(lambda: run_steps(3, True, "profiled steps"))
@@ -325,6 +326,30 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
     except InputError as exc:
         out["error"] = str(exc)
     return _leave(out, owns_group)
+
+
+def _keep_to_deadline(cfg: ModelConfig, warm: list[dict], world: int, out: dict) -> int:
+    """The timed steps to run: cfg.steps, or on CPU processes with a deadline as many as fit
+    before it at the slowest rank's warm-up step (the ranks agree: every rank runs as many), at
+    least sizing.MIN_TIMED_STEPS; a cut is recorded in out["steps_cut"]."""
+    from .sizing import timed_steps
+
+    if cfg.deadline is None or cfg.device == "cuda" or not warm:
+        return cfg.steps
+    later = warm[1:] or warm  # the first warm-up step builds what the others reuse
+    step_s = (later[-1]["end"] - later[0]["start"]) / len(later)
+    passes = 2 if world > 1 and cfg.exposed_comm else 1
+    n = timed_steps(cfg.steps, passes, step_s, cfg.deadline - time.time() - 1.0)
+    if world > 1:
+        import torch
+        import torch.distributed as dist
+
+        agreed = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # between warm-up and the timed steps: outside any timing
+        n = int(agreed.item())
+    if n < cfg.steps:
+        out["steps_cut"] = {"asked": cfg.steps, "ran": n, "step_s": step_s}
+    return n
 
 
 def _leave(out: dict, owns_group: bool) -> dict:
@@ -444,11 +469,12 @@ _STORE: list = []  # the launcher's store of this process's job, once its group 
 
 
 def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[str], peak: Any = None,
-              say=None, workload: dict | None = None, count: Any = None) -> ModelRun:
+              say=None, workload: dict | None = None, count: Any = None, budgets: Sequence[float] = ()) -> ModelRun:
     """Every GPU count (ascending) with every data mode; a failed configuration (out of memory,
     say) is recorded and the rest still run; Ctrl-C keeps what was measured. `workload`: the
     workload's facts (Workload.facts()) and `count` its FlopCount on meta; both None: resolved and
-    counted here; count None with facts given: the ranks count on their device."""
+    counted here; count None with facts given: the ranks count on their device. `budgets`: each
+    configuration's guessed seconds (sizing.seconds), kept to from its start (CPU processes)."""
     if workload is None:
         from mgpu_bench import workloads
 
@@ -458,12 +484,15 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
     if count is not None:
         run.workload["flops"] = flop_facts(count)
     t0 = time.monotonic()
+    budget = iter(budgets)
     try:
         for n in run.gpu_counts:
             for mode in run.data_modes:
                 if say:
                     say(f"{n} {'GPU(s)' if cfg.device == 'cuda' else 'process(es)'}, {mode} data")
-                c = ModelConfig(**{**asdict(cfg), "data": mode})
+                share = next(budget, None)
+                c = ModelConfig(**{**asdict(cfg), "data": mode,
+                                   "deadline": time.time() + share if share is not None else None})
                 ranks = launch(c, n, count.dense_ops if count is not None else None)
                 run.gpu_name = run.gpu_name or ranks[0].get("gpu_name")
                 counted = next((r["flop_count"] for r in ranks if r.get("flop_count")), None)
@@ -492,6 +521,11 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
     run.wall_seconds = time.monotonic() - t0
     reconcile(run)
     _pin_note(run)
+    cut = [(s.world, s.data, r["steps_cut"]) for s in run.stats for r in s.ranks[:1] if r.get("steps_cut")]
+    for world, data, c in cut:
+        run.notes.append(f"{world} {'GPU(s)' if cfg.device == 'cuda' else 'process(es)'}, {data} data: {c['ran']} of "
+                         f"the {c['asked']} timed steps, to keep to the estimate (warm-up steps took "
+                         f"{c['step_s']:.2f} s each, slower than guessed; give --steps to choose)")
     return run
 
 
