@@ -174,6 +174,7 @@ def history_group() -> None:
 
     \b
     mgpu-bench history add result.json   store a result document (from any --json)
+    mgpu-bench history add nccl.log      store a nccl-tests / rccl-tests log as a comm run
     mgpu-bench history list              the last runs, newest first
     mgpu-bench history show r12          one run's headline metrics
     mgpu-bench history trend NAME        one metric over the runs, oldest first
@@ -182,24 +183,105 @@ def history_group() -> None:
 
 @history_group.command("add")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--join", is_flag=True,
+              help="Store the nccl-tests / rccl-tests logs given as one comm run (one machine's logs, a file per "
+                   "collective); without it each run of each log is a run of its own.")
+@click.option("--op", "op_name", default=None, metavar="OP",
+              help="The collective of a log that does not name it (nccl-tests before 2.15 print no program name, "
+                   "and allgather and alltoall tables look alike): allreduce, allgather, reducescatter, broadcast, "
+                   "reduce, alltoall or sendrecv.")
 @_db_option
-def history_add(files, db_path) -> int:
-    """Stores result documents (written by a command's --json) as new runs."""
+def history_add(files, join, op_name, db_path) -> int:
+    """Stores result documents (a command's --json) and the text output of NVIDIA's nccl-tests
+    or AMD's rccl-tests (all_reduce_perf and the other *_perf binaries) as new runs. A log's run
+    is a comm run with nccl-tests' size semantics, so its busbw per size compares with `mgpu-bench
+    comm` at the same sizes; what the log could not tell (driver, topology) is said in its
+    fingerprint, a log cut short or with wrong elements is stored with that said, and a log with
+    no usable row is refused (exit code 2). Every file is read and checked before any is stored."""
+    from mgpu_bench import probe as registry
     from mgpu_bench.probe import load_document
+    from mgpu_bench.schema import shown
 
-    docs = [(f, load_document(f)) for f in files]  # every file read and checked against its schema before any is stored
+    docs, logs = [], []
+    for f in files:
+        text = _log_text(f)
+        if text is None:
+            docs.append((f, load_document(f)))  # every file read and checked against its schema before any is stored
+        else:
+            logs.append((f, text))
+    if (join or op_name) and not logs:
+        raise InputError("--join and --op are for nccl-tests and rccl-tests logs: the files given are result documents")
+    if logs:
+        op = None
+        if op_name is not None:
+            from mgpu_bench.ops import OP_ORDER
+
+            op = op_name.strip().lower().replace("_", "").replace("-", "")
+            if op not in OP_ORDER:
+                raise InputError(f"--op {safe_text(op_name)!s}: choose from {', '.join(OP_ORDER)}")
+        build = registry.get("comm").role("imported", "documents")
+        names = {shown(os.path.basename(f)): f for f, _ in logs}
+        for doc in build([(shown(os.path.basename(f)), text, _mtime(f)) for f, text in logs], op=op, join=join):
+            source = doc.get("source") or {}
+            origin = ", ".join(names.get(x.get("file"), x.get("file")) for x in source.get("logs") or [])
+            docs.append((origin, doc))
     lines = []
     try:
         with _open(db_path) as h:
             for f, doc in docs:  # all stored first, then said: a reader that stops reading costs none of them
                 run_id = h.save(doc)
                 rec = h.get(run_id)
-                lines.append(f"stored {run_id}: {rec.kind}, {len(h.metrics(run_id))} headline metric(s), from {f}")
+                source = doc.get("source") if isinstance(doc.get("source"), dict) else None
+                what = ""
+                if source:
+                    ranks = len(doc.get("devices") or [])
+                    what = f" ({source.get('tool')}{' ' + source['version'] if source.get('version') else ''}, " \
+                           f"{ranks} rank(s))"
+                lines.append(f"stored {run_id}: {rec.kind}, {len(h.metrics(run_id))} headline metric(s), from {f}{what}")
+                if source:
+                    lines += [f"  warning: {x}" for x in doc.get("findings") or []]
+                    lines += [f"  note: {x}" for x in doc.get("notes") or []]
     finally:
         out = _out()
         for line in lines:
-            out.print(safe_text(line))
+            out.print(safe_text(line), soft_wrap=True)
     return 0
+
+
+def _log_text(path: str) -> str | None:
+    """The text of `path` when it is a nccl-tests or rccl-tests log; None when it is to be read as
+    a result document (JSON, or a file load_document refuses in its own words); InputError for a
+    text that is neither."""
+    import stat
+
+    from mgpu_bench.nccl_tests import looks_like_log
+    from mgpu_bench.schema import shown
+
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        data = open(path, "rb").read()  # noqa: SIM115 - read whole, closed at once
+    except OSError:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{shown(path)} is not text: give a result document written by a command's --json, or "
+                         "the text output of nccl-tests or rccl-tests") from None
+    if text.lstrip()[:1] in ("{", "["):
+        return None
+    if looks_like_log(text):
+        return text
+    raise InputError(f"{shown(path)} is neither a result document (JSON) nor the output of nccl-tests or rccl-tests "
+                     "(no '# nThread N nGpus N minBytes ...' line): give a file written by a command's --json, or "
+                     "the text all_reduce_perf and the other *_perf binaries print")
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
 
 
 @history_group.command("list")
@@ -618,7 +700,9 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
 
 
 def register(main: click.Group) -> None:
-    """Adds `history`, `baseline` and `compare` to the main command group (idempotent)."""
-    for command in (history_group, baseline_group, compare_command):
+    """Adds `history`, `baseline`, `compare` and `side-by-side` to the main command group (idempotent)."""
+    from .side_by_side_render import side_by_side_command
+
+    for command in (history_group, baseline_group, compare_command, side_by_side_command):
         main.add_command(command)
 
