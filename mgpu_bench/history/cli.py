@@ -202,13 +202,13 @@ def history_add(files, join, op_name, db_path) -> int:
     from mgpu_bench.probe import load_document
     from mgpu_bench.schema import shown
 
-    docs, logs = [], []
-    for f in files:
+    docs, logs = [], []  # docs: (place among the files, file, document), stored in the files' order
+    for i, f in enumerate(files):
         text = _log_text(f)
         if text is None:
-            docs.append((f, load_document(f)))  # every file read and checked against its schema before any is stored
+            docs.append((i, f, load_document(f)))  # every file read and checked against its schema before any is stored
         else:
-            logs.append((f, text))
+            logs.append((f, i, text))
     if (join or op_name) and not logs:
         raise InputError("--join and --op are for nccl-tests and rccl-tests logs: the files given are result documents")
     if logs:
@@ -220,15 +220,14 @@ def history_add(files, join, op_name, db_path) -> int:
             if op not in OP_ORDER:
                 raise InputError(f"--op {safe_text(op_name)!s}: choose from {', '.join(OP_ORDER)}")
         build = registry.get("comm").role("imported", "documents")
-        names = {shown(os.path.basename(f)): f for f, _ in logs}
-        for doc in build([(shown(os.path.basename(f)), text, _mtime(f)) for f, text in logs], op=op, join=join):
-            source = doc.get("source") or {}
-            origin = ", ".join(names.get(x.get("file"), x.get("file")) for x in source.get("logs") or [])
-            docs.append((origin, doc))
+        for doc, held in build([(shown(os.path.basename(f)), text, _mtime(f)) for f, _, text in logs], op=op,
+                               join=join):
+            docs.append((logs[held[0]][1], ", ".join(logs[k][0] for k in held), doc))
+    docs.sort(key=lambda d: d[0])
     lines = []
     try:
         with _open(db_path) as h:
-            for f, doc in docs:  # all stored first, then said: a reader that stops reading costs none of them
+            for _, f, doc in docs:  # all stored first, then said: a reader that stops reading costs none of them
                 run_id = h.save(doc)
                 rec = h.get(run_id)
                 source = doc.get("source") if isinstance(doc.get("source"), dict) else None

@@ -143,7 +143,7 @@ def build(history, runs: Sequence[str]) -> SideBySide:
     rows.sort(key=lambda r: (families.index(r.family), _natural(r.label)))
     keys = [k for k in FACTS if any(c.facts.get(k) for c in columns)]
     differ = [k for k in keys if len({c.facts.get(k) for c in columns}) > 1]
-    same = {k: columns[0].facts[k] for k in keys if k not in differ and columns[0].facts.get(k)}
+    same = {k: columns[0].facts[k] for k in keys if k not in differ and columns[0].facts.get(k) not in (None, "-")}
     notes = [("value per GPU: a figure of every GPU is the median over the run's GPUs; busbw is per rank; a model's "
               "samples/s and tokens/s are the run's total / its GPUs")]
     if any(c is None for r in rows for c in r.cells):
@@ -255,14 +255,18 @@ def _theory(rec, m: Metric) -> tuple[float | None, str | None]:
         return None, (f"{name} is not in hardware.json" if name else None)
     if q.endswith("tflops"):
         dtype = m.labels.get("dtype") or "bf16"  # check's and sdc's GEMM is bf16
-        peak = gpu.peak.get(hardware.peak_dtype(dtype)) if dtype else None
+        try:  # fp64 GEMMs run on the FP64 tensor cores, as the gemm probe sets them against
+            key = "fp64_tensor" if dtype == "fp64" else hardware.peak_dtype(dtype)
+        except InputError:
+            return None, f"no {dtype} peak in hardware.json"
+        peak = gpu.peak.get(key)
         if peak is not None and peak.value:
-            return peak.value, f"{gpu.name} dense {dtype} peak {peak.value / 1e12:g} TFLOP/s"
+            return peak.value, f"{gpu.name}: dense datasheet peaks (hardware.json)"
         return None, f"no {dtype} peak for {gpu.name} in hardware.json"
     if m.unit == "B/s" and (m.kind == "memory" and ".hbm." in m.name or q in ("copy_bandwidth", "check_bandwidth")):
         bw = gpu.memory_bandwidth
         if bw.value:
-            return bw.value, f"{gpu.name} HBM {bw.value / 1e12:g} TB/s (datasheet, reads plus writes)"
+            return bw.value, f"{gpu.name}: HBM {bw.value / 1e12:g} TB/s, reads plus writes (hardware.json)"
         return None, f"no HBM bandwidth for {gpu.name} in hardware.json"
     return None, None
 

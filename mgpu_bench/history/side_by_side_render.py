@@ -56,7 +56,7 @@ def per_watt_text(value: float | None, unit: str) -> str | None:
     if value is None:
         return None
     if unit == "FLOP/s":
-        return f"{value / 1e12:.2f} TFLOP/s per W"
+        return f"{value / 1e12:.2f} TFLOP/s per W" if value >= 1e12 else f"{value / 1e9:.1f} GFLOP/s per W"
     if unit == "B/s":
         return f"{value / 1e9:.2f} GB/s per W"
     if unit in ("tokens/s", "samples/s"):
@@ -64,10 +64,10 @@ def per_watt_text(value: float | None, unit: str) -> str | None:
     return f"{value:.3g} {unit} per W"
 
 
-def share_text(c: Cell) -> str:
+def share_text(c: Cell, unit: str) -> str:
     if c.share is None:
         return "theory n/a"
-    return f"{100 * c.share:.0f}% of theory"
+    return f"{100 * c.share:.0f}% of {value_text(c.theory, unit)}"
 
 
 def cell_lines(c: Cell | None, unit: str, first: bool) -> list[str]:
@@ -75,9 +75,9 @@ def cell_lines(c: Cell | None, unit: str, first: bool) -> list[str]:
     the first column, per watt where power was recorded."""
     if c is None:
         return [MISSING]
-    lines = [value_text(c.value, unit) + (f" (median of {c.gpus} GPUs)" if c.gpus > 1 else "")]
+    lines = [value_text(c.value, unit) + (f" (median, {c.gpus} GPUs)" if c.gpus > 1 else "")]
     if c.theory is not None or c.theory_text:  # a figure with no theory at all (a latency) says nothing
-        lines.append(share_text(c))
+        lines.append(share_text(c, unit))
     if not first and c.ratio is not None:
         lines.append(f"x{c.ratio:.2f} vs first")
     watt = per_watt_text(c.per_watt, unit)

@@ -56,17 +56,19 @@ class Piece:
     findings: list[str]
     notes: list[str]
     created: str | None
+    index: int = 0  # the log's place among those given
 
 
 def documents(logs: Sequence[tuple[str, str, float | None]], op: str | None = None,
-              join: bool = False) -> list[Document]:
-    """The comm documents of (file name, text, modification time) logs: one per run, or with
-    `join` one for them all (one machine's logs, a file per collective). `op` names the collective
-    of a log that does not. InputError, naming the file, where a log holds nothing to store."""
+              join: bool = False) -> list[tuple[Document, list[int]]]:
+    """The comm documents of (file name, text, modification time) logs, each with the indices of
+    the logs it holds: one per run, or with `join` one for them all (one machine's logs, a file
+    per collective). `op` names the collective of a log that does not. InputError, naming the
+    file, where a log holds nothing to store."""
     if op is not None and op not in OP_ORDER:
         raise InputError(f"--op {op!r}: choose from {', '.join(OP_ORDER)}")
     pieces: list[Piece] = []
-    for name, text, mtime in logs:
+    for index, (name, text, mtime) in enumerate(logs):
         try:
             sections = nccl_tests.parse(text)
         except nccl_tests.LogError as exc:
@@ -78,13 +80,14 @@ def documents(logs: Sequence[tuple[str, str, float | None]], op: str | None = No
             if isinstance(piece, str):
                 last_refusal = piece
                 continue
+            piece.index = index
             kept.append(piece)
         if not kept:
             raise InputError(f"{name}: {last_refusal}")
         pieces += kept
     if join and len(pieces) > 1:
-        return [_document(pieces)]
-    return [_document([p]) for p in pieces]
+        return [(_document(pieces), sorted({p.index for p in pieces}))]
+    return [(_document([p]), [p.index]) for p in pieces]
 
 
 def _refuse_interleaved(name: str, sections: list[nccl_tests.Section]) -> None:
@@ -117,7 +120,7 @@ def _piece(name: str, s: nccl_tests.Section, op: str | None, mtime: float | None
     if nranks is None:
         nranks = s.params.get("nthread", 1) * s.params.get("ngpus", 1)
         notes.append(f"the log has no device lines: {nranks} rank(s) from its nThread x nGpus (one process)")
-    if why != "given with --op" and not why.startswith("the log names"):
+    if why != "given with --op" and not s.program:
         notes.append(f"collective: {why}")
     groups: dict[tuple, list[tuple]] = {}
     skipped: dict[str, int] = {}
