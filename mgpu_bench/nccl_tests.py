@@ -178,6 +178,37 @@ def version_text(code: int | None) -> str | None:
     return f"{code // 1000}.{(code % 1000) // 100}.{code % 100}"
 
 
+def read_log(path) -> str | None:
+    """The text of the file at `path` when it is a nccl-tests or rccl-tests log; None when it is
+    to be read as a result document (JSON, or a file a document reader refuses in its own words:
+    missing, a folder, a FIFO); InputError (exit code 2) for a file that is neither."""
+    import os
+    import stat
+
+    from .errors import InputError
+    from .schema import shown
+
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{shown(path)} is not text: give a result document written by a command's --json, or "
+                         "the text output of nccl-tests or rccl-tests") from None
+    if text.lstrip()[:1] in ("{", "["):
+        return None
+    if looks_like_log(text):
+        return text
+    raise InputError(f"{shown(path)} is neither a result document (JSON) nor the output of nccl-tests or rccl-tests "
+                     "(no '# nThread N nGpus N minBytes ...' line): give a file written by a command's --json, or "
+                     "the text all_reduce_perf and the other *_perf binaries print")
+
+
 def looks_like_log(text: str) -> bool:
     """The text has the header line every nccl-tests and rccl-tests release prints, or a table."""
     return bool(_HEADER.search(text)) or bool(re.search(r"^#\s+size\s+count\s+type\s+redop", text, re.MULTILINE))

@@ -330,3 +330,28 @@ def test_history_add_help_and_the_stored_source_field_are_declared(cli):
     assert "source" in SCHEMA.fields
     (doc,) = _import((SHARED / "all_reduce_perf_2xh200.log").read_text())
     probe("comm").schema().check(json.loads(json.dumps(doc)), "")
+
+
+def test_the_newest_rccl_tests_header_and_gpus_without_link_figures_get_no_theory():
+    # rccl-tests 2.18.3 (2026) prints nccl-tests' header with its own version line
+    text = logs.nccl_log("all_reduce", [(i, 0, 1409, "host", i, "AMD Instinct MI325X") for i in range(4)], SIZES)
+    text = text.replace("# nccl-tests version 2.19.6 nccl-headers=22803 nccl-library=22803",
+                        "# rccl-tests version 2.18.3-HEAD:418cd5f rccl-headers=23004 rccl-library=23004")
+    (doc,) = _import(text)
+    assert doc["source"]["tool"] == "rccl-tests" and doc["source"]["version"] == "2.18.3-HEAD:418cd5f"
+    assert doc["environment"]["nccl"] == "2.30.4 (RCCL)"
+    assert doc["theory"]["bandwidth"] is None and "no platform topology for AMD Instinct MI325X" in \
+        doc["theory"]["summary"]
+    unknown = text.replace("AMD Instinct MI325X", "AMD Instinct MI60 / MI50")
+    (doc,) = _import(unknown)
+    assert doc["environment"]["gpus"][0]["name"] == "AMD Instinct MI60 / MI50"
+    assert "AMD Instinct MI60 / MI50 is not in hardware.json" in doc["theory"]["summary"]
+
+
+def test_plan_names_the_gpu_of_an_imported_rccl_tests_run(cli, db, tmp_path):
+    log = tmp_path / "mi300x.log"
+    log.write_text(logs.rccl_log("all_reduce", 8, SIZES, new=True))
+    assert _run(cli, "history", "add", log, "--db", db).exit_code == 0
+    r = _run(cli, "plan", "--model", "350m", "--tokens", "300B", "--gpus", "64", "--db", db, "--no-store")
+    assert "of 192.00 GiB on a AMD Instinct MI300X" in r.output, r.output
+    assert re.search(r"allreduce\s+\S+ GB/s\s+r1 \(allreduce, 8 ranks within a node\)", r.output), r.output

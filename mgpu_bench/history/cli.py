@@ -199,12 +199,13 @@ def history_add(files, join, op_name, db_path) -> int:
     fingerprint, a log cut short or with wrong elements is stored with that said, and a log with
     no usable row is refused (exit code 2). Every file is read and checked before any is stored."""
     from mgpu_bench import probe as registry
+    from mgpu_bench.nccl_tests import read_log
     from mgpu_bench.probe import load_document
     from mgpu_bench.schema import shown
 
     docs, logs = [], []  # docs: (place among the files, file, document), stored in the files' order
     for i, f in enumerate(files):
-        text = _log_text(f)
+        text = read_log(f)
         if text is None:
             docs.append((i, f, load_document(f)))  # every file read and checked against its schema before any is stored
         else:
@@ -220,8 +221,8 @@ def history_add(files, join, op_name, db_path) -> int:
             if op not in OP_ORDER:
                 raise InputError(f"--op {safe_text(op_name)!s}: choose from {', '.join(OP_ORDER)}")
         build = registry.get("comm").role("imported", "documents")
-        for doc, held in build([(shown(os.path.basename(f)), text, _mtime(f)) for f, _, text in logs], op=op,
-                               join=join):
+        for doc, held in build([(shown(os.path.basename(f)), text, os.stat(f).st_mtime) for f, _, text in logs],
+                               op=op, join=join):
             docs.append((logs[held[0]][1], ", ".join(logs[k][0] for k in held), doc))
     docs.sort(key=lambda d: d[0])
     lines = []
@@ -245,42 +246,6 @@ def history_add(files, join, op_name, db_path) -> int:
         for line in lines:
             out.print(safe_text(line), soft_wrap=True)
     return 0
-
-
-def _log_text(path: str) -> str | None:
-    """The text of `path` when it is a nccl-tests or rccl-tests log; None when it is to be read as
-    a result document (JSON, or a file load_document refuses in its own words); InputError for a
-    text that is neither."""
-    import stat
-
-    from mgpu_bench.nccl_tests import looks_like_log
-    from mgpu_bench.schema import shown
-
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None
-        data = open(path, "rb").read()  # noqa: SIM115 - read whole, closed at once
-    except OSError:
-        return None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{shown(path)} is not text: give a result document written by a command's --json, or "
-                         "the text output of nccl-tests or rccl-tests") from None
-    if text.lstrip()[:1] in ("{", "["):
-        return None
-    if looks_like_log(text):
-        return text
-    raise InputError(f"{shown(path)} is neither a result document (JSON) nor the output of nccl-tests or rccl-tests "
-                     "(no '# nThread N nGpus N minBytes ...' line): give a file written by a command's --json, or "
-                     "the text all_reduce_perf and the other *_perf binaries print")
-
-
-def _mtime(path: str) -> float | None:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return None
 
 
 @history_group.command("list")
