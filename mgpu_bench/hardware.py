@@ -521,7 +521,7 @@ def validate(db: HardwareDB | Mapping[str, Any]) -> list[str]:
         if nvidia and not re.fullmatch(r"\d+\.\d+", str(g.get("compute_capability", ""))):
             add(f"{p}.compute_capability: {g.get('compute_capability')!r} is not like '9.0'")
         if not nvidia and (g.get("compute_capability") is not None or not _text(g.get("isa"))):
-            add(f"{p}: a {g.get('vendor')} GPU has no compute capability but an isa ('gfx942')")
+            add(f"{p}: a GPU by {g.get('vendor')} has no compute capability but an isa ('gfx942')")
         fig(f"{p}.memory", g.get("memory"), ("B",))
         fig(f"{p}.memory_bandwidth", g.get("memory_bandwidth"), ("B/s",))
         peak = g.get("peak")
