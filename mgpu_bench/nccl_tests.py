@@ -239,7 +239,7 @@ def parse(text: str) -> list[Section]:
         if m:
             if current is not None:
                 current.last_line = i - 1
-                _close(current, overlapped=not current.rows and not current.finished)
+                _close(current, overlapped=not current.rows and not current.finished and not current.errors)
             current = _section(m, pending, i)
             sections.append(current)
             pending = {}

@@ -355,3 +355,11 @@ def test_plan_names_the_gpu_of_an_imported_rccl_tests_run(cli, db, tmp_path):
     r = _run(cli, "plan", "--model", "350m", "--tokens", "300B", "--gpus", "64", "--db", db, "--no-store")
     assert "of 192.00 GiB on a AMD Instinct MI300X" in r.output, r.output
     assert re.search(r"allreduce\s+\S+ GB/s\s+r1 \(allreduce, 8 ranks within a node\)", r.output), r.output
+
+
+def test_a_failed_attempt_before_a_rerun_in_one_file_is_said_and_the_rerun_stored():
+    real = (SHARED / "all_reduce_perf_2xh200.log").read_text()
+    failed = real[: real.index("    67108864")] + "vm: Test NCCL failure common.cu:1005 'unhandled system error'\n"
+    (doc,) = _import(failed + real)
+    assert len(doc.run.measurements) == 8 and doc["status"]["completed"] is True
+    assert any("the run failed before its first result" in f and "(left out)" in f for f in doc.run.findings)

@@ -74,16 +74,18 @@ def documents(logs: Sequence[tuple[str, str, float | None]], op: str | None = No
         except nccl_tests.LogError as exc:
             raise InputError(f"{name}: {exc}") from None
         _refuse_interleaved(name, sections)
-        kept, last_refusal = [], ""
+        kept, refused = [], []
         for s in sections:
             piece = _piece(name, s, op, mtime)
             if isinstance(piece, str):
-                last_refusal = piece
+                refused.append(piece)
                 continue
             piece.index = index
             kept.append(piece)
         if not kept:
-            raise InputError(f"{name}: {last_refusal}")
+            raise InputError(f"{name}: {refused[-1]}")
+        for piece in kept:  # a run of the same file with nothing to store (a failed first attempt): said
+            piece.findings += [f"{name}: {why} (left out)" for why in refused]
         pieces += kept
     if join and len(pieces) > 1:
         return [(_document(pieces), sorted({p.index for p in pieces}))]
