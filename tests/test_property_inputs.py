@@ -89,7 +89,7 @@ PARSED = {"--sizes", "--size", "--copy-size", "--workspace", "--duration", "--st
 # refused for its own reason (a run id that is not stored).
 ARGS = {("report",): ["r1"], ("history", "add"): [str(FIX / "comm_2x_h200.json")],  # no run is stored: nothing drawn
         ("history", "show"): ["r1"], ("history", "trend"): ["comm.x"], ("baseline", "set"): ["r1"],
-        ("compare",): ["r1"]}
+        ("compare",): ["r1"], ("side-by-side",): ["r1", "r2"]}
 _TEXT = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")  # argv holds no NUL
 
 
