@@ -416,7 +416,8 @@ SPECIAL = ["/dev", "/dev/pts", "/proc/self", "/proc/sys/kernel", "/sys/kernel", 
 MEASURING_OUTPUTS = [(("comm",), "--json"), (("comm",), "--csv"), (("comm",), "--prometheus"), (("comm",), "--report"),
                      (("model",), "--json"), (("model",), "--report"), (("suite",), "--json"), (("suite",), "--report"),
                      (("overlap",), "--json"), (("topo",), "--json")]
-QUERY_OUTPUTS = [(("compare", "r2"), "--json"), (("history", "show", "r1"), "--prometheus"), (("report", "r1"), "--out")]
+QUERY_OUTPUTS = [(("compare", "r2"), "--json"), (("history", "show", "r1"), "--prometheus"), (("report", "r1"), "--out"),
+                 (("side-by-side", "r1", "r2"), "--json"), (("side-by-side", "r1", "r2"), "--csv")]
 
 
 @pytest.mark.skipif(not Path("/proc/self/mountinfo").exists(), reason="reads the mount table (Linux)")

@@ -161,7 +161,8 @@ def test_bad_input_is_one_line_and_exit_2(cli, db, tmp_path):
                 db).exit_code == 0
     for args, words in ((["r1", "r2"], "runs of one kind side by side (r1 is gemm, r2 is comm)"),
                         (["r1"], "two or more different runs"), (["r1", "r1"], "two or more different runs"),
-                        (["r1", "r9"], "no run r9"), (["r1", "r2", "--json", tmp_path / "no" / "x.json"], "--json")):
+                        (["r1", "r9"], "no run r9"), (["r1", "r2", "--json", tmp_path / "no" / "x.json"], "--json"),
+                        (["r1", "r2", "--csv", db], "would replace")):
         r = _run(cli, "side-by-side", *args, "--db", db)
         lines = r.output.strip().splitlines()
         assert r.exit_code == 2 and len(lines) == 1 and words in lines[0], r.output
