@@ -13,9 +13,18 @@ Peak FLOP/s are dense (datasheet figures quoted with 2:4 sparsity are halved; th
 note says so). A value of None means the GPU has no such unit, or no figure could be
 confirmed; the note says which.
 
-GPU lookup is exact: the device name as NVML/CUDA reports it, trimmed and compared without
-regard to case, against each model's ``match`` list. An unknown GPU gives None, never the
-nearest model: a wrong peak would make every efficiency figure quietly wrong.
+GPU lookup is exact: the device name as NVML/CUDA reports it (for AMD GPUs, as HIP's device
+properties name it, which rccl-tests prints), trimmed and compared without regard to case,
+against each model's ``match`` list. An unknown GPU gives None, never the nearest model: a wrong
+peak would make every efficiency figure quietly wrong.
+
+GPU-to-GPU links other than NVLink (AMD Infinity Fabric, Intel Gaudi's integrated RoCE ports)
+are the ``gpu_links`` section: a per-link rate per direction, and, where the vendor says so, the
+share of it that is usable after protocol overhead. A GPU names its link kind (``gpu_link``) and
+count (``gpu_link_count``); ``platform`` says how the vendor's usual box joins its GPUs
+("nvswitch": every GPU's links go to switches, so every pair has them all; "full_mesh": every
+pair joined directly by ``links_per_peer`` links), which theory.platform_theory uses where a
+run's own topology is unknown (an imported nccl-tests or rccl-tests log).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from .errors import InputError
 SCHEMA_VERSION = 1
 PEAK_DTYPES = ("fp64", "fp64_tensor", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 UNITS = ("FLOP/s", "OP/s", "B/s", "B")
+TOPOLOGIES = ("nvswitch", "full_mesh")
 DIRECTIONS = ("per_direction", "bidirectional", "aggregate")
 PCIE_WIDTHS = (1, 2, 4, 8, 16)
 USER_OVERRIDE = "user override"
@@ -69,26 +79,56 @@ def figure_from_dict(d: Mapping | None) -> Figure | None:
 
 
 @dataclass(frozen=True)
+class GpuLink:
+    """A GPU-to-GPU link kind that is not NVLink: its rate per link and direction, and the share
+    of it that is usable after protocol overhead where the vendor says (None: not said)."""
+
+    key: str
+    name: str
+    per_link: Figure
+    practical_share: float | None = None
+    practical_source: str | None = None
+
+
+@dataclass(frozen=True)
+class Platform:
+    """How the vendor's usual box joins its GPUs (see the module's docs)."""
+
+    gpus: int
+    topology: str  # one of TOPOLOGIES
+    links_per_peer: int | None
+    source: str
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class GpuModel:
     """One GPU model. ``peak`` holds a Figure for every name in PEAK_DTYPES (value None where
-    there is no such unit); NVLink fields are None for cards without NVLink."""
+    there is no such unit); NVLink fields are None for cards without NVLink. A GPU that is not
+    NVIDIA's has no compute capability (``isa`` names its target, "gfx942"); its PCIe generation
+    is None where no vendor document at hand gives it."""
 
     key: str
     name: str
     match: tuple[str, ...]
-    compute_capability: tuple[int, int]
+    compute_capability: tuple[int, int] | None
     memory: Figure
     memory_bandwidth: Figure
     peak: Mapping[str, Figure]
     nvlink_generation: int | None
     nvlink_links: int | None
-    pcie_generation: int
-    pcie_width: int
+    pcie_generation: int | None
+    pcie_width: int | None
     architecture: str = ""
     memory_type: str = ""
     nvlink_bandwidth: Figure | None = None  # as the datasheet quotes it (bidirectional)
     pcie_bandwidth: Figure | None = None  # as the datasheet quotes it (bidirectional)
     note: str | None = None
+    vendor: str = "NVIDIA"
+    isa: str | None = None
+    gpu_link: GpuLink | None = None  # Infinity Fabric, Gaudi RoCE: the gpu_links entry
+    gpu_link_count: int | None = None
+    platform: Platform | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +158,7 @@ class HardwareDB:
     sources: Mapping[str, str]  # key -> "title, url"
     data: Mapping[str, Any] = field(repr=False)  # the parsed JSON, for validate()
     _by_name: Mapping[str, str | None] = field(repr=False, default_factory=dict)  # match -> key
+    gpu_links: Mapping[str, GpuLink] = field(default_factory=dict)
 
     def find_gpu(self, device_name: str) -> GpuModel | None:
         key = self._by_name.get(_norm_name(device_name))
@@ -155,20 +196,28 @@ def _build(data: Mapping[str, Any]) -> HardwareDB:
     def opt(d: Mapping[str, Any] | None) -> Figure | None:
         return None if d is None else fig(d)
 
+    links = {key: GpuLink(key, e["name"], fig(e["per_link"]), e.get("practical_share"),
+                          sources.get(e.get("practical_source") or "", e.get("practical_source")))
+             for key, e in (data.get("gpu_links") or {}).items()}
     gpus: dict[str, GpuModel] = {}
     by_name: dict[str, str | None] = {}
     for key, g in data["gpus"].items():
-        major, minor = (int(x) for x in str(g["compute_capability"]).split("."))
+        cc = g.get("compute_capability")
+        capability = tuple(int(x) for x in str(cc).split(".")) if cc is not None else None
         match = tuple(g["match"])
+        p = g.get("platform")
+        platform = None if p is None else Platform(int(p["gpus"]), p["topology"], p.get("links_per_peer"),
+                                                   sources.get(p["source"], p["source"]), p.get("note"))
         gpus[key] = GpuModel(
-            key=key, name=g["name"], match=match, compute_capability=(major, minor),
+            key=key, name=g["name"], match=match, compute_capability=capability,  # type: ignore[arg-type]
             memory=fig(g["memory"]), memory_bandwidth=fig(g["memory_bandwidth"]),
             peak=MappingProxyType({dt: fig(f) for dt, f in g["peak"].items()}),
             nvlink_generation=g.get("nvlink_generation"), nvlink_links=g.get("nvlink_links"),
-            pcie_generation=int(g["pcie_generation"]), pcie_width=int(g["pcie_width"]),
+            pcie_generation=_int_or_none(g.get("pcie_generation")), pcie_width=_int_or_none(g.get("pcie_width")),
             architecture=g.get("architecture", ""), memory_type=g.get("memory_type", ""),
             nvlink_bandwidth=opt(g.get("nvlink_bandwidth")), pcie_bandwidth=opt(g.get("pcie_bandwidth")),
-            note=g.get("note"),
+            note=g.get("note"), vendor=g.get("vendor", "NVIDIA"), isa=g.get("isa"),
+            gpu_link=links.get(g.get("gpu_link") or ""), gpu_link_count=g.get("gpu_link_count"), platform=platform,
         )
         for m in match:
             n = _norm_name(m)
@@ -190,8 +239,12 @@ def _build(data: Mapping[str, Any]) -> HardwareDB:
         schema_version=int(data["schema_version"]), gpus=MappingProxyType(gpus),
         nvlink=MappingProxyType(nvlink), pcie=MappingProxyType(pcie),
         network=MappingProxyType(network), sources=MappingProxyType(sources), data=data,
-        _by_name=MappingProxyType(by_name),
+        _by_name=MappingProxyType(by_name), gpu_links=MappingProxyType(links),
     )
+
+
+def _int_or_none(x: Any) -> int | None:
+    return None if x is None else int(x)
 
 
 def _cite(src: Mapping[str, Any]) -> str:
@@ -406,6 +459,7 @@ def validate(db: HardwareDB | Mapping[str, Any]) -> list[str]:
     pcie = _section(data, "pcie", add)
     gpus = _section(data, "gpus", add)
     network = _section(data, "network", add)
+    gpu_links = _check_gpu_links(data, fig, add)
 
     per_link: dict[str, float | None] = {}
     for gen, e in nvlink.items():
@@ -463,8 +517,11 @@ def validate(db: HardwareDB | Mapping[str, Any]) -> list[str]:
                     else f"{p}.match: '{m}' is also a match string of gpus.{other}")
             else:
                 claimed[n] = key
-        if not re.fullmatch(r"\d+\.\d+", str(g.get("compute_capability", ""))):
+        nvidia = g.get("vendor", "NVIDIA") == "NVIDIA"
+        if nvidia and not re.fullmatch(r"\d+\.\d+", str(g.get("compute_capability", ""))):
             add(f"{p}.compute_capability: {g.get('compute_capability')!r} is not like '9.0'")
+        if not nvidia and (g.get("compute_capability") is not None or not _text(g.get("isa"))):
+            add(f"{p}: a GPU by {g.get('vendor')} has no compute capability but an isa ('gfx942')")
         fig(f"{p}.memory", g.get("memory"), ("B",))
         fig(f"{p}.memory_bandwidth", g.get("memory_bandwidth"), ("B/s",))
         peak = g.get("peak")
@@ -492,15 +549,59 @@ def validate(db: HardwareDB | Mapping[str, Any]) -> list[str]:
                     and not math.isclose(total, 2 * nv_links * link, rel_tol=0.01):
                 add(f"{p}.nvlink_bandwidth: {total / 1e9:g} GB/s both ways is not {nv_links} links x "
                     f"{link / 1e9:g} GB/s x 2")
-        if str(g.get("pcie_generation")) not in {str(k) for k in pcie}:
+        unknown_pcie = not nvidia and g.get("pcie_generation") is None and g.get("pcie_width") is None
+        if not unknown_pcie and str(g.get("pcie_generation")) not in {str(k) for k in pcie}:
             add(f"{p}.pcie_generation: {g.get('pcie_generation')!r} is not in the pcie section")
-        if g.get("pcie_width") not in PCIE_WIDTHS:
+        if not unknown_pcie and g.get("pcie_width") not in PCIE_WIDTHS:
             add(f"{p}.pcie_width: {g.get('pcie_width')!r} is not one of {PCIE_WIDTHS}")
+        _check_links(p, g, gpu_links, sources, add)
         fig(f"{p}.pcie_bandwidth", g.get("pcie_bandwidth"), ("B/s",), optional=True)
 
     for name, f in network.items():
         fig(f"network.{name}", f, ("B/s",), "per_direction")
     return problems
+
+
+def _check_gpu_links(data: Mapping[str, Any], fig, add) -> Mapping[str, Any]:
+    """The gpu_links section (optional): each entry a name, a per-link rate per direction, and a
+    usable share in (0, 1] with its source where one is given."""
+    links = data.get("gpu_links") or {}
+    if not isinstance(links, Mapping):
+        add("'gpu_links' is not an object")
+        return {}
+    sources = data.get("sources") if isinstance(data.get("sources"), Mapping) else {}
+    for key, e in links.items():
+        p = f"gpu_links.{key}"
+        if not isinstance(e, Mapping) or not _text(e.get("name")):
+            add(f"{p}: needs a name and a per_link figure")
+            continue
+        fig(f"{p}.per_link", e.get("per_link"), ("B/s",), "per_direction")
+        share = e.get("practical_share")
+        if share is not None and not (isinstance(share, (int, float)) and 0 < share <= 1
+                                      and e.get("practical_source") in sources):
+            add(f"{p}.practical_share: {share!r} must be a fraction in (0, 1] with a practical_source of 'sources'")
+    return links
+
+
+def _check_links(p: str, g: Mapping[str, Any], links: Mapping[str, Any], sources: Mapping[str, Any], add) -> None:
+    """A GPU's gpu_link (a key of gpu_links, with a positive count) and platform."""
+    link, count = g.get("gpu_link"), g.get("gpu_link_count")
+    if link is not None and link not in links:
+        add(f"{p}.gpu_link: {link!r} is not in the gpu_links section")
+    if (link is None) != (count is None) or (count is not None and not _count(count)):
+        add(f"{p}: gpu_link and a positive gpu_link_count go together")
+    plat = g.get("platform")
+    if plat is None:
+        return
+    if not isinstance(plat, Mapping) or not _count(plat.get("gpus")) or plat.get("topology") not in TOPOLOGIES:
+        add(f"{p}.platform: needs gpus (a count) and a topology ({', '.join(TOPOLOGIES)})")
+        return
+    if plat.get("source") not in sources:
+        add(f"{p}.platform: source {plat.get('source')!r} is not listed in 'sources'")
+    if plat["topology"] == "full_mesh" and (link is None or not _count(plat.get("links_per_peer"))):
+        add(f"{p}.platform: a full mesh needs the GPU's gpu_link and links_per_peer")
+    if plat["topology"] == "nvswitch" and g.get("nvlink_generation") is None:
+        add(f"{p}.platform: an NVSwitch platform needs the GPU's NVLink generation and links")
 
 
 def _section(data: Mapping[str, Any], name: str, add) -> Mapping[str, Any]:

@@ -12,6 +12,16 @@ busbw is set against that figure ("% of theory"). NCCL's ring protocols reach ab
 after protocol overhead (shared/ANCHORS.md: 360-370 GB/s of 450 on 8x H100/H200 at >= 1 GiB),
 the practical ceiling drawn beside the theory. Algorithms that are not rings (NVLS, CollNet)
 move less data than the ring formula assumes, so their busbw can exceed the link rate.
+
+Where a run's own topology is unknown (a nccl-tests or rccl-tests log names GPUs, not links),
+platform_theory sets it against the vendor's usual box (hardware.json's `platform`): on NVSwitch
+boards every GPU reaches every other with all its NVLinks; in a full mesh (AMD Infinity Fabric,
+Gaudi 3's RoCE ports) a GPU has `links_per_peer` links to each of the other n-1 ranks, and the
+collective libraries run their rings over all of them at once (RCCL's channels, HCCL's
+scale-up), so a rank's ceiling is (n-1) x links_per_peer x the per-link rate: 7 x 64 GB/s on
+8 MI300X, 21 x 25 GB/s = 525 GB/s on 8 Gaudi 3 (Intel's own scale-up figure, hardware.json's
+intel-gaudi-network). The usable share is the vendor's where it gives one (AMD: about 48 of 64
+GB/s per xGMI link, 75%), else NCCL's 80%. Said as an assumption, never as the run's topology.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ class Hop:
 class RingTheory:
     bandwidth: float | None  # bytes/s per direction: the slowest hop; None when unknown
     hops: tuple[Hop, ...]
+    share: float = PRACTICAL_RING_SHARE  # the usable share of it after protocol overhead
 
     @property
     def bottleneck(self) -> Hop | None:
@@ -44,7 +55,7 @@ class RingTheory:
 
     @property
     def practical(self) -> float | None:
-        return None if self.bandwidth is None else self.bandwidth * PRACTICAL_RING_SHARE
+        return None if self.bandwidth is None else self.bandwidth * self.share
 
     @property
     def summary(self) -> str:
@@ -167,3 +178,42 @@ def hierarchy_theory(snapshot: dict | None, devices: list[tuple[int, str]]) -> d
     both = [intra.bandwidth, out_of_node]
     world = RingTheory(min(both) if all(x is not None for x in both) else None, intra.hops + (exit_hop,))
     return {"world": world, "intra-node": intra, "inter-node": inter}
+
+
+def platform_theory(gpu_name: str | None, nranks: int, hosts: int = 1) -> RingTheory:
+    """The theory of `nranks` ranks on GPUs named `gpu_name` within one box of its vendor's usual
+    platform (see the module's docs), for a run whose own topology is unknown; unknown (with the
+    reason as the hop's detail) where the name is not in hardware.json, it has no platform, the
+    ranks span hosts (the log names no network) or more GPUs than one box holds."""
+    ring = [(r, (r + 1) % max(nranks, 1)) for r in range(max(nranks, 1))]
+
+    def unknown(why: str) -> RingTheory:
+        return RingTheory(None, tuple(Hop(a, b, "unknown", None, why) for a, b in ring))
+
+    model = hardware.find_gpu(gpu_name or "")
+    if model is None:
+        return unknown(f"{gpu_name or 'the GPU'} is not in hardware.json")
+    plat = model.platform
+    if hosts > 1:
+        return unknown(f"the ranks are on {hosts} hosts and the log names no network between them")
+    if plat is None:
+        return unknown(f"hardware.json gives no platform topology for {model.name} (and the log names no links)")
+    if nranks < 2 or nranks > plat.gpus:
+        return unknown(f"{nranks} rank(s) on one host: the {model.name} platform joins {plat.gpus} GPUs")
+    assumed = f"assumed from the {model.name} platform, not read from the run"
+    if plat.topology == "nvswitch":
+        total = hardware.nvlink_total(model)
+        if total is None or total.value is None:
+            return unknown(f"{model.name}: no NVLink figures in hardware.json")
+        detail = f"NVLink {model.nvlink_generation} x{model.nvlink_links} via NVSwitch ({assumed})"
+        return RingTheory(total.value, tuple(Hop(a, b, "nvlink", total.value, detail) for a, b in ring))
+    link = model.gpu_link
+    if link is None or link.per_link.value is None or not plat.links_per_peer:
+        return unknown(f"{model.name}: no GPU-to-GPU link rate in hardware.json")
+    count = (nranks - 1) * plat.links_per_peer
+    bandwidth = count * link.per_link.value
+    detail = (f"{link.name} x{count} to {nranks - 1} peer(s), {link.per_link.value / 1e9:g} GB/s each (full mesh; "
+              f"{assumed})")
+    kind = "infinity_fabric" if "Infinity" in link.name else "roce"
+    return RingTheory(bandwidth, tuple(Hop(a, b, kind, bandwidth, detail) for a, b in ring),
+                      link.practical_share or PRACTICAL_RING_SHARE)

@@ -89,7 +89,7 @@ PARSED = {"--sizes", "--size", "--copy-size", "--workspace", "--duration", "--st
 # refused for its own reason (a run id that is not stored).
 ARGS = {("report",): ["r1"], ("history", "add"): [str(FIX / "comm_2x_h200.json")],  # no run is stored: nothing drawn
         ("history", "show"): ["r1"], ("history", "trend"): ["comm.x"], ("baseline", "set"): ["r1"],
-        ("compare",): ["r1"]}
+        ("compare",): ["r1"], ("side-by-side",): ["r1", "r2"]}
 _TEXT = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")  # argv holds no NUL
 
 
@@ -416,7 +416,8 @@ SPECIAL = ["/dev", "/dev/pts", "/proc/self", "/proc/sys/kernel", "/sys/kernel", 
 MEASURING_OUTPUTS = [(("comm",), "--json"), (("comm",), "--csv"), (("comm",), "--prometheus"), (("comm",), "--report"),
                      (("model",), "--json"), (("model",), "--report"), (("suite",), "--json"), (("suite",), "--report"),
                      (("overlap",), "--json"), (("topo",), "--json")]
-QUERY_OUTPUTS = [(("compare", "r2"), "--json"), (("history", "show", "r1"), "--prometheus"), (("report", "r1"), "--out")]
+QUERY_OUTPUTS = [(("compare", "r2"), "--json"), (("history", "show", "r1"), "--prometheus"), (("report", "r1"), "--out"),
+                 (("side-by-side", "r1", "r2"), "--json"), (("side-by-side", "r1", "r2"), "--csv")]
 
 
 @pytest.mark.skipif(not Path("/proc/self/mountinfo").exists(), reason="reads the mount table (Linux)")

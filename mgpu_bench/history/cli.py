@@ -177,6 +177,7 @@ def history_group() -> None:
 
     \b
     mgpu-bench history add result.json   store a result document (from any --json)
+    mgpu-bench history add nccl.log      store a nccl-tests / rccl-tests log as a comm run
     mgpu-bench history list              the last runs, newest first
     mgpu-bench history show r12          one run's headline metrics
     mgpu-bench history trend NAME        one metric over the runs, oldest first
@@ -185,23 +186,68 @@ def history_group() -> None:
 
 @history_group.command("add")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--join", is_flag=True,
+              help="Store the nccl-tests / rccl-tests logs given as one comm run (one machine's logs, a file per "
+                   "collective); without it each run of each log is a run of its own.")
+@click.option("--op", "op_name", default=None, metavar="OP",
+              help="The collective of a log that does not name it (nccl-tests before 2.15 print no program name, "
+                   "and allgather and alltoall tables look alike): allreduce, allgather, reducescatter, broadcast, "
+                   "reduce, alltoall or sendrecv.")
 @_db_option
-def history_add(files, db_path) -> int:
-    """Stores result documents (written by a command's --json) as new runs."""
+def history_add(files, join, op_name, db_path) -> int:
+    """Stores result documents (a command's --json) and the text output of NVIDIA's nccl-tests
+    or AMD's rccl-tests (all_reduce_perf and the other *_perf binaries) as new runs. A log's run
+    is a comm run with nccl-tests' size semantics, so its busbw per size compares with `mgpu-bench
+    comm` at the same sizes; what the log could not tell (driver, topology) is said in its
+    fingerprint, a log cut short or with wrong elements is stored with that said, and a log with
+    no usable row is refused (exit code 2). Every file is read and checked before any is stored."""
+    from mgpu_bench import probe as registry
+    from mgpu_bench.nccl_tests import read_log
     from mgpu_bench.probe import load_document
+    from mgpu_bench.schema import shown
 
-    docs = [(f, load_document(f)) for f in files]  # every file read and checked against its schema before any is stored
+    docs, logs = [], []  # docs: (place among the files, file, document), stored in the files' order
+    for i, f in enumerate(files):
+        text = read_log(f)
+        if text is None:
+            docs.append((i, f, load_document(f)))  # every file read and checked against its schema before any is stored
+        else:
+            logs.append((f, i, text))
+    if (join or op_name) and not logs:
+        raise InputError("--join and --op are for nccl-tests and rccl-tests logs: the files given are result documents")
+    if logs:
+        op = None
+        if op_name is not None:
+            from mgpu_bench.ops import OP_ORDER
+
+            op = op_name.strip().lower().replace("_", "").replace("-", "")
+            if op not in OP_ORDER:
+                raise InputError(f"--op {safe_text(op_name)!s}: choose from {', '.join(OP_ORDER)}")
+        build = registry.get("comm").role("imported", "documents")
+        for doc, held in build([(shown(os.path.basename(f)), text, os.stat(f).st_mtime) for f, _, text in logs],
+                               op=op, join=join):
+            docs.append((logs[held[0]][1], ", ".join(logs[k][0] for k in held), doc))
+    docs.sort(key=lambda d: d[0])
     lines = []
     try:
         with _open(db_path) as h:
-            for f, doc in docs:  # all stored first, then said: a reader that stops reading costs none of them
+            for _, f, doc in docs:  # all stored first, then said: a reader that stops reading costs none of them
                 run_id = h.save(doc)
                 rec = h.get(run_id)
-                lines.append(f"stored {run_id}: {rec.kind}, {len(h.metrics(run_id))} headline metric(s), from {f}")
+                source = doc.get("source") if isinstance(doc.get("source"), dict) else None
+                what = ""
+                if source:
+                    ranks = len(doc.get("devices") or [])
+                    what = f" ({source.get('tool')}{' ' + source['version'] if source.get('version') else ''}, " \
+                           f"{ranks} rank(s))"
+                lines.append(f"stored {run_id}: {rec.kind}, {len(h.metrics(run_id))} headline metric(s), from {f}{what}")
+                if source:
+                    lines += [f"  warning: {x}" for x in doc.get("findings") or []]
+                    lines += [f"  note: {x}" for x in doc.get("notes") or []]
     finally:
         out = _out()
         for line in lines:
-            out.print(safe_text(line))
+            out.print(safe_text(line), soft_wrap=True)
     return 0
 
 
@@ -642,7 +688,9 @@ def _spread(c) -> float | None:
 
 
 def register(main: click.Group) -> None:
-    """Adds `history`, `baseline` and `compare` to the main command group (idempotent)."""
-    for command in (history_group, baseline_group, compare_command):
+    """Adds `history`, `baseline`, `compare` and `side-by-side` to the main command group (idempotent)."""
+    from .side_by_side_render import side_by_side_command
+
+    for command in (history_group, baseline_group, compare_command, side_by_side_command):
         main.add_command(command)
 

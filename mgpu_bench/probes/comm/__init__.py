@@ -266,6 +266,13 @@ class CommProbe(Probe):
             render_terminal(run, console)
             for line in summary_lines(run):
                 console.print(line, highlight=False, soft_wrap=True)  # one line each, for grep
+        source = doc.get("source") if isinstance(doc.get("source"), Mapping) else None
+        if source:  # a nccl-tests or rccl-tests log (imported.py): no wall time of ours
+            files = ", ".join(str(x.get("file")) for x in source.get("logs") or [] if isinstance(x, Mapping))
+            console.print(f"{len(run.measurements)} measurement(s) read from {source.get('tool')} "
+                          f"{source.get('version') or ''} log(s) {files}".replace("  ", " "), highlight=False,
+                          soft_wrap=True)
+            return
         whole = (f"; {run.process_seconds:.2f} s since the process started (Python and torch imports "
                  "included)" if run.process_seconds else "")
         console.print(f"{len(run.measurements)} measurement(s) in {run.wall_seconds:.2f} s wall, "

@@ -2,7 +2,8 @@
 
 The document holds the spec and the raw per-rank seconds of every measurement; the figures
 (time, algbw, busbw, percentiles) are derived again on reading, never stored twice. Its declared
-shape is shape.py's.
+shape is shape.py's. A run read from a nccl-tests or rccl-tests log (imported.py) is the same
+document with a "source" naming the tool, its version and the log files.
 """
 
 from __future__ import annotations

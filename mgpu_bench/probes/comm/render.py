@@ -115,7 +115,8 @@ def render_terminal(run: CommRun, console) -> None:
     if no_theory_reason(run) and run.measurements:
         console.print(no_theory_reason(run), highlight=False, soft_wrap=True)
     if t is not None:
-        practical = f"; NCCL rings reach about {t['practical'] / 1e9:.0f} GB/s (80%)" if t.get("practical") else ""
+        practical = (f"; NCCL rings reach about {t['practical'] / 1e9:.0f} GB/s "
+                     f"({100 * t['practical'] / t['bandwidth']:.0f}%)" if t.get("practical") and t.get("bandwidth") else "")
         console.print(f"theory: {t['summary']}{practical}", highlight=False, soft_wrap=True)
     for scope, st in (run.scope_theory or {}).items():
         st = theory_dict(st)

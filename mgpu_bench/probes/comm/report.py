@@ -56,7 +56,7 @@ def plot_op(run: CommRun, op: str) -> bytes:
             ax.axhline(t["bandwidth"] / 1e9, color="tab:red", linewidth=1,
                        label=f"theory {t['bandwidth'] / 1e9:.0f} GB/s")
             ax.axhline(t["practical"] / 1e9, color="tab:red", linewidth=1, linestyle=":",
-                       label=f"ring ceiling (80%) {t['practical'] / 1e9:.0f} GB/s")
+                       label=f"ring ceiling ({100 * t['practical'] / t['bandwidth']:.0f}%) {t['practical'] / 1e9:.0f} GB/s")
         ax.set_ylim(bottom=0)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes, nccl-tests' size column)")

@@ -50,4 +50,8 @@ SCHEMA = Obj({
     "topology": Obj({"gpus": List(Obj({"nvlinks": List(Obj({}), null=True)}, what="a GPU"), null=True)},
                     what="a topology", null=True),
     "findings": List(Str(), null=True),
+    # Where an imported run came from (imported.py): a nccl-tests or rccl-tests log; absent in the probe's own.
+    "source": Obj({"tool": Str(max_len=100), "version": Str(max_len=200, null=True),
+                   "logs": List(Obj({"file": Str(max_len=4096, null=True)}, what="a log"), null=True)},
+                  required=("tool",), what="a log's source", null=True),
 }, required=("backend", "devices", "status", "measurements"), what="a comm result")
