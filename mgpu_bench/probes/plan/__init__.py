@@ -178,7 +178,8 @@ class PlanProbe(Probe):
         if o.get("mfu") is not None:
             within("--mfu", o["mfu"], 0, 1, "a fraction of the datasheet peak", above=True)
         gpu = target.resolve(o["gpu_name"]) if o.get("gpu_name") is not None else None
-        lay, search = layout.parse(o.get("parallel") or "ddp", bool(o.get("checkpointing")))
+        parallel = o["parallel"] if o.get("parallel") is not None else "ddp"
+        lay, search = layout.parse(parallel, bool(o.get("checkpointing")))
         gpus = o.get("gpus_count")
         if not search and lay.dp is not None:
             if o.get("days") is not None:
@@ -189,7 +190,7 @@ class PlanProbe(Probe):
             raise InputError("--parallel search needs the question: --gpus N (the fastest layout on N GPUs) or "
                              "--days D (the fewest GPUs)")
         cfg = PlanConfig(model=o["model_text"], tokens=tokens, samples=samples, days=o.get("days"), gpus=gpus,
-                         parallel=o.get("parallel") or "ddp", layout=lay, search=search,
+                         parallel=parallel.strip().lower(), layout=lay, search=search,
                          checkpointing=bool(o.get("checkpointing")), global_batch=o.get("global_batch"),
                          seq_len=o.get("seq_len"), image_size=o.get("image_size"), batch_size=o.get("batch_size"),
                          network=o.get("network"), gpus_per_node=o.get("gpus_per_node"),
@@ -201,6 +202,10 @@ class PlanProbe(Probe):
             raise InputError(f"--tokens: {facts.key} has no tokens (its samples are {facts.sample_text}): give "
                              "--samples")
         layout.check(lay, facts, gpus, cfg.gpus_per_node)
+        if cfg.global_batch is not None and (cfg.batch_size or not lay.plain):  # the micro-batch is known already
+            from .build import check_global_batch
+
+            check_global_batch(cfg, cfg.batch_size or 1)
         return Request(cfg, facts, local_gpu, local_n)
 
     def finding_label(self, finding) -> str:

@@ -57,7 +57,7 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
     gpn, gpn_source = _gpus_per_node(cfg, ev, local_gpus)
     layouts.check(cfg.layout, facts, cfg.gpus, gpn)
     batch, batch_source = _batch(cfg, ev, facts, scaled)
-    _check_global_batch(cfg, batch)
+    check_global_batch(cfg, batch)
     figures.append(figure("GPUs per node", gpn, "GPUs" if on_gpu else "processes", gpn_source))
     figures.append(figure("batch per GPU" if cfg.layout.plain else "micro-batch", batch, "samples", batch_source))
 
@@ -273,14 +273,14 @@ def _layout_figures(cfg: PlanConfig, lay: Layout, answer: dict | None, facts: Fa
                               "Narayanan et al. 2021, section 4.1)"))
 
 
-def _check_global_batch(cfg: PlanConfig, batch: int) -> None:
+def check_global_batch(cfg: PlanConfig, batch: int) -> None:
     """--global-batch takes whole micro-batches: on the --gpus asked, on every data-parallel rank."""
     gb = cfg.global_batch
     if gb is None:
         return
     if gb % batch:
         raise InputError(f"--global-batch {gb}: not a multiple of the micro-batch {batch} (--batch-size)")
-    dp = cfg.layout.ranks(cfg.gpus) if cfg.gpus else None
+    dp = cfg.layout.ranks(cfg.gpus) if cfg.gpus and not cfg.search else None  # a search skips what does not divide
     if dp and gb % (dp * batch):
         raise InputError(f"--global-batch {gb}: {dp} data-parallel ranks x micro-batch {batch} do not divide it; give "
                          f"a multiple of {dp * batch}, or other --gpus")
