@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from mgpu_bench.cli import cli
 from mgpu_bench.history import History
+from mgpu_bench.probe import headline
 from mgpu_bench.probes.plan.project import Bandwidth
 
 FIX = Path(__file__).parent / "fixtures"
@@ -89,7 +90,8 @@ def test_the_7b_ddp_plan_gives_no_days_and_says_what_fits(tmp_path, h200):
     assert a["fits"] is False and a["days"] is None and a["gpus"] is None and a["layout"]["name"] == "ddp"
     assert a["memory"] > a["capacity"] * 0.98
     assert doc["curve"] == [] and "does not fit as asked" in out and "exit code 1" in out
-    assert not [m for m in History.open(h200, readonly=True).metrics("latest") if m.name.startswith("plan.")]
+    names = [m.name for m in headline(doc)]  # what the history would keep: the memory, no step, no time to train
+    assert "plan.gpt-L36-d4096.ddp.b8.memory" in names and not [n for n in names if n.endswith((".step", ".time_to_train"))]
     fsdp = _instead(doc, "full sharding (FSDP)")
     assert fsdp["gpus"] == 64 and fsdp["at_asked"] and fsdp["days"] > 0
     alone, _ = plan_json(tmp_path, h200, *common, *_parallel(fsdp))
@@ -311,3 +313,11 @@ def test_a_bare_size_counts_what_the_built_gpt_holds():
     assert bare.tensors == tuple(built.values()) and bare.params == param_count(spec)
     assert bare.flops_per_sample == pytest.approx(flops_per_token(spec, 64) * 64)
     assert bare.blocks == 3 and bare.block_params * 3 + bare.other_params == bare.params
+    from mgpu_bench.workloads import resolve
+
+    for name in ("tiny", "350m"):  # a built-in size, counted the same way, is what it builds
+        facts, w = describe(name, 256, False), resolve(name, seq_len=256)
+        built = {id(p): int(p.numel()) for p in w.build("meta").parameters()}
+        assert facts.tensors == tuple(built.values()) and facts.kind == "gpt" and facts.key == name
+        assert facts.flops_per_sample == pytest.approx(w.formula_flops(1)[0])
+        assert facts.block_tensors == tuple(int(p.numel()) for p in w.blocks(w.build("meta"))[0].parameters())

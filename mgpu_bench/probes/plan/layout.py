@@ -134,7 +134,8 @@ def check(layout: Layout, facts, gpus: int | None, gpus_per_node: int | None) ->
         raise InputError(f"--parallel pp={layout.pp}: it must divide the {facts.blocks} layers into equal stages")
     if gpus_per_node and layout.tp > gpus_per_node:
         raise InputError(f"--parallel tp={layout.tp}: tensor parallelism stays within a node of {gpus_per_node} GPUs "
-                         "(its collectives run every layer): give tp <= the GPUs per node and more pp")
+                         "(its collectives run every layer): give tp <= the GPUs per node and more pp, or --gpus-per-node where "
+                         "the cluster's nodes have more GPUs than the stored runs' hosts")
     if layout.dp is not None and gpus is not None and layout.model_gpus * layout.dp != gpus:
         raise InputError(f"--parallel tp={layout.tp},pp={layout.pp},dp={layout.dp}: that is "
                          f"{layout.model_gpus * layout.dp} GPUs, not the {gpus} asked: give --gpus "

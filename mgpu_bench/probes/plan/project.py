@@ -17,6 +17,30 @@ projected from its parts, each from what was measured.
                there, and hidden time H = t_comm - exposed. Central: f held, exposed = (1 - f) t_comm(N).
                No multi-GPU model run: nothing hidden assumed, and the range reaches to all hidden.
 
+With tensor (t) and pipeline (p) parallelism, or recomputation, or m > 1 micro-batches a step
+(layout.py), over d = N / (t p) data-parallel replicas:
+
+    step(N) = (m + p - 1) x (c / (t p) x r + tp + pp) + exposed(N)
+    c          the one-GPU step at the micro-batch (as above), split evenly over the t x p GPUs of
+               a replica (the smaller matmuls' lower efficiency is not modelled); r the FLOPs
+               factor of recomputation (build._recompute_factor)
+    m + p - 1  the slots of a 1F1B pipeline: p - 1 of them its bubble, (p - 1) / m of the work
+               (Narayanan et al. 2021, SC21, section 2.2.1)
+    tp         per micro-batch, for each layer of a stage, an all-gather and a reduce-scatter of the
+               s b h x 2 activation bytes around attention and the MLP, forward, backward and in
+               the recomputed forward (sequence parallelism, Korthikanti et al. 2022, 4.2.2), at
+               the node's measured busbw of those ops: not overlapped
+    pp         per micro-batch a send forward and one backward of s b h x 2 / t bytes (each
+               tensor-parallel rank sends its share over its own NIC: the scatter/gather of
+               Narayanan et al. section 4.1), at the point-to-point figure between nodes where a
+               replica spans nodes, the node's within one
+    t_comm(N)  the gradient collectives of the stage's parameters (split by t) over the d replicas,
+               between nodes at the share of the node's NICs one group of replicas gets; exposed in
+               full after a pipeline's flush (p > 1), else as data parallelism above
+
+--rate or --mfu (Compute.whole_step): the step at every N is the FLOPs of one GPU's share of the
+step at the rate given, the bubble and the collectives inside it (assumed, as given).
+
 The range (low, high): the lowest and highest of f held, H held (H scaled by the compute time
 where the batch differs) and f from the exposed time plus and less twice its noise (the measuring
 run's step spread, in seconds), divided and multiplied by 1 + twice the measured noise (the

@@ -73,6 +73,9 @@ def describe(text: str, seq_len: int | None, on_gpu: bool, image_size: int | Non
     w = workloads.resolve(text, seq_len=seq_len, image_size=image_size, cpu_defaults=not on_gpu)
     spec = getattr(w, "spec", None)
     shape = None if spec is None else BareSize(spec.layers, spec.d_model, spec.heads, spec.vocab)
+    if w.kind == "gpt" and spec is not None and spec.mlp_ratio == 4:  # the built-in GPT: counted, not built
+        return _gpt(text, w.key, "gpt", shape, spec.max_seq, int(w.seq_len), w.default_batch(on_gpu),
+                    "counted from the GPT's layout (workloads/gpt.py)")
     try:
         model = w.build("meta")
         unique = {id(p): p for p in model.parameters()}.values()
@@ -99,21 +102,27 @@ def gpt_block_tensors(d: int, mlp_ratio: int = 4) -> tuple[int, ...]:
 
 
 def _bare(text: str, bare: BareSize, seq: int, on_gpu: bool) -> Facts:
-    """A bare size: the built-in GPT's tensors at these sizes, counted from its layout, not built
-    (and without torch: a bare plan imports none). Its FLOPs per token are workloads/gpt.py's
-    flops_per_token, 6N + 12 L d T (Kaplan et al. 2020; the PaLM paper's appendix B); a test holds
-    both equal to that module's param_count and flops_per_token."""
+    """A bare size: the built-in GPT at these sizes (its positions as long as the sequence)."""
     if not 1 <= seq <= 1 << 20:
         raise InputError(f"--seq-len {seq}: give 1 to 1048576 tokens")
-    d, block = bare.width, gpt_block_tensors(bare.width)
-    tensors = (bare.vocab * d, seq * d, *(block * bare.layers), d, d)  # token table (the LM head), positions, ln_f
+    return _gpt(text, bare.key, "bare", bare, seq, seq, 8 if on_gpu else 4,
+                "formula: GPT (V + T) d + L (12 d^2 + 13 d) + 2 d")
+
+
+def _gpt(text: str, key: str, kind: str, shape: BareSize, positions: int, seq: int, default_batch: int,
+         source: str) -> Facts:
+    """The built-in GPT's tensors at `shape`, written out from its layout instead of built (a
+    10,000-layer size answers at once, and a bare size imports no torch). Its FLOPs per token are
+    workloads/gpt.py's flops_per_token, 6N + 12 L d T (Kaplan et al. 2020; the PaLM paper's
+    appendix B); a test holds the tensors, N and the FLOPs equal to the built model's."""
+    d, block = shape.width, gpt_block_tensors(shape.width)
+    tensors = (shape.vocab * d, positions * d, *(block * shape.layers), d, d)  # token table (the LM head), positions, ln_f
     params = sum(tensors)
-    per_token = 6.0 * params + 12.0 * bare.layers * d * seq
-    return Facts(key=bare.key, text=text, kind="bare", params=params,
-                 params_source="formula: GPT (V + T) d + L (12 d^2 + 13 d) + 2 d", tokens_per_sample=seq, seq_len=seq,
-                 image_size=None, tensors=tensors, blocks=bare.layers, block_params=sum(block), shape=bare,
-                 flops_per_sample=per_token * seq, flops_source="formula: 6N + 12 L d T per token",
-                 default_batch=8 if on_gpu else 4, block_tensors=block)
+    per_token = 6.0 * params + 12.0 * shape.layers * d * seq
+    return Facts(key=key, text=text, kind=kind, params=params, params_source=source, tokens_per_sample=seq,
+                 seq_len=seq, image_size=None, tensors=tensors, blocks=shape.layers, block_params=sum(block),
+                 shape=shape, flops_per_sample=per_token * seq, flops_source="formula: 6N + 12 L d T per token",
+                 default_batch=default_batch, block_tensors=block)
 
 
 def _flops(w) -> tuple[float | None, str]:
