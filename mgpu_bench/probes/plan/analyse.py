@@ -102,7 +102,7 @@ def _instead(o: Mapping, gpn: int, amount: str, asked_gpus: bool) -> str:
     where = f"{o['gpus']} GPUs ({_nodes(o['gpus'], gpn)})" + (", the fewest it needs" if asked_gpus and not
                                                                 o.get("at_asked") else "")
     days = f"{text.days(o['days'])} for {amount}" if o.get("days") is not None else "no step time (see what is missing)"
-    return (f"{o['what']}: {lay.get('text')} at micro-batch {o.get('batch')} (global batch {o.get('global_batch')}), "
+    return (f"{o['what']}: {lay.get('text')} at micro-batch {o.get('batch')} (global batch {o.get('global_batch')} samples), "
             f"{where}: {days}, {text.value(o.get('memory'), 'B')} per GPU")
 
 
