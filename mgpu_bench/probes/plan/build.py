@@ -103,15 +103,11 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
         figures.append(figure(f"step on 1 GPU at batch {batch}", compute.seconds, "s", compute.source))
     # every op any layout may use (what fits instead, a search), a missing figure said for the asked one's
     need = set(coll.ops) | ({"allgather", "reducescatter"} if asked.tp > 1 else set())
-    node_bw = _node_bandwidth(cfg, ev, coll, ALL_OPS, need, gpn, figures, missing, run_here, on_gpu)
-    world_bw = _world_bandwidth(cfg, ev, DP_OPS, coll.ops, node_bw, gpn, figures, missing)
+    node_bw = _node_bandwidth(cfg, ev, coll, ALL_OPS, need, gpn, missing, run_here, on_gpu)
+    world_bw = _world_bandwidth(cfg, ev, DP_OPS, coll.ops, node_bw, gpn, missing)
     spans = asked.pp > 1 and asked.model_gpus > gpn
-    pp_bw = _pp_bandwidth(cfg, ev, figures, missing if spans else None)
+    pp_bw = _pp_bandwidth(cfg, ev, missing if spans else None)
     recompute = _recompute_factor(facts)
-    if asked.checkpointing or cfg.search:
-        figures.append(figure("FLOPs with recomputation", recompute, "x",
-                              "formula: 1 + the blocks' forward (2 x block parameters + 4 L d T per token) / 6N + "
-                              "12 L d T"))
 
     def compute_at(b: int) -> Compute | None:
         return compute if b == batch else _compute(cfg, facts, ev, b, scaled)
@@ -149,6 +145,8 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
                                     _model_cmd(cfg, facts, ev, batch, run_here, scaling=True)))
         figures.append(figure("collective hidden by backward", f, "fraction", source))
     answer = _answer(cfg, planner, chosen, batch)
+    _used_figures([chosen, *(_layout_of(o) for o in (answer or {}).get("instead") or [] if o.get("host_bytes") is None)],
+                  gpn, node_bw, world_bw, pp_bw, recompute, figures)
     curve, measured = [], []
     if projection is not None:
         top = max(cfg.gpus or 0, (answer or {}).get("gpus_high") or (answer or {}).get("gpus") or 0, 8 * gpn, 8)
@@ -245,6 +243,41 @@ def _point(e, planner: Planner, batch: int, one_gpu_s: float) -> dict | None:
     d.update(rate_per_gpu=per_gpu * (facts.tokens_per_sample or 1), efficiency=per_gpu * one_gpu_s / batch,
              days=planner.days(e), days_low=planner.days(e, "low_s"), days_high=planner.days(e, "high_s"))
     return d
+
+
+def _layout_of(o: dict) -> Layout:
+    lay = o["layout"]
+    return Layout(lay["tp"], lay["pp"], None, lay["shard"], lay["checkpointing"])
+
+
+def _used_figures(used: list[Layout], gpn: int, node_bw, world_bw, pp_bw, recompute: float,
+                  figures: list[dict]) -> None:
+    """The bus bandwidths and the recomputation factor the answered layouts (the one planned and
+    those that fit instead) use, each with its source: the op within a node for data parallelism
+    on one node and for tensor parallelism, between nodes for the gradient collectives, the
+    pipeline's point-to-point figure where a replica spans nodes."""
+    node: list[str] = []
+    world: list[str] = []
+    for lay in used:
+        dp = ("allreduce",) if lay.shard != "fsdp" else ("allgather", "reducescatter")
+        node += [*dp, *(("allgather", "reducescatter") if lay.tp > 1 else ()),
+                 *(("sendrecv",) if 1 < lay.pp and lay.model_gpus <= gpn else ())]
+        world += dp
+    for op in dict.fromkeys(node):
+        bw = (node_bw or {}).get(op)
+        if bw is not None:
+            figures.append(figure(f"{op} busbw, one node", bw.points[-1][1], "B/s",
+                                  f"{bw.source}, at {_size(bw.points[-1][0])}"))
+    for op in dict.fromkeys(world):
+        bw = (world_bw or {}).get(op)
+        if bw is not None:
+            figures.append(figure(f"{op} busbw, across nodes", bw.points[-1][1], "B/s", bw.source))
+    if pp_bw is not None and any(lay.pp > 1 and lay.model_gpus > gpn for lay in used):
+        figures.append(figure("sendrecv busbw, between nodes (pipeline)", pp_bw.points[-1][1], "B/s", pp_bw.source))
+    if any(lay.checkpointing for lay in used):
+        figures.append(figure("FLOPs with recomputation", recompute, "x",
+                              "formula: 1 + the blocks' forward (2 x block parameters + 4 L d T per token) / 6N + "
+                              "12 L d T"))
 
 
 def _layout_figures(cfg: PlanConfig, lay: Layout, answer: dict | None, facts: Facts, batch: int,
@@ -413,7 +446,7 @@ def _within(node_bw: dict, op: str) -> Bandwidth | None:
     return node_bw.get(op) or node_bw.get("allreduce")
 
 
-def _node_bandwidth(cfg, ev, coll, ops, need, gpn, figures, missing, run_here, on_gpu) -> dict[str, Bandwidth] | None:
+def _node_bandwidth(cfg, ev, coll, ops, need, gpn, missing, run_here, on_gpu) -> dict[str, Bandwidth] | None:
     """The bus bandwidth of each op within one node: measured (`comm` on this GPU model; the
     allreduce's standing in for an op not measured), else for --gpu the datasheet's (target.py).
     A missing figure is said for the ops the asked layout needs (`need`)."""
@@ -442,9 +475,6 @@ def _node_bandwidth(cfg, ev, coll, ops, need, gpn, figures, missing, run_here, o
         if bw.ranks < gpn:
             bw = replace(bw, source=f"{bw.source}, held for up to {gpn} GPUs")
         out[op] = bw
-        if op in need:
-            figures.append(figure(f"{op} busbw, one node", bw.points[-1][1], "B/s",
-                                  f"{bw.source}, at {_size(bw.points[-1][0])}"))
     return out
 
 
@@ -462,7 +492,7 @@ def _comm_cmd(coll, on_gpu: bool, run_here: tuple[bool, int]) -> tuple[list[str]
                    "--warmup-iters", "2"], here
 
 
-def _world_bandwidth(cfg, ev, ops, need, node_bw, gpn, figures, missing) -> dict[str, Bandwidth] | None:
+def _world_bandwidth(cfg, ev, ops, need, node_bw, gpn, missing) -> dict[str, Bandwidth] | None:
     """Bus bandwidth between nodes: --network (the node's ring or its NICs, the slower), else a
     multi-node comm run's world figures, else a fleet pass's world allreduce, else a rail figure
     times the rails (one NIC per GPU), capped by the node's ring (theory.hierarchy_theory). A
@@ -496,12 +526,10 @@ def _world_bandwidth(cfg, ev, ops, need, node_bw, gpn, figures, missing) -> dict
                 return None
             continue
         out[op] = bw
-        if op in need:
-            figures.append(figure(f"{op} busbw, across nodes", bw.points[-1][1], "B/s", bw.source))
     return out
 
 
-def _pp_bandwidth(cfg, ev, figures, missing) -> Bandwidth | None:
+def _pp_bandwidth(cfg, ev, missing) -> Bandwidth | None:
     """What one GPU's sends to the next pipeline stage on another node get: a measured rail's
     (one GPU per node) sendrecv, else one port of --network at NCCL's share. `missing` None: the
     asked layout does not need it (a search may)."""
@@ -517,8 +545,6 @@ def _pp_bandwidth(cfg, ev, figures, missing) -> Bandwidth | None:
                                     "measure it where the nodes are: `srun --nodes 2 --ntasks-per-node 1 mgpu-bench "
                                     "comm --ops sendrecv --sizes 1M-1G`; or give --network NDR (hardware database)"))
         return None
-    if missing is not None:
-        figures.append(figure("sendrecv busbw, between nodes (pipeline)", bw.points[-1][1], "B/s", bw.source))
     return bw
 
 
