@@ -31,10 +31,11 @@ def invoke(*args: str):
     return CliRunner().invoke(cli, ["plan", *args])
 
 
-def plan_json(tmp_path: Path, db: Path, *args: str, store: bool = False) -> tuple[dict, str]:
+def plan_json(tmp_path: Path, db: Path, *args: str, store: bool = False, code: int = 0) -> tuple[dict, str]:
+    """The plan's document and output; `code` the exit code it must end with (1: does not fit as asked)."""
     out = tmp_path / f"plan-{len(list(tmp_path.glob('plan-*.json')))}.json"
     r = invoke(*args, "--db", str(db), "--json", str(out), *([] if store else ["--no-store"]))
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == code, r.output
     return json.loads(out.read_text()), r.output
 
 
@@ -228,8 +229,11 @@ def test_a_bare_size_is_a_formula_scaled_by_the_measured_flop_rate(tmp_path, h20
     fewest = doc["fit"]["fewest_gpus_fsdp"]
     assert fewest and fewest > 1
     at, _ = plan_json(tmp_path, db, *big, "--gpus", str(fewest))
-    below, _ = plan_json(tmp_path, db, *big, "--gpus", str(fewest - 1))
+    below, out = plan_json(tmp_path, db, *big, "--gpus", str(fewest - 1), code=1)  # fit first: no days for it
     assert at["fit"]["fsdp"]["fits"] is True and below["fit"]["fsdp"]["fits"] is False
+    assert at["answer"]["fits"] is True
+    assert below["answer"]["fits"] is False and below["answer"]["days"] is None and below["answer"]["gpus"] is None
+    assert f"does not fit on {fewest - 1} GPUs" in out
 
 
 def test_the_plan_is_stored_and_reported_like_every_run(tmp_path, h200):

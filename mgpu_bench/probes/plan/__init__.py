@@ -1,11 +1,17 @@
 """`mgpu-bench plan`: will this model fit, how many GPUs, how many days, from what this cluster
 measured (the history), each figure with the run it came from, formulas only where nothing was.
 
-    config.py     the question and its parsers (token counts, bare sizes)
+    config.py     the question and its parsers (token counts, bare sizes, rates)
+    layout.py     how it trains: tp, pp, dp, DDP or FSDP over the replicas, recomputation; --parallel
     workload.py   the workload's parameters, tensors, blocks and FLOPs (mgpu_bench.workloads, meta device)
-    evidence.py   what the history measured: model, memory, comm and fleet runs
+    index.py      where the evidence is: the history's metric index and run rows (read-only SQL)
+    clean.py      whether a run's figures are its GPUs' own (shared, throttled, interrupted, below a floor)
+    evidence.py   what the history measured: model, memory, comm, fleet and gemm runs
+    target.py     another GPU (--gpu): the step scaled, memory and links from the datasheet
     memory.py     the fit: model states, activations, the fewest GPUs, the largest batch
-    project.py    the step on N GPUs: measured, or compute + the exposed gradient collectives
+    project.py    the step on N GPUs: measured, or compute (+ bubble, tp and pp traffic) + the exposed
+                  gradient collectives
+    answer.py     fit first: the answer where the layout fits, what fits instead where it does not
     build.py      the plan from those, and what is missing
     measure.py    --measure: the missing short measurements, as child commands
     analyse.py    findings: the fit, the answer, what is missing
@@ -22,31 +28,50 @@ from typing import Any, ClassVar
 from mgpu_bench.errors import InputError
 from mgpu_bench.probe import Probe, option, within
 
+from .layout import PARALLEL_HELP
+
 HELP = """Will this model fit, how many GPUs, how many days: from what this cluster measured.
 
 \b
 mgpu-bench plan --model 1.3b --tokens 300B --days 30      the GPUs that train it in 30 days
 mgpu-bench plan --model 350m --tokens 300B --gpus 64      the days on 64 GPUs
-mgpu-bench plan --model layers=48,width=6144 --tokens 1T --parallel fsdp --network NDR
+mgpu-bench plan --model layers=96,width=12288 --tokens 300B --gpus 1024 --parallel tp=8,pp=16
+        --checkpointing --global-batch 1536 --network HDR --gpu A100-SXM4-80GB --rate 140T
+
+\b
+Fit first: a layout that does not fit is given no days and no GPU count; the plan says what fits
+instead (full sharding, activation checkpointing, a smaller micro-batch, tensor and pipeline
+parallelism, optimizer states in host memory), each with its days, and exits with code 1.
 
 \b
 Every figure comes from the history (--db) with the id of the run that measured it, for this
-workload at this sample size on this GPU model (this machine's, else the newest stored run's):
-the step time per GPU at the batch (`model`; two batches give a + c x batch), the peak memory at
-two or more batches (`model`, `memory --max-batch`: activations per sample), the bus bandwidth of
-the gradient collectives within a node (`comm`) and between nodes (a multi-node `comm`, `fleet`,
-or --network from the hardware database: min(the node's ring, GPUs per node x the port rate x
-80%)), and the overlap `model` measured (exposed = step - step without gradient sync). Formulas
-only where nothing was measured, labelled: 16 bytes per parameter for mixed-precision AdamW (ZeRO,
-Rajbhandari et al. 2020, section 3.1), activations L s h x 34 + logits (Korthikanti et al. 2022).
+workload at this sample size on this GPU model (--gpu's, else this machine's, else the newest stored
+run's), leaving out runs whose own documents say their figures are not the GPU's alone (another
+process on it, throttled, interrupted, below a check floor; each named): the step time per GPU at
+the batch (`model`; two batches give a + c x batch; else the FLOP rate of the nearest GPT), the peak
+memory at two or more batches (`model`, `memory --max-batch`: activations per sample), the bus
+bandwidth of the collectives within a node (`comm`) and between nodes (a multi-node `comm`, `fleet`,
+or --network from the hardware database: min(the node's ring, GPUs per node x the port rate x 80%)),
+and the overlap `model` measured (exposed = step - step without gradient sync). For a --gpu the
+history has no run on: the step of the nearest measured GPU x the ratio of the two GPUs' matmul
+ceilings (`gemm`), else of their datasheet peaks; memory and NVLink from the datasheet; each
+labelled scaled. --rate (an achieved FLOP/s per GPU over the whole step, as Megatron-LM reports
+it) or --mfu (of the datasheet peak) replaces the step, labelled assumed. Formulas only where
+nothing was measured, labelled: 16 bytes per parameter for mixed-precision AdamW (ZeRO, Rajbhandari
+et al. 2020, section 3.1), activations per layer s b h x 34 (/ tp with sequence parallelism; 2 s b h
+with recomputation) + logits (Korthikanti et al. 2022).
 
 \b
-Step on N GPUs = compute + the collectives' time at the measured bus bandwidth x (1 - the share
-the backward pass hid where it was measured). Range: that share held, or the hidden time held,
-or the share at the exposed time +- twice its noise, divided and multiplied by 1 + twice the
-measured noise. Days = tokens / (N x batch x seq) x step / 86400.
+Step on N GPUs = (m + pp - 1) x (compute / (tp x pp) + tp's all-gathers and reduce-scatters + pp's
+sends) + the data-parallel gradient collectives at the measured bus bandwidth x (1 - the share the
+backward pass hid where it was measured; nothing hidden after a pipeline's flush), for m
+micro-batches a step (pipeline bubble (pp - 1) / m). Range: that share held, or the hidden time
+held, or the share at the exposed time +- twice its noise, divided and multiplied by 1 + twice the
+measured noise. Days = tokens / (samples per step x seq) x step / 86400.
 A line for every figure the history lacks names the command that measures it; --measure runs
 the ones this machine can (child commands storing into the same history), then plans.
+Exit code: 0 planned; 1 the layout asked does not fit (the plan is written, with what fits
+instead); 2 bad input.
 """
 
 
@@ -73,8 +98,6 @@ class PlanProbe(Probe):
     progress = "lines"
 
     def options(self) -> list:
-        import click
-
         return [
             option("--model", "model_text", required=True,
                    help="The workload (tiny, 125m, 350m, 760m, 1.3b, torchvision:NAME, hf:NAME, module:function), or "
@@ -84,17 +107,33 @@ class PlanProbe(Probe):
                    help="The sample budget, for a workload without tokens (images): 1.2B, 5e9."),
             option("--days", default=None, type=float, help="The time to train in: how many GPUs."),
             option("--gpus", "gpus_count", default=None, type=int, help="The GPUs to train on: how many days."),
-            option("--parallel", default="ddp", show_default=True, type=click.Choice(["ddp", "fsdp"])),
+            option("--parallel", default="ddp", show_default=True, help=PARALLEL_HELP),
+            option("--checkpointing", is_flag=True,
+                   help="Activation recomputation: each layer keeps its input, its activations rebuilt in the "
+                        "backward (about a third more FLOPs); GPT-shaped models."),
+            option("--global-batch", default=None, type=int,
+                   help="Samples per optimizer step over all GPUs: micro-batches = it / (dp x --batch-size) "
+                        "[default: one micro-batch per GPU; 8 x pp with a pipeline]."),
             option("--seq-len", default=None, type=int,
                    help="Tokens per sample [default: the newest stored run's, else the workload's]."),
             option("--image-size", default=None, type=int,
                    help="Pixels per side, vision workloads [default: the newest stored run's, else the workload's]."),
             option("--batch-size", default=None, type=int,
-                   help="Samples per GPU per step [default: the newest stored run's, else the workload's]."),
+                   help="Samples per GPU per step; the micro-batch of one tp x pp replica with tensor or pipeline "
+                        "parallelism [default: the newest stored run's, else the workload's; 1 with tp or pp]."),
             option("--network", default=None,
                    help="The network between nodes, from the hardware database (NDR, HDR, 400GbE, RoCE400, ...), "
                         "where the history has no multi-node figure or to ask what if."),
             option("--gpus-per-node", default=None, type=int, help="[default: the stored runs' hosts]"),
+            option("--gpu", "gpu_name", default=None,
+                   help="Plan for this GPU of the hardware database (a100_sxm4_80gb, 'NVIDIA H100 80GB HBM3', "
+                        "h200...): its runs where stored, else the nearest measured GPU's step scaled to it."),
+            option("--rate", "rate_text", default=None,
+                   help="An achieved FLOP/s per GPU over the whole step (140T), as Megatron-LM reports it: it "
+                        "replaces the measured step, labelled assumed."),
+            option("--mfu", default=None, type=float,
+                   help="An assumed model FLOPs utilisation (0.4) of the GPU's datasheet bf16 peak, over the whole "
+                        "step: it replaces the measured step, labelled assumed."),
             option("--measure", is_flag=True,
                    help="Run the short measurements the history lacks first (stored there too), then plan."),
         ]
@@ -102,7 +141,8 @@ class PlanProbe(Probe):
     def configure(self, o: dict) -> Request:
         from mgpu_bench import hardware
 
-        from .config import MAX_DAYS, MAX_GPUS, PlanConfig, parse_count
+        from . import layout, target
+        from .config import MAX_DAYS, MAX_GPUS, PlanConfig, parse_count, parse_rate
         from .workload import describe
 
         if o.get("days") is not None and o.get("gpus_count") is not None:
@@ -123,19 +163,49 @@ class PlanProbe(Probe):
             within("--image-size", o["image_size"], 1, 1 << 16, "pixels per side")
         if o.get("batch_size") is not None:
             within("--batch-size", o["batch_size"], 1, 1_000_000, "samples per GPU per step")
+        if o.get("global_batch") is not None:
+            within("--global-batch", o["global_batch"], 1, 1 << 40, "samples per optimizer step")
         if o.get("gpus_per_node") is not None:
             within("--gpus-per-node", o["gpus_per_node"], 1, 1024, "GPUs in one node")
-        if o.get("network"):
+        if o.get("network") is not None:
+            if not o["network"].strip():
+                raise InputError(f"--network {o['network']!r}: name a network of the hardware database: "
+                                 f"{', '.join(hardware.load().network)}")
             hardware.network_rate(o["network"])  # an unknown name is InputError naming the known ones
-        cfg = PlanConfig(model=o["model_text"], tokens=tokens, samples=samples, days=o.get("days"),
-                         gpus=o.get("gpus_count"), parallel=o.get("parallel") or "ddp", seq_len=o.get("seq_len"),
-                         image_size=o.get("image_size"), batch_size=o.get("batch_size"), network=o.get("network"),
-                         gpus_per_node=o.get("gpus_per_node"), measure=bool(o.get("measure")))
+        if o.get("rate_text") is not None and o.get("mfu") is not None:
+            raise InputError("--rate and --mfu together: give one (an achieved FLOP/s per GPU, or a utilisation)")
+        rate = parse_rate(o["rate_text"]) if o.get("rate_text") is not None else None
+        if o.get("mfu") is not None:
+            within("--mfu", o["mfu"], 0, 1, "a fraction of the datasheet peak", above=True)
+        gpu = target.resolve(o["gpu_name"]) if o.get("gpu_name") is not None else None
+        parallel = o["parallel"] if o.get("parallel") is not None else "ddp"
+        lay, search = layout.parse(parallel, bool(o.get("checkpointing")))
+        gpus = o.get("gpus_count")
+        if not search and lay.dp is not None:
+            if o.get("days") is not None:
+                raise InputError(f"--parallel dp={lay.dp} fixes the GPUs (tp x pp x dp = {lay.model_gpus * lay.dp}): "
+                                 "ask --gpus, or leave dp out with --days")
+            gpus = gpus if gpus is not None else lay.model_gpus * lay.dp
+        if search and gpus is None and o.get("days") is None:
+            raise InputError("--parallel search needs the question: --gpus N (the fastest layout on N GPUs) or "
+                             "--days D (the fewest GPUs)")
+        cfg = PlanConfig(model=o["model_text"], tokens=tokens, samples=samples, days=o.get("days"), gpus=gpus,
+                         parallel=parallel.strip().lower(), layout=lay, search=search,
+                         checkpointing=bool(o.get("checkpointing")), global_batch=o.get("global_batch"),
+                         seq_len=o.get("seq_len"), image_size=o.get("image_size"), batch_size=o.get("batch_size"),
+                         network=o.get("network"), gpus_per_node=o.get("gpus_per_node"),
+                         gpu=gpu.key if gpu else None, rate=rate, mfu=o.get("mfu"), measure=bool(o.get("measure")))
         local_gpu, local_n = _local_gpus()
-        facts = describe(cfg.model, cfg.seq_len, local_n > 0, cfg.image_size)  # one that cannot be built: exit 2 now
+        on_gpu = local_n > 0 or gpu is not None
+        facts = describe(cfg.model, cfg.seq_len, on_gpu, cfg.image_size)  # one that cannot be built: exit 2 now
         if tokens is not None and not facts.tokens_per_sample:
             raise InputError(f"--tokens: {facts.key} has no tokens (its samples are {facts.sample_text}): give "
                              "--samples")
+        layout.check(lay, facts, gpus, cfg.gpus_per_node)
+        if cfg.global_batch is not None and (cfg.batch_size or not lay.plain):  # the micro-batch is known already
+            from .build import check_global_batch
+
+            check_global_batch(cfg, cfg.batch_size or 1)
         return Request(cfg, facts, local_gpu, local_n)
 
     def finding_label(self, finding) -> str:
@@ -162,6 +232,7 @@ class PlanProbe(Probe):
         finally:
             history.close()
         cfg = {k: v for k, v in asdict(request.config).items()}
+        cfg["layout"] = request.config.layout.to_dict(request.config.gpus)
         doc = {**envelope("plan", ctx.environment, ctx.command), "config": cfg, **payload,
                "status": status("interrupted" if stopped else None,
                                 "interrupted while measuring: the plan is from what was stored" if stopped else None)}
@@ -183,26 +254,75 @@ def _local_gpus() -> tuple[str | None, int]:
 
 def _plan(request: Request, history, say) -> tuple[dict, bool]:
     """The payload from the history; with --measure, the missing measurements first."""
+    from . import evidence
+
+    reader = evidence.Reader(history)
+    try:
+        return _plan_from(request, reader, say)
+    finally:
+        reader.close()
+
+
+def _device(request: Request, reader) -> tuple[str, str, int | None]:
+    """The device the plan is for (--gpu's NVML name, else as evidence.newest finds it)."""
+    from mgpu_bench import hardware
+
+    from . import evidence
+
+    cfg = request.config
+    if cfg.gpu:
+        g = hardware.load().gpus[cfg.gpu]
+        name = g.match[0] if g.match else g.name
+        _, _, seq = evidence.newest(reader, name, request.facts.key)
+        return name, f"--gpu {cfg.gpu} ({g.name})", seq
+    return evidence.newest(reader, request.local_gpu, request.facts.key)
+
+
+def _scaled(request: Request, reader, facts, ev):
+    """For --gpu with no step of its own: the nearest measured GPU's evidence and the ratio its
+    step takes here (target.py); None where there is none, or a rate is given."""
+    from . import build, evidence, target
+
+    cfg = request.config
+    if not cfg.gpu or cfg.rate or cfg.mfu or ev.one_gpu() or ev.flop_rates:
+        return None
+    src, why, _ = evidence.newest(reader, None, facts.key)
+    if src == evidence.CPU or evidence.same_device(src, ev.device):
+        return None
+    other = evidence.read(reader, facts, src, why)
+    ratio = target.step_ratio(src, ev.device, evidence.ceilings(reader))
+    return None if ratio is None else build.Scaled(other, *ratio)
+
+
+def _plan_from(request: Request, reader, say) -> tuple[dict, bool]:
     from . import build, evidence, measure
     from .workload import describe
 
     cfg, facts = request.config, request.facts
-    device, source, seq = evidence.newest(history, request.local_gpu, facts.key)
+    device, source, seq = _device(request, reader)
     on_gpu = device != evidence.CPU
     if cfg.seq_len is None and seq is not None and seq != facts.seq_len and facts.kind in ("gpt", "hf"):
         facts = describe(cfg.model, seq, on_gpu, cfg.image_size)
-    elif on_gpu != (request.local_gpus > 0) and cfg.seq_len is None and cfg.image_size is None:
+    elif on_gpu != (request.local_gpus > 0 or bool(cfg.gpu)) and cfg.seq_len is None and cfg.image_size is None:
         facts = describe(cfg.model, None, on_gpu)  # the other device's default sample size
-    here = device == (request.local_gpu or evidence.CPU)
+    here = evidence.same_device(device, request.local_gpu or evidence.CPU)
     local = request.local_gpus if here else 0
-    payload = build.plan(cfg, facts, evidence.read(history, facts, device, source), local, here)
+
+    def build_once() -> dict:
+        ev = evidence.read(reader, facts, device, source)
+        payload = build.plan(cfg, facts, ev, local, here, _scaled(request, reader, facts, ev))
+        payload["left_out"] = [{"run": run, "why": why} for run, why in reader.left_out.items()]
+        payload["documents_read"] = reader.reads
+        return payload
+
+    payload = build_once()
     stopped = False
     if cfg.measure:
         commands = measure.runnable(payload["missing"]) if here else []
         entries: list[dict] = []
         if commands:
-            entries, stopped = measure.run_all(commands, str(history.path), say)
-            payload = build.plan(cfg, facts, evidence.read(history, facts, device, source), local, here)
+            entries, stopped = measure.run_all(commands, str(reader.history.path), say)
+            payload = build_once()
         payload["measured_now"] = entries
         if not here:
             payload["notes"].append(f"--measure: the plan is for a {device}, this machine has "

@@ -1,5 +1,7 @@
-"""What a plan says on top: the fit, the answer (days for --gpus, GPUs for --days) and what is
-missing with the command that measures it. The run is the plan document itself (plain data)."""
+"""What a plan says on top: the fit, the answer (days for --gpus, GPUs for --days) where the layout
+asked fits, else that it does not and what fits instead (exit code 1), the runs left out of the
+evidence and why, and what is missing with the command that measures it. The run is the plan
+document itself (plain data)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,16 @@ from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding
 
 from . import text
 
+MAX_LEFT_OUT = 5  # runs named one per line; the rest counted
+
 
 def _fit_lines(doc: Mapping) -> list[Finding]:
     fit, w = doc.get("fit") or {}, doc.get("workload") or {}
     out = []
     key, batch, device = w.get("key"), doc.get("batch"), (doc.get("device") or {}).get("name")
-    for parallel in ("ddp", "fsdp"):
+    asked = (doc.get("layout") or {}).get("name") or (doc.get("config") or {}).get("parallel")
+    plain = asked in ("ddp", "fsdp") or (doc.get("config") or {}).get("search")
+    for parallel in ("ddp", "fsdp") if plain else ():
         f = fit.get(parallel) or {}
         if f.get("allocated") is None:
             continue
@@ -31,31 +37,73 @@ def _fit_lines(doc: Mapping) -> list[Finding]:
         held = (f"the fewest GPUs that hold it: {fewest}" if fewest else
                 "no GPU count holds it at this batch" if parallel == "fsdp" else "DDP cannot hold it (every GPU "
                 "keeps the whole model)")
-        severity = OK if f["fits"] else (PROBLEM if parallel == doc["config"]["parallel"] else WARNING)
+        severity = OK if f["fits"] else (PROBLEM if parallel == asked else WARNING)
         out.append(Finding(severity, f"fit ({parallel.upper()}): {key} at batch {batch} needs {need} of "
                                      f"{text.value(f['capacity'], 'B')} on a {device}: {held}; the largest batch "
                                      f"per GPU: {largest if largest is not None else '-'}"))
+    f, lay = fit.get("asked") or {}, doc.get("layout") or {}
+    if lay and asked not in ("ddp", "fsdp") and f.get("allocated") is not None:
+        parts = f"model states {text.value(f['states'], 'B')}, activations {text.value(f['activations'], 'B')}"
+        state = "-" if f.get("fits") is None else "fits" if f["fits"] else "does not fit"
+        out.append(Finding(OK if f.get("fits") else (WARNING if f.get("fits") is None else PROBLEM),
+                           f"fit ({lay.get('text')}): {key} at micro-batch {f.get('batch')} on {f.get('gpus')} GPUs "
+                           f"needs {text.value(f['reserved'], 'B')} per GPU ({parts}) of "
+                           f"{text.value(f['capacity'], 'B')} on a {device}: {state}; the largest micro-batch: "
+                           f"{fit.get('largest_batch_asked') if fit.get('largest_batch_asked') is not None else '-'}"))
     return out
 
 
-def _answer_line(doc: Mapping) -> Finding | None:
+def _answer_lines(doc: Mapping) -> list[Finding]:
     a, budget = doc.get("answer"), doc.get("budget") or {}
     if not a:
-        return None
+        return []
     amount = f"{text.count(budget.get('value') or 0)} {budget.get('unit')}"
     gpn = (doc.get("device") or {}).get("gpus_per_node") or 1
+    if a.get("fits") is False:
+        need = f"{text.value(a.get('memory'), 'B')} per GPU of {text.value(a.get('capacity'), 'B')}" \
+            if a.get("memory") is not None else "more than a GPU holds"
+        out = [Finding(PROBLEM, f"does not fit as asked: {a.get('text')} (it needs {need}): no days or GPUs are "
+                                "answered for it (exit code 1); instead:")]
+        out += [Finding(OK if o.get("days") is not None or o.get("fits") else WARNING,
+                        "instead: " + _instead(o, gpn, amount, a.get("question") == "gpus"))
+                for o in a.get("instead") or []]
+        if not a.get("instead"):
+            out.append(Finding(WARNING, "instead: nothing the plan considers fits (see the fit lines)"))
+        return out
     if a.get("question") == "gpus":
         if a.get("days") is None:
-            return Finding(WARNING, a.get("text") or f"{a.get('gpus')} GPUs: no estimate")
-        how = f"measured ({a['measured']})" if a.get("measured") else "projected"
-        return Finding(OK, f"{a['gpus']} GPUs ({_nodes(a['gpus'], gpn)}): {text.days(a['days'])} for {amount} (range "
-                           f"{text.days(a['days_low'])} - {text.days(a['days_high'])}), {how}")
+            return [Finding(WARNING, a.get("text") or f"{a.get('gpus')} GPUs: no estimate")]
+        how = f"measured ({a['measured']})" if a.get("measured") else "at the given rate (assumed)" if a.get(
+            "assumed") else "projected"
+        return [Finding(OK, f"{a['gpus']} GPUs ({_nodes(a['gpus'], gpn)}){_with(a)}: {text.days(a['days'])} for "
+                            f"{amount} (range {text.days(a['days_low'])} - {text.days(a['days_high'])}), {how}")]
     if a.get("gpus") is None:
-        return Finding(WARNING, a.get("text") or f"{text.days(a['days'])} for {amount}: no GPU count the stored "
-                                                 "figures project reaches it (see what is missing)")
+        return [Finding(WARNING, a.get("text") or f"{text.days(a['days'])} for {amount}: no GPU count the stored "
+                                                  "figures project reaches it (see what is missing)")]
     lo, hi = a.get("gpus_low"), a.get("gpus_high")
     rng = f"range {lo} - {hi if hi is not None else 'beyond what the figures project'}"
-    return Finding(OK, f"{text.days(a['days'])} for {amount}: {a['gpus']} GPUs ({_nodes(a['gpus'], gpn)}; {rng})")
+    return [Finding(OK, f"{text.days(a['days'])} for {amount}: {a['gpus']} GPUs ({_nodes(a['gpus'], gpn)}; {rng})"
+                        f"{_with(a)}")]
+
+
+def _with(a: Mapping) -> str:
+    lay = a.get("layout") or {}
+    return "" if not lay or lay.get("name") in ("ddp", "fsdp") else f" with {lay.get('text')}"
+
+
+def _instead(o: Mapping, gpn: int, amount: str, asked_gpus: bool) -> str:
+    lay = o.get("layout") or {}
+    if o.get("host_bytes") is not None:
+        state = ("fits" if o.get("fits") else "does not fit either") if o.get("fits") is not None else "-"
+        return (f"{o['what']}: {text.value(o['host_bytes'], 'B')} of fp32 weights and AdamW moments on the hosts "
+                f"({text.value(o['host_bytes_per_node'], 'B')} per node of {o['nodes']}), "
+                f"{text.value(o.get('gpu_bytes'), 'B')} per GPU on {o['gpus']} GPUs"
+                f"{' with recomputation' if o.get('checkpointing') else ''}: {state}; {o.get('why')}")
+    where = f"{o['gpus']} GPUs ({_nodes(o['gpus'], gpn)})" + (", the fewest it needs" if asked_gpus and not
+                                                                o.get("at_asked") else "")
+    days = f"{text.days(o['days'])} for {amount}" if o.get("days") is not None else "no step time (see what is missing)"
+    return (f"{o['what']}: {lay.get('text')} at micro-batch {o.get('batch')} (global batch {o.get('global_batch')} samples), "
+            f"{where}: {days}, {text.value(o.get('memory'), 'B')} per GPU")
 
 
 def _nodes(n: int, gpn: int) -> str:
@@ -64,10 +112,12 @@ def _nodes(n: int, gpn: int) -> str:
 
 
 def findings(doc: Mapping) -> list[Finding]:
-    out = _fit_lines(doc)
-    answer = _answer_line(doc)
-    if answer is not None:
-        out.append(answer)
+    out = _fit_lines(doc) + _answer_lines(doc)
+    left = doc.get("left_out") or []
+    for x in left[:MAX_LEFT_OUT]:
+        out.append(Finding(WARNING, f"left out: {x['run']}, {x['why']}"))
+    if len(left) > MAX_LEFT_OUT:
+        out.append(Finding(WARNING, f"left out: {len(left) - MAX_LEFT_OUT} more runs (the document lists them)"))
     for m in doc.get("missing") or []:
         how = f"run `{m['command']}`" if m.get("command") else (m.get("why") or "not measurable from here")
         out.append(Finding(WARNING, f"missing: {m['what']}: {how}"))
@@ -77,8 +127,18 @@ def findings(doc: Mapping) -> list[Finding]:
     return out
 
 
+def failure(doc: Mapping) -> str | None:
+    """The layout asked does not fit: exit code 1, the plan kept with what fits instead."""
+    a = doc.get("answer") or {}
+    if a.get("fits") is False:
+        return f"does not fit as asked: {a.get('text')}; what fits instead is above (exit code 1)"
+    return None
+
+
 def key_figure(doc: Mapping) -> tuple[str, str]:
     a = doc.get("answer") or {}
+    if a.get("fits") is False:
+        return "does not fit", a.get("text") or "-"
     if a.get("days") is not None and a.get("gpus"):
         return f"{a['gpus']} GPUs, {text.days(a['days'])}", "projected from the history"
     return "-", "-"

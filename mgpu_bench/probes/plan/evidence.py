@@ -1,5 +1,8 @@
 """What the history measured that a plan uses, read from the stored result documents (a document is
 data: no probe's code is imported to read it), each figure with the id of the run it came from.
+The runs are found through the history's index (index.py): only the documents of runs that
+measured this workload, the collectives, a fleet or a GEMM ceiling are read, and of those only
+the ones whose figures are their GPUs' own (clean.py); the others are named as left out.
 
     model runs    the step time per GPU count and batch (median of the stable window, the slowest
                   rank per step, as the model probe's headline reads it), its noise, the step
@@ -19,13 +22,25 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from mgpu_bench.metrics import window_steps
+from mgpu_bench import hardware
+from mgpu_bench.metrics import slug, window_steps
 
+from . import clean
+from .index import Index
 from .memory import MemPoint
 from .workload import Facts
 
 CPU = "CPU processes"
-RUNS_READ = 300  # of each kind, newest first: older runs rarely describe the cluster of today
+# How many runs the index offers per kind, and how many clean documents of them are read (newest
+# first): older runs rarely describe the cluster of today, and the cost stays bounded.
+MODEL_RUNS, MODEL_DOCS = 48, 12
+GPT_RUNS = 8  # per other GPT size, its newest clean one-GPU run
+MEMORY_RUNS, MEMORY_DOCS = 24, 6
+COMM_OPS = ("allreduce", "allgather", "reducescatter", "sendrecv")
+COMM_RUNS, COMM_DOCS = 24, 8
+FLEET_RUNS, FLEET_DOCS = 8, 3
+GEMM_RUNS, GEMM_DOCS = 48, 12
+NEWEST_ANY = 20
 MIN_NOISE_SAMPLES = 5
 
 
@@ -100,61 +115,163 @@ def device_of(doc: Mapping) -> str:
     return str(name) if name else CPU
 
 
-def _documents(history, kind: str) -> list[tuple[str, dict]]:
-    """The stored documents of `kind`, newest first, then those of the same kind inside stored
-    suites (a suite's model-1gpu, max-batch, comm: "r7 (suite: max-batch)")."""
-    out = []
-    for info in history.list(limit=RUNS_READ, kind=kind):
-        try:
-            out.append((info.run_id, history.get(info.run_id).document))
-        except ValueError:  # InputError: a stored row that no longer reads (said by `history show`); skipped
-            continue
-    for info in history.list(limit=RUNS_READ, kind="suite"):
-        try:
-            suite = history.get(info.run_id).document
-        except ValueError:
-            continue
-        for probe in suite.get("probes") or []:
-            doc = probe.get("document")
-            if isinstance(doc, dict) and doc.get("kind") == kind:
-                out.append((f"{info.run_id} (suite: {probe.get('name')})", doc))
-    return out
+def _fingerprint_device(fp: Mapping) -> str:
+    gpus = fp.get("gpus") or []
+    name = gpus[0].get("name") if gpus and isinstance(gpus[0], Mapping) else None
+    return str(name) if name else CPU
 
 
-def newest(history, local_gpu: str | None, key: str) -> tuple[str, str, int | None]:
+def same_device(a: str | None, b: str | None) -> bool:
+    """Two device names for one GPU model: equal, or the same model of the hardware database
+    (the NVML name of a run and the database's name of --gpu)."""
+    if a is None or b is None:
+        return False
+    if a == b:
+        return True
+    ga, gb = hardware.find_gpu(a) or _by_name(a), hardware.find_gpu(b) or _by_name(b)
+    return ga is not None and gb is not None and ga.key == gb.key
+
+
+def _by_name(name: str):
+    return next((g for g in hardware.load().gpus.values() if g.name == name), None)
+
+
+class Reader:
+    """The documents a plan reads, found through the history's index (index.py), each read once;
+    a run whose own document says its figures are not its GPUs' alone (clean.py) is left out and
+    named in `left_out` (label -> why)."""
+
+    def __init__(self, history):
+        self.history = history
+        self.index = Index(history.path)
+        self._docs: dict[int, dict | None] = {}
+        self.left_out: dict[str, str] = {}
+        self.reads = 0
+
+    def close(self) -> None:
+        self.index.close()
+
+    def document(self, run: int) -> dict | None:
+        if run not in self._docs:
+            self.reads += 1
+            try:
+                self._docs[run] = dict(self.history.get(f"r{run}").document)
+            except ValueError:  # InputError: a stored row that no longer reads (said by `history show`); skipped
+                self._docs[run] = None
+        return self._docs[run]
+
+    def runs(self, prefix: str, limit: int, suffix: str = "") -> list[int]:
+        """The newest runs that stored a metric named `prefix`...`suffix`."""
+        return self.index.runs([n for n in self.index.names(prefix) if n.endswith(suffix)], limit)
+
+    def documents(self, runs: list[int], kind: str, device: str | None, limit: int) -> list[tuple[str, dict]]:
+        """Up to `limit` clean documents of `kind` from `runs` (newest first), on `device` (None:
+        any), each labelled with its run ("r7", or "r7 (suite: max-batch)" for a suite's probe)."""
+        out: list[tuple[str, dict]] = []
+        for run in runs:
+            if len(out) >= limit:
+                break
+            row_kind, fp = self.index.about(run)
+            if device is not None and not (kind == "comm" and device == CPU) \
+                    and not same_device(_fingerprint_device(fp), device):
+                continue  # told by the run's row: its document is not read
+            doc = self.document(run)
+            if doc is None:
+                continue
+            for label, sub, beside in _of_kind(run, row_kind, doc, kind):
+                if device is not None and not same_device(_comm_device(sub) if kind == "comm" else device_of(sub),
+                                                          device):
+                    continue
+                why = clean.taint(sub, beside)
+                if why:
+                    self.left_out.setdefault(label, f"{kind}: {why}")
+                    continue
+                out.append((label, sub))
+        return out[:limit]
+
+
+def _of_kind(run: int, row_kind: str, doc: dict, kind: str) -> list[tuple[str, Mapping, Mapping | None]]:
+    """The documents of `kind` in a stored run: the run itself, or the probes of a stored suite."""
+    if row_kind == kind:
+        return [(f"r{run}", doc, None)]
+    if row_kind != "suite":
+        return []
+    return [(f"r{run} (suite: {p.get('name')})", p["document"], p) for p in doc.get("probes") or []
+            if isinstance(p, Mapping) and isinstance(p.get("document"), Mapping) and p["document"].get("kind") == kind]
+
+
+def newest(reader: Reader, local_gpu: str | None, key: str) -> tuple[str, str, int | None]:
     """(the device the plan is for, why, the sample size of the newest stored run of this workload
     on it or None): this machine's GPU model where it has GPUs, else the device of the newest
-    stored model run of this workload, else of any stored run, else CPU processes."""
-    runs = _documents(history, "model")
-    mine = [(run_id, doc) for run_id, doc in runs if (doc.get("config") or {}).get("model") == key]
+    stored model run of this workload, else of the newest stored run, else CPU processes."""
+    mine = reader.runs(f"model.{slug(key)}.", MODEL_RUNS)
     if local_gpu:
-        seq = next(((doc.get("config") or {}).get("seq_len") for _, doc in mine if device_of(doc) == local_gpu), None)
-        return local_gpu, "this machine's GPU", seq
-    if mine:
-        run_id, doc = mine[0]
-        return device_of(doc), f"the device of {run_id}, the newest run of {key}", (doc.get("config") or {}).get(
+        found = reader.documents(mine, "model", local_gpu, 1)
+        return local_gpu, "this machine's GPU", (found[0][1].get("config") or {}).get("seq_len") if found else None
+    found = reader.documents(mine, "model", None, 1)
+    if found:
+        label, doc = found[0]
+        return device_of(doc), f"the device of {label}, the newest run of {key}", (doc.get("config") or {}).get(
             "seq_len")
-    for kind in ("model", "memory", "comm"):
-        for run_id, doc in runs if kind == "model" else _documents(history, kind):
-            return (_comm_device(doc) if kind == "comm" else device_of(doc)), f"the device of {run_id}", None
+    for run in reader.index.newest(NEWEST_ANY):
+        kind = reader.index.about(run)[0]
+        for label, doc in reader.documents([run], kind, None, 1) if kind in ("model", "memory", "comm") else []:
+            return (_comm_device(doc) if kind == "comm" else device_of(doc)), f"the device of {label}", None
     return CPU, "no run stored: this machine's CPU processes", None
 
 
-def read(history, facts: Facts, device: str, device_source: str) -> Evidence:
-    """The plan's evidence from `history` (a mgpu_bench.history.History the runner opened)."""
+def read(reader: Reader, facts: Facts, device: str, device_source: str) -> Evidence:
+    """The plan's evidence on `device` from the history `reader` reads."""
     ev = Evidence(device, device_source)
-    for run_id, doc in _documents(history, "model"):
-        if device_of(doc) == device:
-            _model(ev, run_id, doc, facts)
-    for run_id, doc in _documents(history, "memory"):
-        if device_of(doc) == device:
-            _memory(ev, run_id, doc, facts)
-    for run_id, doc in _documents(history, "comm"):
-        if _comm_device(doc) == device:
-            _comm(ev, run_id, doc)
-    for run_id, doc in _documents(history, "fleet"):
-        _fleet(ev, run_id, doc, device)
+    for label, doc in reader.documents(reader.runs(f"model.{slug(facts.key)}.", MODEL_RUNS), "model", device,
+                                       MODEL_DOCS):
+        _model(ev, label, doc, facts)
+    if facts.kind in ("gpt", "bare"):  # the FLOP rate of the nearest GPT, where this one has no step
+        for key in _gpt_keys(reader) - {slug(facts.key)}:
+            runs = reader.runs(f"model.{key}.", GPT_RUNS, ".1gpu.synthetic.tokens_per_s")
+            for label, doc in reader.documents(runs, "model", device, 1):
+                _model(ev, label, doc, facts)
+    for label, doc in reader.documents(reader.runs(f"memory.{slug(facts.key)}.", MEMORY_RUNS, ".max_batch"), "memory",
+                                       device, MEMORY_DOCS):
+        _memory(ev, label, doc, facts)
+    comm = sorted({r for op in COMM_OPS for r in reader.runs(f"comm.{op}.", COMM_RUNS)}, reverse=True)
+    for label, doc in reader.documents(comm, "comm", device, COMM_DOCS):
+        _comm(ev, label, doc)
+    for label, doc in reader.documents(reader.runs("fleet.world.allreduce_busbw", FLEET_RUNS), "fleet", None,
+                                       FLEET_DOCS):
+        _fleet(ev, label, doc, device)
+    ev.flop_rates.sort(key=lambda r: -_run_number(r[3]))
     return ev
+
+
+def _gpt_keys(reader: Reader) -> set[str]:
+    """The built-in GPTs the history has one-GPU runs of (a workload key without a ':' prefix)."""
+    out = set()
+    for name in reader.index.names("model."):
+        key, _, rest = name[len("model."):].partition(".")
+        if ":" not in key and rest.endswith(".1gpu.synthetic.tokens_per_s"):
+            out.add(key)
+    return out
+
+
+def ceilings(reader: Reader) -> dict[str, tuple[float, str, str]]:
+    """The matmul ceiling measured per GPU model: device name -> (bf16 FLOP/s, the run, the
+    device's name as stored), the newest clean `gemm` run's best GPU (headline gemm.gpu{i}.bf16.tflops)."""
+    from mgpu_bench.probe import headline
+
+    out: dict[str, tuple[float, str, str]] = {}
+    runs = reader.runs("gemm.gpu", GEMM_RUNS, ".bf16.tflops")
+    for label, doc in reader.documents(runs, "gemm", None, GEMM_DOCS):
+        values = [m.value for m in headline(doc) if m.name.startswith("gemm.gpu") and m.name.endswith(".bf16.tflops")]
+        device = device_of(doc)
+        if values and not any(same_device(device, d) for d in out):
+            out[device] = (max(values), label, device)
+    return out
+
+
+def _run_number(label: str) -> int:
+    head = label.split(" ", 1)[0]
+    return int(head[1:]) if head[1:].isdigit() else 0
 
 
 def _host_gpus(ev: Evidence, run_id: str, doc: Mapping) -> None:

@@ -21,6 +21,11 @@ fused attention (SDPA's flash and memory-efficient kernels, which the built-in G
 stores, leaving their 34 s b h; the LM head's logits, outside the layers, add s V x 6 bytes per
 sample here (bf16 from the matmul, fp32 for the cross-entropy).
 
+With tensor, pipeline parallelism or recomputation (layout.py) the formula gives the activations
+(layer_bytes, formula_bytes), multiplied by the ratio the measured activations bear to it at tp =
+pp = 1 where they were measured; the model states per GPU are those of the first pipeline stage
+(its blocks and the embeddings), split by tp, sharded over the data-parallel ranks under FSDP.
+
 The built-in GPT's loss (workloads/gpt.py cross_entropy) is summed over row chunks once the logits
 pass CE_MAX_ELEMENTS: from that batch on, one fp32 copy of the logits (4 B x seq x vocab per
 sample) is no longer held at the peak. Measured on one H200, 350m at seq 2048 (the max-batch
@@ -42,9 +47,13 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from .layout import Layout
 from .workload import Facts
 
 STATE_BYTES = 16  # per parameter, DDP; see the module docs
+HOST_STATE_BYTES = 12  # fp32 weights + two fp32 AdamW moments, the part ZeRO-Offload keeps on the host
+RECOMPUTE_INPUT_SBH = 2  # Korthikanti et al. 2022, Table 2: full recomputation keeps each layer's input
+MAX_GPUS_FIT = 1_000_000  # config.MAX_GPUS: no count beyond is searched
 FP32 = 4
 EDGE_HEADROOM = 0.02  # of the device memory: the CUDA context and what the allocator cannot return (module docs)
 CE_MAX_ELEMENTS = 2**31 - 1  # workloads/gpt.py: the logits past which its loss is summed over chunks
@@ -140,21 +149,58 @@ def activations(facts: Facts, points: list[MemPoint], states_1gpu: float) -> Act
     return Activations(None, 0.0, "missing: no peak memory of this workload is stored and it has no formula")
 
 
-def states(facts: Facts, parallel: str, n: int, param_bytes: int) -> float:
-    """Model-state bytes per GPU: 16 per parameter under DDP; under FSDP over `n` GPUs the shard
-    plus what is held unsharded (module docs). `param_bytes`: the compute dtype FSDP gathers in
-    (2: bf16 on GPUs; 4 on CPU processes, where the model probe keeps fp32)."""
-    p = facts.params
-    if parallel != "fsdp" or n <= 1:
-        return float(STATE_BYTES * p)
-    block = facts.block_params
-    gathered = param_bytes * (facts.other_params + 2 * block) + FP32 * block
-    return STATE_BYTES * p / n + gathered
+def stage_params(facts: Facts, layout: Layout) -> float:
+    """The parameters one GPU holds before any sharding over the data-parallel ranks: all of them
+    under data parallelism; with a pipeline the first stage's blocks and the parameters outside
+    them (the token table and positions; the last stage holds the LM head, the same table), all
+    split by tp."""
+    if layout.plain:
+        return float(facts.params)
+    return (math.ceil(facts.blocks / layout.pp) * facts.block_params + facts.other_params) / layout.tp
+
+
+def states(facts: Facts, layout: Layout, dp: int, param_bytes: int) -> float:
+    """Model-state bytes per GPU: 16 per parameter it holds, replicated over the data-parallel
+    ranks (DDP); sharded over `dp` of them under FSDP, plus what FSDP holds unsharded (module
+    docs), split by tp. `param_bytes`: the compute dtype FSDP gathers in (2: bf16 on GPUs; 4 on
+    CPU processes, where the model probe keeps fp32)."""
+    held = stage_params(facts, layout)
+    if layout.shard != "fsdp" or dp <= 1:
+        return STATE_BYTES * held
+    block = facts.block_params / layout.tp
+    gathered = param_bytes * (facts.other_params / layout.tp + 2 * block) + FP32 * block
+    return STATE_BYTES * held / dp + gathered
+
+
+def layer_bytes(facts: Facts, micro_batch: float, layout: Layout) -> float:
+    """Activation bytes one layer keeps for one micro-batch (Korthikanti et al. 2022, section 4 and
+    Table 2): s b h x 34 with fused attention, split by t under tensor with sequence parallelism
+    (s b h x 34 / t); with full recomputation only the layer's input, 2 s b h (/ t with sequence
+    parallelism)."""
+    s, h = float(facts.tokens_per_sample or 0), float(facts.shape.width)
+    per = RECOMPUTE_INPUT_SBH if layout.checkpointing else KORTHIKANTI_SBH
+    return s * micro_batch * h * per / layout.tp
+
+
+def formula_bytes(facts: Facts, micro_batch: float, layout: Layout, in_flight: int) -> float:
+    """Activation bytes per GPU from the formula: the first pipeline stage keeps `in_flight`
+    micro-batches (1F1B: min(pp, m), Narayanan et al. 2021, section 2.2.1) of its L / pp layers;
+    with recomputation one layer's full activations are rebuilt at a time on top; the logits
+    (s V x 6 per sample, split by tp) sit on the last stage, which keeps one micro-batch."""
+    s, V = float(facts.tokens_per_sample or 0), float(facts.shape.vocab)
+    layers = math.ceil(facts.blocks / layout.pp)
+    one = layer_bytes(facts, micro_batch, layout)
+    rebuilt = layer_bytes(facts, micro_batch, layout.but(checkpointing=False)) if layout.checkpointing else 0.0
+    logits = s * V * LOGIT_BYTES * micro_batch / layout.tp
+    first = in_flight * layers * one + rebuilt
+    last = layers * one + rebuilt + logits
+    return max(first, last) if layout.pp > 1 else first + logits
 
 
 @dataclass(frozen=True)
 class Fit:
-    """The fit at one configuration: bytes per GPU (allocated and as reserved), whether it fits."""
+    """The fit at one configuration: bytes per GPU (allocated and as reserved), whether it fits.
+    `parallel` is the layout's name (ddp, fsdp, tp8-pp16-ddp, ...); `batch` the micro-batch."""
 
     parallel: str
     gpus: int
@@ -166,6 +212,12 @@ class Fit:
     reserved: float | None
     capacity: float | None
     fits: bool | None
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batches: int = 1
+    checkpointing: bool = False
+    source: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -176,44 +228,100 @@ class Memory:
 
     def __init__(self, facts: Facts, acts: Activations, capacity: float | None, ratio: float, param_bytes: int):
         self.facts, self.acts, self.capacity, self.ratio, self.param_bytes = facts, acts, capacity, ratio, param_bytes
+        self.scale, self.scale_source = self._calibration()
 
     @property
     def usable(self) -> float | None:
         """What an allocated peak may reach: the device memory less EDGE_HEADROOM (module docs)."""
         return None if self.capacity is None else self.capacity * (1 - EDGE_HEADROOM)
 
-    def fit(self, parallel: str, n: int, batch: int) -> Fit:
-        st = states(self.facts, parallel, n, self.param_bytes)
-        acts = None if self.acts.per_sample is None else self.acts.at(batch)
+    def _calibration(self) -> tuple[float, str]:
+        """The ratio of the measured activations to the formula's at tp = pp = 1 without
+        recomputation, which the formula is multiplied by for every other layout (1 where nothing
+        was measured or the model has no formula)."""
+        f = self.facts
+        if f.shape is None or not f.tokens_per_sample or self.acts.per_sample is None or \
+                not self.acts.source.startswith("measured"):
+            return 1.0, "formula: Korthikanti et al. 2022 (module docs)"
+        plain = formula_bytes(f, 1, Layout(), 1)
+        k = self.acts.per_sample / plain if plain else 1.0
+        return k, (f"formula: Korthikanti et al. 2022 x {k:.3f}, the ratio the measured activations bear to it at "
+                   "tp = pp = 1")
+
+    def by_formula(self, layout: Layout) -> bool:
+        return not (layout.plain and not layout.checkpointing)
+
+    def activations(self, layout: Layout, batch: int, in_flight: int = 1) -> float | None:
+        """Activation bytes per GPU: as measured (or the plain formula) for data parallelism
+        without recomputation, else the layout's formula, calibrated."""
+        if not self.by_formula(layout):
+            return None if self.acts.per_sample is None else self.acts.at(batch)
+        if self.facts.shape is None or not self.facts.tokens_per_sample:
+            return None  # no formula: layout.check refuses tp, pp and --checkpointing for such a model
+        return self.scale * formula_bytes(self.facts, batch, layout, in_flight)
+
+    def fit(self, layout: Layout, n: int, batch: int, micro_batches: int = 1) -> Fit:
+        dp = layout.ranks(n) or 1
+        st = states(self.facts, layout, dp, self.param_bytes)
+        acts = self.activations(layout, batch, min(layout.pp, micro_batches))
         alloc = None if acts is None else st + self.acts.other + acts
         reserved = None if alloc is None else alloc * self.ratio
         fits = None if alloc is None or self.usable is None else alloc <= self.usable
-        return Fit(parallel, n, batch, st, acts, self.acts.other, alloc, reserved, self.capacity, fits)
+        source = self.scale_source if self.by_formula(layout) else self.acts.source
+        return Fit(layout.name, n, batch, st, acts, self.acts.other, alloc, reserved, self.capacity, fits, layout.tp,
+                   layout.pp, dp, micro_batches, layout.checkpointing, source)
 
-    def fewest_gpus(self, parallel: str, batch: int) -> int | None:
-        """The fewest GPUs that hold the workload at `batch` per GPU: DDP 1 or none (it keeps the
-        whole model on every GPU); FSDP the smallest N whose shard leaves room. None: it does not
-        fit at any count, or a figure is missing."""
-        f = self.fit(parallel, 1, batch)
+    def fewest_gpus(self, layout: Layout, batch: int, micro_batches=lambda dp: 1) -> int | None:
+        """The fewest GPUs that hold the workload at `batch` per micro-batch: tp x pp or none where
+        every replica keeps its states whole (DDP); under FSDP the smallest data-parallel count whose
+        shard leaves room. `micro_batches(dp)`: the micro-batches per step at dp replicas (0: none
+        fits the global batch). None: it does not fit at any count, or a figure is missing."""
+        base = layout.model_gpus
+        m1 = micro_batches(1) or 1
+        f = self.fit(layout, base, batch, m1)
         if f.fits is None:
             return None
         if f.fits:
-            return 1
-        if parallel != "fsdp":
+            return base
+        if layout.shard != "fsdp":
             return None
-        room = self.usable - (states(self.facts, "fsdp", 1 << 40, self.param_bytes)
-                              + self.acts.other + self.acts.at(batch))
+        acts = self.activations(layout, batch, min(layout.pp, m1)) or 0.0
+        room = self.usable - (states(self.facts, layout, 1 << 40, self.param_bytes) + self.acts.other + acts)
         if room <= 0:
             return None
-        n = max(2, math.ceil(STATE_BYTES * self.facts.params / room))
-        while not self.fit("fsdp", n, batch).fits:  # rounding at the edge
-            n += 1
-        return n
-
-    def largest_batch(self, parallel: str, n: int) -> int | None:
-        """The largest batch per GPU that fits on `n` GPUs (0: not even one sample); None where a
-        figure is missing."""
-        if self.acts.per_sample is None or self.capacity is None:
+        dp = max(2, math.ceil(STATE_BYTES * stage_params(self.facts, layout) / room))
+        if dp * base > MAX_GPUS_FIT:
             return None
-        room = self.usable - states(self.facts, parallel, n, self.param_bytes) - self.acts.other
-        return self.acts.largest(room)
+        while not self.fit(layout, dp * base, batch, micro_batches(dp) or 1).fits:  # rounding at the edge
+            dp += 1
+        while dp > 2 and self.fit(layout, (dp - 1) * base, batch, micro_batches(dp - 1) or 1).fits:
+            dp -= 1
+        return dp * base
+
+    def largest_batch(self, layout: Layout, n: int, micro_batches: int = 1) -> int | None:
+        """The largest micro-batch that fits on `n` GPUs (0: not even one sample); None where a
+        figure is missing."""
+        if self.capacity is None:
+            return None
+        room = self.usable - states(self.facts, layout, layout.ranks(n) or 1, self.param_bytes) - self.acts.other
+        if not self.by_formula(layout):
+            return None if self.acts.per_sample is None else self.acts.largest(room)
+        one = self.activations(layout, 1, min(layout.pp, micro_batches))
+        if not one or room <= 0:
+            return 0 if one else None
+        b = math.floor(room / one)
+        while b > 0 and (self.activations(layout, b, min(layout.pp, micro_batches)) or 0) > room:
+            b -= 1
+        return max(0, b)
+
+
+def offload(facts: Facts, gpus: int, gpus_per_node: int, param_bytes: int) -> dict:
+    """Optimizer states in host memory (ZeRO-Offload, Ren et al. 2021, "ZeRO-Offload:
+    Democratizing Billion-Scale Model Training", USENIX ATC 21): the fp32 weights and AdamW's two
+    moments (12 B/param) on the hosts, the 16-bit weights and gradients (2 x param_bytes) sharded
+    over the GPUs. Bytes per GPU and per node; not timed (the host's optimizer step is not
+    measured)."""
+    host = HOST_STATE_BYTES * facts.params
+    nodes = max(1, -(-gpus // gpus_per_node))
+    return {"host_bytes": host, "host_bytes_per_node": host / nodes, "gpu_state_bytes": 2 * param_bytes * facts.params
+            / gpus, "nodes": nodes}

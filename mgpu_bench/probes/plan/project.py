@@ -17,6 +17,30 @@ projected from its parts, each from what was measured.
                there, and hidden time H = t_comm - exposed. Central: f held, exposed = (1 - f) t_comm(N).
                No multi-GPU model run: nothing hidden assumed, and the range reaches to all hidden.
 
+With tensor (t) and pipeline (p) parallelism, or recomputation, or m > 1 micro-batches a step
+(layout.py), over d = N / (t p) data-parallel replicas:
+
+    step(N) = (m + p - 1) x (c / (t p) x r + tp + pp) + exposed(N)
+    c          the one-GPU step at the micro-batch (as above), split evenly over the t x p GPUs of
+               a replica (the smaller matmuls' lower efficiency is not modelled); r the FLOPs
+               factor of recomputation (build._recompute_factor)
+    m + p - 1  the slots of a 1F1B pipeline: p - 1 of them its bubble, (p - 1) / m of the work
+               (Narayanan et al. 2021, SC21, section 2.2.1)
+    tp         per micro-batch, for each layer of a stage, an all-gather and a reduce-scatter of the
+               s b h x 2 activation bytes around attention and the MLP, forward, backward and in
+               the recomputed forward (sequence parallelism, Korthikanti et al. 2022, 4.2.2), at
+               the node's measured busbw of those ops: not overlapped
+    pp         per micro-batch a send forward and one backward of s b h x 2 / t bytes (each
+               tensor-parallel rank sends its share over its own NIC: the scatter/gather of
+               Narayanan et al. section 4.1), at the point-to-point figure between nodes where a
+               replica spans nodes, the node's within one
+    t_comm(N)  the gradient collectives of the stage's parameters (split by t) over the d replicas,
+               between nodes at the share of the node's NICs one group of replicas gets; exposed in
+               full after a pipeline's flush (p > 1), else as data parallelism above
+
+--rate or --mfu (Compute.whole_step): the step at every N is the FLOPs of one GPU's share of the
+step at the rate given, the bubble and the collectives inside it (assumed, as given).
+
 The range (low, high): the lowest and highest of f held, H held (H scaled by the compute time
 where the batch differs) and f from the exposed time plus and less twice its noise (the measuring
 run's step spread, in seconds), divided and multiplied by 1 + twice the measured noise (the
@@ -28,7 +52,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from mgpu_bench.ops import busbw_factor
 
@@ -116,15 +141,25 @@ class Collective:
         return sum(size * k for _, size, k in self.calls)
 
 
-def collectives(facts, parallel: str, param_bytes: int) -> Collective:
-    """The gradient collectives of one step (module docs); param_bytes: FSDP's gather dtype."""
-    if parallel != "fsdp":
+def collectives(facts, layout, param_bytes: int, micro_batches: int = 1) -> Collective:
+    """The gradient collectives of one step over the data-parallel ranks (module docs), for the
+    parameters one GPU holds (a pipeline stage's, split by tp); param_bytes: FSDP's gather dtype.
+    FSDP gathers each unit again for every micro-batch."""
+    import math
+
+    plain = layout.plain
+    if layout.shard != "fsdp":
+        tensors = facts.tensors if plain else tuple(
+            max(1, x // layout.tp) for x in (*facts.block_tensors * math.ceil(facts.blocks / layout.pp),
+                                             facts.other_params) if x)
         sizes: dict[int, int] = {}
-        for b in ddp_buckets(facts.tensors):
+        for b in ddp_buckets(tensors):
             sizes[b] = sizes.get(b, 0) + 1
         return Collective(tuple(("allreduce", s, k) for s, k in sizes.items()))
-    blocks, block, root = facts.blocks, facts.block_params, facts.other_params
-    calls = [("allgather", block * param_bytes, max(0, 2 * blocks - 1)), ("reducescatter", block * 4, blocks)]
+    blocks = facts.blocks if plain else math.ceil(facts.blocks / layout.pp)
+    block, root = facts.block_params // layout.tp, facts.other_params // layout.tp
+    calls = [("allgather", block * param_bytes, max(0, 2 * blocks - 1) * micro_batches),
+             ("reducescatter", block * 4, blocks)]
     if root:
         calls += [("allgather", root * param_bytes, 1), ("reducescatter", root * 4, 1)]
     return Collective(tuple(c for c in calls if c[1] > 0 and c[2] > 0))
@@ -132,7 +167,10 @@ def collectives(facts, parallel: str, param_bytes: int) -> Collective:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A step time with its range and where each part came from."""
+    """A step time with its range and where each part came from: compute_s the compute of the
+    whole step (every micro-batch, the bubble's idle slots included), comm_s the gradient
+    collectives over the data-parallel ranks, exposed_s the part of them not hidden; tp_s, pp_s
+    the tensor-parallel collectives and pipeline sends inside compute_s, bubble_s its idle slots."""
 
     gpus: int
     step_s: float
@@ -143,17 +181,28 @@ class Estimate:
     comm_s: float
     exposed_s: float
     noise: float | None
+    samples: int = 1  # samples per optimizer step over all GPUs
+    dp: int = 1
+    micro_batches: int = 1
+    tp_s: float = 0.0
+    pp_s: float = 0.0
+    bubble_s: float = 0.0
+    assumed: bool = False  # the step is a given rate's (--rate, --mfu), not measured or projected from measurements
 
 
 @dataclass(frozen=True)
 class Compute:
-    """The compute part of a step at the plan's batch: seconds, noise, source."""
+    """The compute part of a step at the plan's micro-batch: seconds on one GPU holding the whole
+    model, noise, source. `whole_step`: seconds per micro-batch at a given rate over the whole step
+    (--rate, --mfu): the step is that at every GPU count, the collectives and bubble inside it;
+    `counts_recompute`: that rate counts the recomputation's FLOPs (Megatron-LM's X), else model
+    FLOPs only (MFU)."""
 
     seconds: float
     noise: float | None
     source: str
-
-
+    whole_step: bool = False
+    counts_recompute: bool = True
 def compute_time(ev: Evidence, facts, batch: int) -> Compute | None:
     """The one-GPU step at `batch` (module docs), or from the FLOP rate measured for the nearest
     GPT where this workload has no step of its own (GPT-shaped workloads only); None: missing."""
@@ -191,28 +240,71 @@ def compute_time(ev: Evidence, facts, batch: int) -> Compute | None:
     return None
 
 
-class Projection:
-    """step(N) for one workload, batch and parallelism from the evidence."""
+@dataclass(frozen=True)
+class Parts:
+    """What a layout adds to data parallelism's step (tp or pp > 1, or recomputation): `recompute`
+    the FLOPs factor of recomputation (1 + the layers' forward / the step's), `tp_bw` the node's
+    all-gather and reduce-scatter figures (sequence parallelism), `pp_bw` the point-to-point figure
+    the pipeline's sends get (between nodes where a replica spans nodes), `micro_batches(dp)` per
+    step (0: the global batch does not divide), `layer_bytes` of one layer's activation for one
+    micro-batch (s b h x 2 in bf16)."""
 
-    def __init__(self, ev: Evidence, facts, parallel: str, batch: int, compute: Compute, coll: Collective,
-                 node_bw: dict[str, Bandwidth], world_bw: dict[str, Bandwidth] | None, gpus_per_node: int):
-        self.ev, self.facts, self.parallel, self.batch = ev, facts, parallel, batch
-        self.compute, self.coll, self.node_bw, self.world_bw, self.gpn = compute, coll, node_bw, world_bw, gpus_per_node
+    recompute: float = 1.0
+    tp_bw: dict | None = None
+    pp_bw: Bandwidth | None = None
+    micro_batches: Callable[[int], int] = lambda dp: 1
+    layer_bytes: float = 0.0
+
+
+class Projection:
+    """step(N) for one workload, micro-batch and layout from the evidence."""
+
+    def __init__(self, ev: Evidence, facts, layout, batch: int, compute: Compute, coll, node_bw: dict[str, Bandwidth],
+                 world_bw: dict[str, Bandwidth] | None, gpus_per_node: int, parts: Parts | None = None):
+        """coll(micro_batches) -> Collective: the gradient collectives over the data-parallel ranks."""
+        self.ev, self.facts, self.layout, self.batch = ev, facts, layout, batch
+        self.parallel = layout.shard
+        self.compute, self.node_bw, self.world_bw, self.gpn = compute, node_bw, world_bw, gpus_per_node
+        self.parts = parts or Parts()
+        self._coll = coll
+        simple = layout.plain and not layout.checkpointing
         self.measured = {p.world: p for p in reversed(ev.steps)
-                         if p.world > 1 and p.batch == batch and p.parallel == parallel}  # newest kept
+                         if simple and p.world > 1 and p.batch == batch and p.parallel == self.parallel}  # newest kept
+        self.coll = coll(1)
         self.reference = self._reference()
 
-    def bandwidths(self, n: int) -> dict[str, Bandwidth] | None:
-        """The busbw figures for a communicator of `n` GPUs: the node's, or between nodes."""
-        return self.node_bw if n <= self.gpn else self.world_bw
+    def micro_batches(self, dp: int) -> int:
+        return self.parts.micro_batches(dp)
 
-    def comm_s(self, n: int) -> float | None:
+    def bandwidths(self, n: int) -> dict[str, Bandwidth] | None:
+        """The busbw figures for the gradient collectives of `n` GPUs: the node's, or between nodes,
+        there the share of the node's NICs one data-parallel group gets (one NIC per GPU: a group
+        with k ranks in a node of g GPUs gets k / g of what all of them reach together)."""
+        if n <= self.gpn:
+            return self.node_bw
+        if not self.world_bw:
+            return None
+        k = max(1, self.gpn // self.layout.model_gpus) if self.layout.model_gpus <= self.gpn else 1
+        if k >= self.gpn:
+            return self.world_bw
+        share = k / self.gpn
+        return {op: Bandwidth(tuple((size, b * share) for size, b in bw.points),
+                              f"{bw.source} x {k}/{self.gpn} (a data-parallel group's share of the node's NICs)",
+                              bw.ranks, bw.noise) for op, bw in self.world_bw.items()}
+
+    def comm_s(self, n: int, micro_batches: int = 1) -> float | None:
+        dp = self.layout.ranks(n) or 1
         bw = self.bandwidths(n)
-        return None if not bw else self.coll.seconds(n, bw)
+        coll = self.coll if micro_batches == 1 else self._coll(micro_batches)
+        if dp <= 1:
+            return 0.0
+        return None if not bw or any(op not in bw for op in coll.ops) else coll.seconds(dp, bw)
 
     def _reference(self) -> tuple[StepPoint, float] | None:
         """The widest multi-GPU run of this workload with a step without gradient sync, at this
-        batch if there is one, and t_comm there: the measured overlap."""
+        batch if there is one, and t_comm there: the measured overlap (data parallelism only)."""
+        if not self.layout.plain:
+            return None
         pts = [p for p in self.ev.steps if p.world > 1 and p.parallel == self.parallel and p.exposed_s is not None
                and p.world <= self.gpn]
         if not pts:
@@ -229,6 +321,9 @@ class Projection:
     def _overlap(self, k: float) -> tuple[float, tuple[float, float], float, str]:
         """f, (f's lower and upper end: the exposed time plus and less k times its noise, the
         reference step's spread as seconds), H, the source."""
+        if self.layout.pp > 1:
+            return 0.0, (0.0, 0.0), 0.0, ("a pipeline reduces its gradients after the flush (Narayanan et al. 2021): "
+                                          "nothing hidden")
         if self.reference is None:
             return 0.0, (0.0, 1.0), 0.0, "no multi-GPU model run with exposed communication: nothing hidden assumed"
         p, t = self.reference
@@ -246,8 +341,76 @@ class Projection:
             f"{p.run}: {p.world} GPUs at batch {p.batch}, exposed {1e3 * exposed:.3g} ms of a {1e3 * t:.3g} ms "
             "collective")
 
+    def tp_seconds(self) -> float | None:
+        """One micro-batch's tensor-parallel collectives on one GPU: per layer of its stage an
+        all-gather and a reduce-scatter of s b h x 2 bytes (sequence parallelism, Korthikanti et
+        al. 2022, section 4.2.2) before and after attention and the MLP, in the forward and the
+        backward pass, and in the recomputed forward: 4 pairs, 6 with recomputation."""
+        t = self.layout.tp
+        if t <= 1:
+            return 0.0
+        bw, size = self.parts.tp_bw, self.parts.layer_bytes
+        if not bw or "allgather" not in bw or "reducescatter" not in bw:
+            return None
+        pairs = 6 if self.layout.checkpointing else 4
+        one = size * busbw_factor("allgather", t) / bw["allgather"].at(size) + \
+            size * busbw_factor("reducescatter", t) / bw["reducescatter"].at(size)
+        return math.ceil(self.facts.blocks / self.layout.pp) * pairs * one
+
+    def pp_seconds(self) -> float | None:
+        """One micro-batch's pipeline sends on one GPU: its activation forward and its gradient
+        backward, s b h x 2 / tp bytes each (the scatter/gather of Narayanan et al. 2021, section
+        4.1: each tensor-parallel rank sends its 1/tp over its own NIC)."""
+        if self.layout.pp <= 1:
+            return 0.0
+        bw = self.parts.pp_bw
+        if bw is None:
+            return None
+        size = self.parts.layer_bytes / self.layout.tp
+        return 2 * size / bw.at(size)
+
     def estimate(self, n: int) -> Estimate | None:
-        """step(N) with its range; None where a figure for N's scope is missing."""
+        """step(N) with its range; None where N does not take the layout, the global batch does
+        not divide, or a figure for N's scope is missing."""
+        lay, c = self.layout, self.compute
+        dp = lay.ranks(n)
+        m = self.micro_batches(dp) if dp else 0
+        if not dp or not m:
+            return None
+        samples = m * self.batch * dp
+        if c.whole_step:
+            factor = self.parts.recompute if (lay.checkpointing and c.counts_recompute) else 1.0
+            s = m * c.seconds * factor / lay.model_gpus
+            return Estimate(n, s, s, s, None, s, 0.0, 0.0, None, samples, dp, m, assumed=True)
+        if lay.plain and not lay.checkpointing and m == 1:
+            e = self._data_parallel(n)
+            return None if e is None else replace(e, samples=samples, dp=dp)
+        return self._layout(n, dp, m, samples)
+
+    def _layout(self, n: int, dp: int, m: int, samples: int) -> Estimate | None:
+        lay, c = self.layout, self.compute
+        tp_s, pp_s = self.tp_seconds(), self.pp_seconds()
+        t = self.comm_s(n, m)
+        if tp_s is None or pp_s is None or t is None:
+            return None
+        work = c.seconds * (self.parts.recompute if lay.checkpointing else 1.0) / lay.model_gpus
+        slots = m + lay.pp - 1  # (m + p - 1) slots of one micro-batch each: p - 1 of them the bubble
+        compute = slots * (work + tp_s + pp_s)
+        f, (f_lo, f_hi), hidden, _ = self._overlap(NOISE_K)  # the last micro-batch's backward hides it
+        central = compute + (1.0 - f) * t
+        ends = (central, compute + max(0.0, t - hidden), compute + (1.0 - f_lo) * t, compute + (1.0 - f_hi) * t)
+        lo, hi = min(ends), max(ends)
+        bw = self.bandwidths(n) or {}
+        bw_noise = max((b.noise for b in bw.values() if b.noise is not None), default=0.0)
+        share = ((1.0 - f) * t + slots * (tp_s + pp_s)) / central if central else 0.0
+        sigma = math.hypot((1.0 - share) * (c.noise or 0.0), share * bw_noise)
+        low, high = self._widen(lo, hi, sigma)
+        return Estimate(n, central, low, high, None, compute, t, (1.0 - f) * t, sigma or None, samples, dp, m,
+                        slots * tp_s, slots * pp_s, (lay.pp - 1) * (work + tp_s + pp_s))
+
+    def _data_parallel(self, n: int) -> Estimate | None:
+        """step(N) of data parallelism at one micro-batch per step: measured where it was, else the
+        compute and the exposed collectives."""
         if n == 1:
             c = self.compute
             return Estimate(1, c.seconds, *self._widen(c.seconds, c.seconds, c.noise), c.source if _is_run(c.source)

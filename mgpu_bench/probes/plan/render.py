@@ -25,7 +25,8 @@ def curve_rows(doc: Mapping) -> tuple[list[str], list[list[str]]]:
                      text.rate(p["rate_per_gpu"]), f"{100 * p['efficiency']:.1f}%",
                      text.days(p.get("days")), text.span(p.get("days_low"), p.get("days_high"), p.get("days"),
                                                          text.days),
-                     f"measured {p['measured']}" if p.get("measured") else "projected"])
+                     f"measured {p['measured']}" if p.get("measured") else "assumed rate" if p.get("assumed")
+                     else "projected"])
     return headers, rows
 
 
@@ -34,8 +35,11 @@ def title(doc: Mapping) -> str:
     budget = doc.get("budget") or {}
     size = f"seq {w['tokens_per_sample']}" if w.get("tokens_per_sample") else ""
     amount = f", {text.count(budget['value'])} {budget['unit']}" if budget.get("value") else ""
+    lay = doc.get("layout") or {}
+    how = lay.get("text") if lay else str(cfg.get("parallel", "ddp")).upper()
+    per = "per GPU" if not lay or lay.get("name") in ("ddp", "fsdp") else "micro-batch"
     return (f"plan: {w.get('key')} ({text.value(w.get('params'), 'params')} parameters{', ' + size if size else ''}), "
-            f"{cfg.get('parallel', 'ddp').upper()}, batch {doc.get('batch')} per GPU on {dev.get('name')}{amount}")
+            f"{how}, batch {doc.get('batch')} {per} on {dev.get('name')}{amount}")
 
 
 def render_terminal(doc: Mapping, console) -> None:

@@ -24,12 +24,13 @@ def plot_scaling(doc: Mapping) -> bytes | None:
     if not curve:
         return None
     unit = "tokens/s" if (doc.get("workload") or {}).get("tokens_per_sample") else "samples/s"
-    per_step = curve[0]["rate_per_gpu"] * curve[0]["step_s"]  # samples or tokens per GPU per step
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     n = [p["gpus"] for p in curve]
     ax.plot(n, [p["rate_per_gpu"] for p in curve], "-", color="tab:blue", label="projected (central)")
-    ax.fill_between(n, [per_step / p["high_s"] for p in curve], [per_step / max(p["low_s"], 1e-12) for p in curve],
+    # each point's samples or tokens per GPU per step (a fixed global batch gives each GPU count its own)
+    ax.fill_between(n, [p["rate_per_gpu"] * p["step_s"] / p["high_s"] for p in curve],
+                    [p["rate_per_gpu"] * p["step_s"] / max(p["low_s"], 1e-12) for p in curve],
                     color="tab:blue", alpha=0.15, linewidth=0, label="range")
     measured = [p for p in doc.get("measured_points") or []] + [p for p in curve if p["gpus"] == 1 and p["measured"]]
     if measured:

@@ -4,7 +4,9 @@ Import-light: the history validates stored documents through it without loading 
 What the readers rely on (the findings, the tables, the curve plot, the headline): the question
 (config), the workload's key (part of metric names), each figure with its source, the fit per
 parallelism, the curve of step times with their ranges and days, the measured points, the answer
-and what is missing. The run is the document itself: nothing is derived again from raw samples."""
+and what is missing; the layout planned (tensor, pipeline, data parallel degrees) and, where the
+layout asked does not fit, what fits instead; the runs left out of the evidence and why. The run
+is the document itself: nothing is derived again from raw samples."""
 
 from __future__ import annotations
 
@@ -20,15 +22,22 @@ POINT = Obj({
     "rate_per_gpu": Num(0), "efficiency": Num(0), "days": _SECONDS, "days_low": _SECONDS, "days_high": _SECONDS,
 }, required=("gpus", "step_s", "low_s", "high_s", "measured", "rate_per_gpu", "efficiency"), what="a curve point")
 FIT = Obj({
-    "parallel": Str(("ddp", "fsdp")), "gpus": _GPUS, "batch": Int(1), "states": Num(0),
+    "parallel": Str(max_len=100), "gpus": _GPUS, "batch": Int(1), "states": Num(0),
     "activations": Num(0, null=True), "other": Num(0), "allocated": Num(0, null=True), "reserved": Num(0, null=True),
-    "capacity": Num(0, null=True), "fits": Bool(null=True),
+    "capacity": Num(0, null=True), "fits": Bool(null=True), "tp": Int(1, null=True), "pp": Int(1, null=True),
+    "dp": Int(1, null=True), "micro_batches": Int(0, null=True), "checkpointing": Bool(null=True),
 }, required=("parallel", "gpus", "batch", "states", "allocated", "reserved", "capacity", "fits"), what="a fit")
+LAYOUT = Obj({"tp": Int(1), "pp": Int(1), "dp": Int(1, null=True), "shard": Str(("ddp", "fsdp")), "sp": Bool(),
+              "checkpointing": Bool(), "name": Str(max_len=100), "text": Str(max_len=400)},
+             required=("tp", "pp", "shard", "name"), what="a layout")
+INSTEAD = Obj({"what": Str(max_len=200), "layout": LAYOUT, "gpus": Int(1, null=True), "days": Num(0, null=True),
+               "batch": Int(1, null=True), "memory": Num(0, null=True)}, required=("what", "layout", "gpus", "days"),
+              what="an alternative that fits")
 MISSING = Obj({"what": Str(), "command": Str(null=True), "args": List(Str(), null=True), "why": Str(null=True)},
               required=("what", "command"), what="a missing figure")
 SCHEMA = Obj({
     "status": STATUS,
-    "config": Obj({"model": Str(max_len=4096), "parallel": Str(("ddp", "fsdp")), "gpus": Int(1, null=True),
+    "config": Obj({"model": Str(max_len=4096), "parallel": Str(max_len=200), "gpus": Int(1, null=True),
                    "days": Num(0, null=True)}, required=("model", "parallel"), what="a plan config"),
     "workload": Obj({"key": Str(pattern=NAME), "params": Int(0), "tokens_per_sample": Int(1, null=True)},
                     required=("key", "params"), what="a workload"),
@@ -36,12 +45,17 @@ SCHEMA = Obj({
     "device": Obj({"name": Str(max_len=200), "gpus_per_node": Int(1, 1 << 16)}, required=("name", "gpus_per_node"),
                   what="a device"),
     "batch": Int(1), "figures": List(FIGURE),
-    "fit": Obj({"ddp": FIT, "fsdp": FIT, "fewest_gpus_ddp": Int(1, null=True), "fewest_gpus_fsdp": Int(1, null=True),
+    "layout": LAYOUT,
+    "fit": Obj({"ddp": FIT, "fsdp": FIT, "asked": FIT, "fewest_gpus_asked": Int(1, null=True),
+                "largest_batch_asked": Int(0, null=True), "fewest_gpus_ddp": Int(1, null=True), "fewest_gpus_fsdp": Int(1, null=True),
                 "largest_batch_ddp": Int(0, null=True), "largest_batch_fsdp": Int(0, null=True),
                 "max_batch_measured": List(AnyValue(), null=True)}, required=("ddp", "fsdp"), what="the fit"),
     "curve": List(POINT), "measured_points": List(POINT, null=True),
-    "answer": Obj({"question": Str(("gpus", "days")), "gpus": Int(1, null=True), "days": Num(0, null=True)},
+    "answer": Obj({"question": Str(("gpus", "days")), "gpus": Int(1, null=True), "days": Num(0, null=True),
+                   "fits": Bool(null=True), "layout": LAYOUT, "instead": List(INSTEAD)},
                   required=("question",), what="an answer", null=True),
+    "left_out": List(Obj({"run": Str(max_len=200), "why": Str()}, required=("run", "why"), what="a run left out")),
+    "documents_read": Int(0),
     "missing": List(MISSING), "measured_now": List(AnyValue(), null=True), "findings": List(Str(), null=True),
 }, required=("status", "config", "workload", "device", "batch", "figures", "fit", "curve", "missing"),
     what="a plan result")

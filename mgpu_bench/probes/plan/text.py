@@ -10,15 +10,19 @@ def value(v, unit: str) -> str:
     if v is None:
         return "-"
     if unit == "B":
+        if v >= 1024 * GIB:
+            return f"{v / (1024 * GIB):.2f} TiB"
         return f"{v / GIB:.2f} GiB" if v >= 0.01 * GIB else f"{v / (1 << 20):.2f} MiB"
     if unit == "s":
         return f"{1e3 * v:.1f} ms" if v < 10 else f"{v:.1f} s"
     if unit == "B/s":
         return f"{v / 1e9:.1f} GB/s"
     if unit == "params":
-        return f"{v / 1e9:.3g}B" if v >= 1e9 else f"{v / 1e6:.4g}M"
+        return f"{v / 1e12:.3g}T" if v >= 1e12 else f"{v / 1e9:.3g}B" if v >= 1e9 else f"{v / 1e6:.4g}M"
     if unit == "FLOP":
-        return f"{v / 1e12:.4g} TFLOP" if v >= 1e11 else f"{v / 1e9:.4g} GFLOP"
+        return f"{v / 1e15:.4g} PFLOP" if v >= 1e15 else f"{v / 1e12:.4g} TFLOP" if v >= 1e11 else f"{v / 1e9:.4g} GFLOP"
+    if unit == "FLOP/s":
+        return f"{v / 1e12:.4g} TFLOP/s"
     if unit == "fraction":
         return f"{100 * v:.1f}%"
     if unit == "x":

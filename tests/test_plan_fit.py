@@ -1,0 +1,323 @@
+"""`mgpu-bench plan`, fit first, and tensor and pipeline parallelism: a layout that does not fit is
+given no days and no GPU count, exit code 1, and what fits instead is answered with its days
+(each checked by planning that layout on its own); tensor, pipeline and data parallel degrees with
+sequence parallelism and recomputation, their memory per GPU and step checked against the
+published formulas (Korthikanti et al. 2022; Narayanan et al. 2021, SC21) from the figures the
+document itself gives; the two end-to-end estimates of Narayanan et al. section 5.1 reproduced
+within 10% from their per-GPU rates. The history is the H200 documents of the fixtures."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mgpu_bench.cli import cli
+from mgpu_bench.history import History
+from mgpu_bench.probe import headline
+from mgpu_bench.probes.plan.project import Bandwidth
+
+FIX = Path(__file__).parent / "fixtures"
+SUITE = json.loads((FIX / "suite" / "suite.json").read_text())
+GIB = float(1 << 30)
+GPT3 = "layers=96,width=12288,heads=96,vocab=51200"  # GPT-3 175B as Narayanan et al. 2021 train it (V 51,200)
+ONE_T = "layers=128,width=25600,heads=160,vocab=51200"  # their 1T model (Table 1's last row)
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, ["plan", *args])
+
+
+def plan_json(tmp_path: Path, db: Path, *args: str, code: int = 0) -> tuple[dict, str]:
+    out = tmp_path / f"plan-{len(list(tmp_path.glob('plan-*.json')))}.json"
+    r = invoke(*args, "--db", str(db), "--json", str(out), "--no-store")
+    assert r.exit_code == code, r.output
+    return json.loads(out.read_text()), r.output
+
+
+@pytest.fixture(scope="module")
+def h200(tmp_path_factory) -> Path:
+    """The 2x H200 comm sweep, 350m on one H200 (healthy), the 350m max-batch search."""
+    db = tmp_path_factory.mktemp("h200") / "h.sqlite3"
+    docs = [json.loads((FIX / "comm_2x_h200.json").read_text()), json.loads((FIX / "gpu" / "model-healthy.json").read_text()),
+            next(p["document"] for p in SUITE["probes"] if p["name"] == "max-batch")]
+    with History.open(db) as h:
+        for d in docs:
+            h.save(d)
+    return db
+
+
+@pytest.fixture(scope="module")
+def empty(tmp_path_factory) -> Path:
+    db = tmp_path_factory.mktemp("empty") / "h.sqlite3"
+    History.open(db).close()
+    return db
+
+
+def _fig(doc: dict, start: str) -> dict:
+    return next(f for f in doc["figures"] if f["name"].startswith(start))
+
+
+def _point(doc: dict, n: int) -> dict:
+    return next(p for p in doc["curve"] if p["gpus"] == n)
+
+
+def _instead(doc: dict, start: str) -> dict:
+    return next(o for o in doc["answer"]["instead"] if o["what"].startswith(start))
+
+
+def _parallel(o: dict) -> list[str]:
+    """The --parallel (and --checkpointing) that plans an alternative's layout on its own."""
+    lay = o["layout"]
+    text = lay["shard"] if lay["tp"] == lay["pp"] == 1 else f"tp={lay['tp']},pp={lay['pp']},{lay['shard']}"
+    return ["--parallel", text, *(["--checkpointing"] if lay["checkpointing"] else [])]
+
+
+# -- fit first -------------------------------------------------------------------------------------
+
+def test_the_7b_ddp_plan_gives_no_days_and_says_what_fits(tmp_path, h200):
+    """7.46B under DDP on 64 H200: 16 B x 7.46B of states on every GPU do not fit one; the
+    answer has no days, the exit code is 1, and each alternative's days are what planning it
+    alone gives."""
+    common = ("--model", "layers=36,width=4096", "--tokens", "300B", "--gpus", "64", "--network", "NDR",
+              "--gpus-per-node", "8")
+    doc, out = plan_json(tmp_path, h200, *common, code=1)
+    a = doc["answer"]
+    assert a["fits"] is False and a["days"] is None and a["gpus"] is None and a["layout"]["name"] == "ddp"
+    assert a["memory"] > a["capacity"] * 0.98
+    assert doc["curve"] == [] and "does not fit as asked" in out and "exit code 1" in out
+    names = [m.name for m in headline(doc)]  # what the history would keep: the memory, no step, no time to train
+    assert "plan.gpt-L36-d4096.ddp.b8.memory" in names and not [n for n in names if n.endswith((".step", ".time_to_train"))]
+    fsdp = _instead(doc, "full sharding (FSDP)")
+    assert fsdp["gpus"] == 64 and fsdp["at_asked"] and fsdp["days"] > 0
+    alone, _ = plan_json(tmp_path, h200, *common, *_parallel(fsdp))
+    assert alone["answer"]["fits"] is True and alone["answer"]["days"] == pytest.approx(fsdp["days"])
+    for o in a["instead"]:
+        assert o["days"] is not None and o["memory"] <= doc["device"]["memory"] * 0.98, o
+    assert f"instead: full sharding (FSDP): FSDP at micro-batch {doc['batch']}" in out
+
+
+def test_the_175b_days_question_answers_only_layouts_that_fit(tmp_path, h200):
+    """--days 34 for the GPT-3 175B shape at batch 8: neither DDP nor FSDP holds it at that batch
+    (its activations alone are more than an H200), so no GPU count is given for it; each
+    alternative is the fewest GPUs that make 34 days, and fits there."""
+    common = ("--model", "layers=96,width=12288", "--tokens", "300B", "--network", "NDR", "--gpus-per-node", "8")
+    doc, out = plan_json(tmp_path, h200, *common, "--days", "34", "--batch-size", "8", code=1)
+    a = doc["answer"]
+    assert a["fits"] is False and a["gpus"] is None and "on any number of GPUs" in a["text"]
+    assert doc["fit"]["fewest_gpus_ddp"] is None and doc["fit"]["fewest_gpus_fsdp"] is None
+    assert doc["curve"] == [] and "296 GPUs" not in out
+    whats = [o["what"] for o in a["instead"]]
+    assert any(w.startswith("tensor and pipeline parallelism") for w in whats), whats
+    assert any("checkpointing" in w or "smaller micro-batch" in w for w in whats), whats
+    for o in a["instead"]:
+        assert o["days"] <= 34 and o["gpus"] >= 8, o
+        alone, _ = plan_json(tmp_path, h200, *common, "--batch-size", str(o["batch"]), "--gpus", str(o["gpus"]),
+                             *_parallel(o))
+        assert alone["answer"]["fits"] is True and alone["answer"]["days"] == pytest.approx(o["days"]), o
+
+
+def test_70b_on_8_a100_fits_by_no_sharding_and_says_what_would(tmp_path, h200):
+    """The seeds' example: a 70B model (69.7B at these sizes) on 8 A100 80GB: 16 B/param is 1.12 TB
+    of states against 640 GiB of GPU memory. It does not fit by any sharding: the answer says so,
+    names the fewest GPUs that hold it, and the host memory that optimizer states there would take."""
+    doc, out = plan_json(tmp_path, h200, "--model", "layers=86,width=8192,heads=64", "--tokens", "2T", "--gpus", "8",
+                         "--gpu", "a100_sxm4_80gb", "--network", "NDR", code=1)
+    params = doc["workload"]["params"]
+    assert 69e9 < params < 70e9 and 16 * params == pytest.approx(1.115e12, rel=1e-3)
+    assert doc["device"]["memory"] == 80 * GIB and doc["device"]["name"] == "NVIDIA A100-SXM4-80GB"
+    a = doc["answer"]
+    assert a["fits"] is False and a["days"] is None
+    assert "model states alone (1.01 TiB) are more than the 640.00 GiB of 8 GPUs" in out
+    fewest = min(o["gpus"] for o in a["instead"] if o.get("host_bytes") is None)
+    assert 8 < fewest and all(o["gpus"] > 8 for o in a["instead"] if o.get("host_bytes") is None)
+    host = next(o for o in a["instead"] if o.get("host_bytes") is not None)
+    assert host["host_bytes"] == 12 * params and host["gpus"] == 8 and host["days"] is None
+    assert host["gpu_state_bytes"] == pytest.approx(4 * params / 8) and host["fits"] is (host["gpu_bytes"] <= 0.98 * 80 * GIB)
+    assert "optimizer states in host memory (ZeRO-Offload)" in out and "not timed" in out
+
+
+def test_a_plan_that_fits_is_answered_and_exits_0(tmp_path, h200):
+    doc, out = plan_json(tmp_path, h200, "--model", "350m", "--tokens", "300B", "--gpus", "64", "--network", "NDR",
+                         "--gpus-per-node", "8")
+    assert doc["answer"]["fits"] is True and doc["answer"]["days"] > 0 and "instead" not in doc["answer"]
+    assert "does not fit" not in out
+
+
+def test_the_exit_code_for_what_does_not_fit_is_documented():
+    r = CliRunner().invoke(cli, ["plan", "--help"])
+    assert r.exit_code == 0
+    text = " ".join(r.output.split())
+    assert "1 the layout asked does not fit" in text and "exits with code 1" in text
+
+
+# -- tensor and pipeline parallelism ---------------------------------------------------------------
+
+def test_tensor_and_pipeline_parallelism_time_every_part_from_the_figures(tmp_path, h200):
+    """175B with tp=8, pp=16 and recomputation on 1,024 H200: the step is (m + p - 1) slots of the
+    compute split 128 ways plus the tensor-parallel all-gathers and reduce-scatters (at the comm
+    run's busbw) plus the pipeline's sends, then the data-parallel all-reduce; the bubble (p - 1)/m."""
+    doc, _ = plan_json(tmp_path, h200, "--model", GPT3, "--tokens", "300B", "--gpus", "1024", "--parallel", "tp=8,pp=16",
+                       "--checkpointing", "--global-batch", "1536", "--network", "NDR", "--gpus-per-node", "8")
+    lay, a = doc["layout"], doc["answer"]
+    assert (lay["tp"], lay["pp"], lay["dp"], lay["sp"], lay["checkpointing"]) == (8, 16, 8, True, True)
+    m = 1536 // (8 * 1)
+    assert a["fits"] is True and a["micro_batches"] == m == _fig(doc, "micro-batches")["value"]
+    assert _fig(doc, "pipeline bubble")["value"] == pytest.approx(15 / m)
+    p = _point(doc, 1024)
+    comm = json.loads((FIX / "comm_2x_h200.json").read_text())
+
+    def busbw(op: str) -> Bandwidth:  # the comm run's figure per size, the faster of in- and out-of-place
+        pts: dict[int, float] = {}
+        for x in comm["measurements"]:
+            if x["spec"]["op"] == op:
+                b = x["spec"]["bytes"] / max(x["burst_seconds"]) / 2  # 2 ranks: bus factor 1/2
+                pts[x["spec"]["bytes"]] = max(pts.get(x["spec"]["bytes"], 0.0), b)
+        return Bandwidth(tuple(sorted(pts.items())), op, 2)
+
+    size = 2048 * 1 * 12288 * 2  # s b h x 2 bytes
+    ag, rs = busbw("allgather"), busbw("reducescatter")
+    per_layer = 6 * (size * 7 / 8 / ag.at(size) + size * 7 / 8 / rs.at(size))  # fwd, bwd, recomputed fwd: 3 x 2 pairs
+    tp = 96 / 16 * per_layer
+    assert p["tp_s"] == pytest.approx((m + 15) * tp, rel=0.02)
+    send = size / 8
+    assert p["pp_s"] == pytest.approx((m + 15) * 2 * send / (50e9 * 0.8))  # one NDR port at NCCL's 80%
+    rc = _fig(doc, "FLOPs with recomputation")["value"]
+    work = _fig(doc, "step on 1 GPU")["value"] * rc / 128
+    assert p["compute_s"] == pytest.approx((m + 15) * work + p["tp_s"] + p["pp_s"])
+    assert p["bubble_s"] == pytest.approx(15 * (work + (p["tp_s"] + p["pp_s"]) / (m + 15)))
+    assert p["step_s"] == pytest.approx(p["compute_s"] + p["comm_s"]) and p["exposed_s"] == p["comm_s"]
+    assert a["days"] == pytest.approx(300e9 / (1536 * 2048) * p["step_s"] / 86400)
+
+
+def test_the_memory_per_gpu_of_a_layout_is_korthikantis(tmp_path, h200):
+    """Model states of the first pipeline stage split by tp; activations of min(pp, m)
+    micro-batches of its layers: s b h x 34 / t with sequence parallelism, 2 s b h / t with
+    recomputation (plus one layer rebuilt), both times the ratio the measured activations bear to
+    the formula at tp = pp = 1 (here none was measured for a bare size: 1)."""
+    common = ("--model", GPT3, "--tokens", "300B", "--gpus", "1024", "--parallel", "tp=8,pp=16", "--global-batch",
+              "1536", "--network", "NDR", "--gpus-per-node", "8")
+    plain, _ = plan_json(tmp_path, h200, *common)
+    ckpt, _ = plan_json(tmp_path, h200, *common, "--checkpointing")
+    d, L, V, s = 12288, 96, 51200, 2048
+    block = 12 * d * d + 13 * d
+    other = (V + s) * d + 2 * d
+    states = 16 * (L // 16 * block + other) / 8
+    sbh = s * 1 * d
+    for doc, layer, rebuilt in ((plain, 34 * sbh / 8, 0.0), (ckpt, 2 * sbh / 8, 34 * sbh / 8)):
+        f = doc["fit"]["asked"]
+        assert f["states"] == pytest.approx(states) and (f["tp"], f["pp"], f["dp"]) == (8, 16, 8)
+        first = 16 * (L // 16) * layer + rebuilt
+        last = (L // 16) * layer + rebuilt + s * V * 6 / 8
+        assert f["activations"] == pytest.approx(max(first, last))
+    assert ckpt["fit"]["asked"]["activations"] < plain["fit"]["asked"]["activations"] / 10
+
+
+def test_search_finds_a_layout_no_slower_than_one_asked(tmp_path, h200):
+    common = ("--model", GPT3, "--tokens", "300B", "--gpus", "1024", "--global-batch", "1536", "--network", "NDR",
+              "--gpus-per-node", "8", "--batch-size", "1")
+    found, out = plan_json(tmp_path, h200, *common, "--parallel", "search")
+    asked, _ = plan_json(tmp_path, h200, *common, "--parallel", "tp=8,pp=16", "--checkpointing")
+    assert found["answer"]["fits"] is True and found["answer"]["days"] <= asked["answer"]["days"] * (1 + 1e-9)
+    assert "--parallel search:" in out and found["layout"]["tp"] * found["layout"]["pp"] * found["layout"]["dp"] == 1024
+
+
+# -- Megatron-LM (Narayanan et al. 2021, SC21) -----------------------------------------------------
+
+@pytest.mark.parametrize(("model", "tokens", "gpus", "layout", "batch", "rate", "paper_days"), [
+    # section 5.1: GPT-3 175B, 300B tokens, 1,024 A100 at 140 TFLOP/s: about 34 days (t = 8 within a node, as
+    # Table 1 has it from 18B up; pp = 16 splits the 96 layers and leaves dp = 8 of 1,024)
+    (GPT3, "300B", 1024, "tp=8,pp=16", 1536, "140T", 34.0),
+    # section 5.1 and Table 1's last row: 1T parameters, 450B tokens, 3,072 A100 at 163 TFLOP/s (t 8, p 64, batch
+    # 3,072): about 84 days
+    (ONE_T, "450B", 3072, "tp=8,pp=64", 3072, "163T", 84.0),
+])
+def test_megatrons_end_to_end_estimates_come_out_within_10_percent(tmp_path, empty, model, tokens, gpus, layout,
+                                                                   batch, rate, paper_days):
+    doc, out = plan_json(tmp_path, empty, "--model", model, "--tokens", tokens, "--gpus", str(gpus), "--parallel", layout,
+                         "--checkpointing", "--global-batch", str(batch), "--gpu", "a100_sxm4_80gb", "--rate", rate,
+                         "--network", "HDR")
+    a = doc["answer"]
+    assert a["fits"] is True and a["memory"] <= 0.98 * 80 * GIB  # their configuration fits an 80 GB A100
+    assert abs(a["days"] / paper_days - 1) <= 0.10, a["days"]
+    # the days are the step's FLOPs (with recomputation, their X's convention) at the given rate, nothing added
+    flops = _fig(doc, "FLOPs per sample")["value"] * _fig(doc, "FLOPs with recomputation")["value"]
+    x = float(rate[:-1]) * 1e12
+    assert a["days"] == pytest.approx(float(tokens[:-1]) * 1e9 / 2048 * flops / (gpus * x) / 86400)
+    assert "assumed: --rate" in _fig(doc, "FLOP/s per GPU")["source"] and "at the given rate (assumed)" in out
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--gpus", "1000", "--parallel", "tp=8,pp=16"], "not a multiple of tp x pp = 128"),
+    (["--gpus", "1024", "--parallel", "tp=8,pp=16,dp=4"], "that is 512 GPUs, not the 1024 asked"),
+    (["--gpus", "1024", "--parallel", "tp=8,pp=7"], "must divide the 96 layers"),
+    (["--gpus", "1024", "--parallel", "tp=16"], "stays within a node of 8 GPUs"),
+    (["--gpus", "1024", "--parallel", "tp=5"], "must divide the 96 attention heads"),
+    (["--gpus", "1024", "--parallel", "tp=8,zz=2"], "'zz=2' is not ddp, fsdp, search"),
+    (["--gpus", "1024", "--parallel", ""], "--parallel ''"),
+    (["--days", "30", "--parallel", "tp=8,pp=16,dp=8"], "fixes the GPUs"),
+    (["--parallel", "search"], "needs the question"),
+    (["--gpus", "1024", "--parallel", "tp=8,pp=16", "--global-batch", "1001"], "do not divide it"),
+    (["--gpus", "8", "--gpu", "Z9000"], "not a GPU of the hardware database"),
+    (["--gpus", "8", "--gpu", "A100"], "names 2 GPUs of the hardware database"),
+    (["--gpus", "8", "--gpu", ""], "--gpu ''"),
+    (["--gpus", "8", "--rate", "fast"], "write FLOP/s per GPU like 140T"),
+    (["--gpus", "8", "--rate", "140T", "--mfu", "0.4"], "--rate and --mfu together"),
+    (["--gpus", "8", "--mfu", "1.5"], "--mfu 1.5: at most 1"),
+    (["--gpus", "8", "--network", ""], "--network '': name a network"),
+])
+def test_bad_layouts_and_gpus_are_one_line_and_exit_2(tmp_path, args, words):
+    r = invoke("--model", GPT3, "--tokens", "300B", "--gpus-per-node", "8", *args, "--db", str(tmp_path / "h.sqlite3"))
+    text = r.output.strip()
+    assert r.exit_code == 2, text
+    assert len(text.splitlines()) == 1 and text.startswith("mgpu-bench: error: ") and "Traceback" not in text, text
+    assert words in text, text
+    assert not (tmp_path / "h.sqlite3").exists()  # refused before the history is opened
+
+
+def test_tensor_parallelism_of_a_model_without_layers_is_refused(tmp_path):
+    r = invoke("--model", "torchvision:resnet18", "--samples", "1M", "--gpus", "8", "--parallel", "tp=2",
+               "--db", str(tmp_path / "h.sqlite3"))
+    assert r.exit_code == 2 and "planned for GPT-shaped models" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_a_bare_size_out_of_bounds_answers_at_once(tmp_path):
+    """Issue 33: layers=10000000,width=10000000 never answered (it was built on the meta device)."""
+    for model, words in (("layers=10000000,width=10000000", "layers must be from 1 to 10000"),
+                         ("layers=10000,width=1000000", "parameters; at most 1e+15")):
+        t0 = time.monotonic()
+        r = invoke("--model", model, "--tokens", "300B", "--db", str(tmp_path / "h.sqlite3"))
+        assert r.exit_code == 2 and words in r.output and len(r.output.strip().splitlines()) == 1, r.output
+        assert time.monotonic() - t0 < 30
+    doc, _ = plan_json(tmp_path, tmp_path / "h2.sqlite3", "--model", "layers=10000,width=8192", "--tokens", "1T",
+                       "--gpus", "1024", "--parallel", "fsdp", "--gpu", "h200", code=1)  # 8T parameters: counted, not built
+    assert doc["workload"]["params"] == pytest.approx(12 * 10000 * 8192**2, rel=0.01)
+    assert math.isfinite(doc["fit"]["asked"]["states"])
+
+
+def test_a_bare_size_counts_what_the_built_gpt_holds():
+    """The bare size's tensors, parameters and FLOPs written out from the GPT's layout are those of
+    the built-in GPT built on the meta device (workloads/gpt.py)."""
+    from mgpu_bench.probes.plan.workload import describe
+    from mgpu_bench.workloads.gpt import GPT, ModelSpec, flops_per_token, param_count
+
+    bare = describe("layers=3,width=128,heads=4,vocab=1000", 64, True)
+    spec = ModelSpec("x", layers=3, d_model=128, heads=4, vocab=1000, max_seq=64)
+    built = {id(p): int(p.numel()) for p in GPT(spec, device="meta").parameters()}
+    assert bare.tensors == tuple(built.values()) and bare.params == param_count(spec)
+    assert bare.flops_per_sample == pytest.approx(flops_per_token(spec, 64) * 64)
+    assert bare.blocks == 3 and bare.block_params * 3 + bare.other_params == bare.params
+    from mgpu_bench.workloads import resolve
+
+    for name in ("tiny", "350m"):  # a built-in size, counted the same way, is what it builds
+        facts, w = describe(name, 256, False), resolve(name, seq_len=256)
+        built = {id(p): int(p.numel()) for p in w.build("meta").parameters()}
+        assert facts.tensors == tuple(built.values()) and facts.kind == "gpt" and facts.key == name
+        assert facts.flops_per_sample == pytest.approx(w.formula_flops(1)[0])
+        assert facts.block_tensors == tuple(int(p.numel()) for p in w.blocks(w.build("meta"))[0].parameters())
