@@ -28,9 +28,11 @@ def _cli(*args, db: Path, env: dict | None = None, core: bool = True) -> subproc
     """mgpu-bench in a process of its own, on one core (so that a busy loop beside it on that core
     takes half of it), the history at `db`."""
     full = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "mgpu_bench.cli", *args, "--db", str(db)], capture_output=True,
-                          text=True, timeout=300, env=full, check=False,
-                          preexec_fn=(lambda: os.sched_setaffinity(0, {CORE})) if core else None)
+    cmd = [sys.executable, "-m", "mgpu_bench.cli", *args, "--db", str(db)]
+    if core:  # taskset's way: the process and its children on one core from the start
+        pin = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); os.execv(sys.argv[2], sys.argv[2:])"
+        cmd = [sys.executable, "-c", pin, str(CORE), *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=full, check=False)
 
 
 def _compare(db: Path, new: str, base: str) -> tuple[int, dict, str]:
@@ -59,8 +61,7 @@ def test_a_run_slowed_by_half_is_a_regression(tmp_path):
             "--no-exposed-comm")
     base = _cli(*args, db=db)
     assert base.returncode == 0, base.stderr[-2000:]
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                           preexec_fn=lambda: os.sched_setaffinity(0, {CORE}))
+    hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{CORE}}})\nwhile True: pass"])
     try:
         time.sleep(1.0)
         slow = _cli(*args, db=db)

@@ -108,7 +108,7 @@ def test_a_job_whose_other_rank_dies_keeps_rank_0s_figures(tmp_path):
 
 
 def test_a_history_that_cannot_take_the_run_leaves_a_file_history_add_stores(tmp_path):
-    proc, db = _job(tmp_path, "store-gone")
+    proc, _ = _job(tmp_path, "store-gone")
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stderr.splitlines() if "history add" in x)
     kept = line.split("its document is in ", 1)[1].split(":", 1)[0]

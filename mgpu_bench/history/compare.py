@@ -259,6 +259,8 @@ def fingerprint_diff(fp_a: Mapping, fp_b: Mapping) -> list[str]:
     e.g. 'driver 550.54.15 vs 580.159.04'. Absent values show as 'unknown' ('unset' for
     variables); a fact absent from both is not a difference."""
     fp_a, fp_b = fp_a or {}, fp_b or {}
+    # what a run imported from another tool's log could not tell (its "not_in_log"): unknown, not a difference
+    unknown = set(fp_a.get("not_in_log") or []) | set(fp_b.get("not_in_log") or [])
     out = []
 
     def show(v) -> str:
@@ -277,13 +279,13 @@ def fingerprint_diff(fp_a: Mapping, fp_b: Mapping) -> list[str]:
         ("torch", "torch"),
     ):
         a, b = fp_a.get(key), fp_b.get(key)
-        if a != b:
+        if a != b and key not in unknown:
             out.append(f"{label} {show(a)} vs {show(b)}")
     a, b = _gpu_names(fp_a), _gpu_names(fp_b)
     if a != b:
         out.append(f"GPUs {show(a)} vs {show(b)}")
     ua, ub = _uuids(fp_a), _uuids(fp_b)
-    if ua != ub:
+    if ua != ub and not (unknown and not (ua and ub)):  # a log that names no UUIDs differs in none
         changed = sum(1 for x, y in zip(ua or (), ub or ()) if x != y) + abs(
             len(ua or ()) - len(ub or ())
         )
@@ -291,7 +293,7 @@ def fingerprint_diff(fp_a: Mapping, fp_b: Mapping) -> list[str]:
             f"GPU UUIDs differ ({changed} GPU(s)): other physical GPUs, or another order"
         )
     env_a, env_b = fp_a.get("env") or {}, fp_b.get("env") or {}
-    for key in sorted(
+    for key in [] if "env" in unknown else sorted(
         set(env_a) | set(env_b)
     ):  # the recorded allowlist: NCCL_*, CUDA_*, threads
         if env_a.get(key) != env_b.get(key):
@@ -299,7 +301,7 @@ def fingerprint_diff(fp_a: Mapping, fp_b: Mapping) -> list[str]:
                 f"{key}={show_env(env_a.get(key))} vs {show_env(env_b.get(key))}"
             )
     ta, tb = topology_hash(fp_a), topology_hash(fp_b)
-    if ta != tb:
+    if ta != tb and "topology" not in unknown:
         out.append(
             f"topology {show(ta)} vs {show(tb)} (GPU PCI bus ids or links differ)"
         )
