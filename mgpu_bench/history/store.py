@@ -1,6 +1,10 @@
 """The run history: every result document stored in SQLite with its headline metrics, baselines
 per kind, and the comparison of two runs that decides what regressed.
 
+Retention (retention.py): a document may ask that only the newest N runs of its kind and host
+stay ("keep": a check's --keep, 1000 by default), applied as it is stored; `prune` removes or
+thins by age and count; baselines and the runs they reference always stay.
+
 The store is a file (never only memory): $MGPU_BENCH_DB, else
 $XDG_DATA_HOME/mgpu-bench/history.sqlite3, where XDG_DATA_HOME counts only when it is an
 absolute path and defaults to $HOME/.local/share (the XDG Base Directory rules); a blank
@@ -223,9 +227,7 @@ class History:
             try:  # the XDG folder (its HOME checked to exist by default_path)
                 p.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise InputError(
-                    f"cannot create {p.parent} for the history: {exc.strerror or exc}"
-                ) from None
+                raise InputError(f"cannot create {p.parent} for the history: {exc.strerror or exc}") from None
         _check_location(p, readonly)
         try:
             exists = p.exists()
@@ -236,7 +238,9 @@ class History:
                              "`mgpu-bench history add FILE`, stores runs); --db or MGPU_BENCH_DB name another")
         try:
             if readonly:
-                uri = "file:" + urllib.parse.quote(str(p.absolute())) + "?mode=ro"
+                # the path's own bytes, percent-encoded (a name that is not UTF-8 included: quote() of the str
+                # would refuse its surrogates; sqlite3 decodes the escapes back to those bytes)
+                uri = "file:" + urllib.parse.quote(os.fsencode(p.absolute())) + "?mode=ro"
                 conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
             else:
                 conn = sqlite3.connect(str(p), timeout=BUSY_TIMEOUT_S, isolation_level=None)
@@ -318,9 +322,7 @@ class History:
         shape: InputError naming the field); returns the run id ('r12'). One transaction: a run
         is stored with all its metrics or not at all."""
         if not isinstance(doc, Mapping) or doc.get("schema") != RESULT_SCHEMA:
-            raise InputError(
-                "not an mgpu-bench result document: give one written by a command's --json"
-            )
+            raise InputError("not an mgpu-bench result document: give one written by a command's --json")
         if metrics is None:  # read here for its metrics: its declared shape first (mgpu_bench.schema),
             try:  # as the stored JSON holds it (a run's own document still has tuples, say)
                 validate(json.loads(json.dumps(doc)))
@@ -333,14 +335,8 @@ class History:
         names = [m.name for m in metrics]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
-            raise InputError(
-                f"the {kind} document measures {dup} twice: give one run's document, not two joined"
-            )
-        environment = (
-            doc.get("environment")
-            if isinstance(doc.get("environment"), Mapping)
-            else {}
-        )
+            raise InputError(f"the {kind} document measures {dup} twice: give one run's document, not two joined")
+        environment = doc.get("environment") if isinstance(doc.get("environment"), Mapping) else {}
         command = doc.get("command")
         if isinstance(command, (list, tuple)):
             command = shlex.join(str(c) for c in command)
@@ -349,9 +345,7 @@ class History:
             document_json = json.dumps(doc)
             fingerprint_json = json.dumps(environment)
         except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"the result document cannot be stored as JSON: {exc}"
-            ) from None
+            raise ValueError(f"the result document cannot be stored as JSON: {exc}") from None
         with self._write():
             cur = self._conn.execute(
                 "INSERT INTO runs (created, kind, command, host, fingerprint, document) VALUES (?, ?, ?, ?, ?, ?)",
@@ -380,7 +374,37 @@ class History:
                     for m in metrics
                 ],
             )
+            keep = doc.get("keep")  # a document's own limit (a check: its node's newest checks kept)
+            if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0:
+                from .retention import apply_keep
+
+                apply_keep(self._conn, _text(kind), _text(environment.get("host")), keep)
         return run_label(row)
+
+    def prune(self, older_than: str | None = None, keep: int | None = None, kind: str | None = None,
+              host: str | None = None, drop_samples: bool = False, dry_run: bool = False):
+        """retention.prune in one write transaction: removes (or thins) by age and count per kind
+        and host, baselines and the runs they reference kept. -> retention.Pruned."""
+        from .retention import prune
+
+        with self._write():
+            return prune(self._conn, older_than, keep, kind, host, drop_samples, dry_run, validate)
+
+    def vacuum(self) -> None:
+        """Gives the pages of removed runs back to the file system (SQLite's VACUUM: the file is
+        rewritten, which needs as much free space as it holds)."""
+        try:
+            self._conn.execute("VACUUM")
+        except sqlite3.DatabaseError as exc:
+            raise _db_error(self.path, exc) from None
+
+    def size(self) -> int:
+        """The database's bytes on disk, its write-ahead log included."""
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(f"{self.path}{suffix}")
+        return total
 
     def set_baseline(self, run_id: str) -> str:
         """Makes `run_id` the baseline of its scope (replacing the previous one); returns the
@@ -459,6 +483,19 @@ class History:
             out.append(TrendPoint(run_label(i), c, h, v, u, b))
         return out
 
+    def runs_with(self, metric_name: str, value: float, kind: str | None = None, host: str | None = None,
+                  limit: int = 5) -> builtins.list[str]:
+        """The newest runs (of `kind` on `host`, where given) whose metric `metric_name` is
+        `value`, newest first: an index read (metrics by name, newest run first), as fast with a
+        year of runs stored as with a few."""
+        with self._read():
+            rows = self._conn.execute(
+                "SELECT r.id FROM metrics m JOIN runs r ON r.id = m.run WHERE m.name = ? AND m.value = ? "
+                "AND (? IS NULL OR r.kind = ?) AND (? IS NULL OR r.host = ?) ORDER BY m.run DESC LIMIT ?",
+                (metric_name, float(value), kind, kind, host, host, int(limit)),
+            ).fetchall()
+        return [run_label(r) for (r,) in rows]
+
     def hosts_of(self, metric_name: str) -> builtins.list[str]:
         """The hosts of the runs that have the metric, most recent first."""
         with self._read():
@@ -479,9 +516,7 @@ class History:
             ).fetchall()
         return [n for (n,) in rows if isinstance(n, str)]
 
-    def metric_names(
-        self, like: str | None = None, limit: int = 10
-    ) -> builtins.list[str]:
+    def metric_names(self, like: str | None = None, limit: int = 10) -> builtins.list[str]:
         """Stored metric names containing `like` (all when None), most recent first."""
         with self._read():
             rows = self._conn.execute(
@@ -507,9 +542,7 @@ class History:
     def baselines(self) -> dict[str, str]:
         """kind -> baseline run id, for every kind that has one."""
         with self._read():
-            rows = self._conn.execute(
-                "SELECT scope, run FROM baselines ORDER BY scope"
-            ).fetchall()
+            rows = self._conn.execute("SELECT scope, run FROM baselines ORDER BY scope").fetchall()
         return {k: run_label(r) for k, r in rows}
 
     def list(self, limit: int = 20, kind: str | None = None) -> builtins.list[RunInfo]:
@@ -524,9 +557,7 @@ class History:
             sql += " WHERE r.kind = ?"
             args = (kind,)
         with self._read():
-            rows = self._conn.execute(
-                sql + " ORDER BY r.id DESC LIMIT ?", (*args, int(limit))
-            ).fetchall()
+            rows = self._conn.execute(sql + " ORDER BY r.id DESC LIMIT ?", (*args, int(limit))).fetchall()
         out = []
         for i, c, k, h, cmd, n, b in rows:
             try:
@@ -554,13 +585,8 @@ class History:
                 "latest"
             )
         row = int(digits)
-        if (
-            self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (row,)).fetchone()
-            is None
-        ):
-            raise InputError(
-                f"no run {run_label(row)} in {self.path}: see `mgpu-bench history list`"
-            )
+        if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (row,)).fetchone() is None:
+            raise InputError(f"no run {run_label(row)} in {self.path}: see `mgpu-bench history list`")
         return row
 
     def _write(self):
@@ -605,6 +631,12 @@ _BUGS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceErro
 
 def _db_error(path: Path, exc: sqlite3.DatabaseError) -> InputError:
     text = str(exc)
+    if _full(path, exc):
+        return InputError(
+            f"the disk of the history database {path} is full ({text}): nothing was stored and the database is as "
+            "it was; free space there (`mgpu-bench history prune` thins the history), or give --db on another "
+            "file system"
+        )
     if "locked" in text or "busy" in text:
         return InputError(
             f"the history database {path} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s: "
@@ -618,6 +650,23 @@ def _db_error(path: Path, exc: sqlite3.DatabaseError) -> InputError:
         f"{path} is not a usable mgpu-bench history database ({text}): give another --db path, or "
         "move this file away"
     )
+
+
+def _full(path: Path, exc: sqlite3.DatabaseError) -> bool:
+    """Whether `exc` is a write that found no room: SQLITE_FULL ("database or disk is full"), or an
+    I/O error of a write while the file system has no free block left (SQLite reports a failed
+    write of its journal as SQLITE_IOERR)."""
+    name = str(getattr(exc, "sqlite_errorname", "") or "")
+    if name == "SQLITE_FULL" or "disk is full" in str(exc):
+        return True
+    if name.startswith("SQLITE_IOERR") or "disk I/O error" in str(exc):
+        import shutil
+
+        try:
+            return shutil.disk_usage(path.parent).free < 64 * 1024
+        except OSError:
+            return False
+    return False
 
 
 def _check_location(p: Path, readonly: bool = False) -> None:
