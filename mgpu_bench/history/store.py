@@ -224,6 +224,11 @@ class History:
         p = Path(path).expanduser() if explicit else default_path()
         create = create and not readonly
         if not explicit and "MGPU_BENCH_DB" not in os.environ and create:
+            nearest = p.parent
+            while not nearest.exists() and nearest.parent != nearest:
+                nearest = nearest.parent
+            if special_place(nearest):  # HOME=/dev, XDG_DATA_HOME=/proc/x: refused before anything is made there
+                raise InputError(f"the history database {p} would be {special_place(nearest)}: {_WHERE}")
             try:  # the XDG folder (its HOME checked to exist by default_path)
                 p.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -467,7 +472,7 @@ class History:
         with self._read():
             rows = self._conn.execute(
                 "SELECT r.id, r.created, r.host, m.value, m.unit, m.better FROM metrics m JOIN runs r ON r.id = m.run "
-                "WHERE m.name = ? AND (? IS NULL OR r.host = ?) ORDER BY r.id DESC LIMIT ?",
+                "WHERE m.name = ? AND (? IS NULL OR r.host = ?) ORDER BY m.run DESC LIMIT ?",  # the index's order: no sort
                 (metric_name, host, host, int(limit)),
             ).fetchall()
         out = []
@@ -481,6 +486,22 @@ class History:
                 self.skipped.append(f"left out: {exc}")
                 continue
             out.append(TrendPoint(run_label(i), c, h, v, u, b))
+        return out
+
+    def statuses(self, run_ids: Sequence[str]) -> dict[str, dict | None]:
+        """Each run's document status block ({} where it has none, None where its document is not
+        JSON), read by
+        SQLite from the stored JSON: a listing costs its length, not its documents' size."""
+        out: dict[str, dict | None] = {}
+        with self._read():
+            for run_id in run_ids:
+                try:
+                    (text,) = self._conn.execute("SELECT json_extract(document, '$.status') FROM runs WHERE id = ?",
+                                                 (self._resolve(run_id),)).fetchone()
+                    got = json.loads(text) if isinstance(text, str) else {}  # NULL: a document with no status
+                except (sqlite3.DatabaseError, ValueError, RecursionError):
+                    got = None
+                out[run_id] = got if isinstance(got, dict) else {} if got is not None else None
         return out
 
     def runs_with(self, metric_name: str, value: float, kind: str | None = None, host: str | None = None,

@@ -305,9 +305,9 @@ def _verdict(doc: dict | None, code: int | None, killed: float | None, part: str
 def history_place() -> str | None:
     """In the command (not the measuring process), before the runner checks the history: when no
     --db, --no-store or MGPU_BENCH_DB is given and the default place cannot be used (HOME missing,
-    not a folder, read-only: a daemon's environment), the check stores in FALLBACK_DB (root, as
-    slurmd, NHC and node-problem-detector run it) or a private folder of this user under the
-    temporary folder, through MGPU_BENCH_DB for itself and the measuring process; the note that
+    not a folder, read-only, a special place: a daemon's environment), the check stores in
+    fallback_db() (for root, as slurmd, NHC and node-problem-detector run it, FALLBACK_DB),
+    through MGPU_BENCH_DB for itself and the measuring process; the note that
     says so (also in the run's notes). None when nothing had to change. A fallback that cannot be
     used either leaves the default's own refusal to the runner."""
     import click
@@ -317,6 +317,7 @@ def history_place() -> str | None:
 
     ctx = click.get_current_context(silent=True)
     params = ctx.params if ctx is not None else {}
+    _shipped_folder(params)
     if os.environ.get(plan.CHILD_ENV) or params.get("db_path") or params.get("no_store") \
             or "MGPU_BENCH_DB" in os.environ:
         return None
@@ -343,13 +344,19 @@ FALLBACK_DB = "/var/lib/mgpu-bench/history.sqlite3"  # root's: the FHS place for
 
 
 def fallback_db() -> str | None:
-    """Where a check stores when its default place cannot be used: FALLBACK_DB for root (its folder
-    made, 0755), else <tmp>/mgpu-bench-<uid>/history.sqlite3 in a folder of this user alone (0700,
-    refused when it is a link or another user's). None when neither can be had."""
+    """Where a check stores when its default place cannot be used: $XDG_STATE_HOME/mgpu-bench (when
+    absolute: the XDG Base Directory specification's place for state, which a daemon's unit may
+    set), else FALLBACK_DB for root (its folder made, 0755), else <tmp>/mgpu-bench-<uid> in a
+    folder of this user alone (0700, refused when it is a link or another user's); the file
+    history.sqlite3 there. None when none can be had."""
     import stat
     import tempfile
 
-    if os.geteuid() == 0:
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if os.path.isabs(state) and os.path.isdir(state):
+        folder = os.path.join(state, "mgpu-bench")
+        mode = 0o755
+    elif os.geteuid() == 0:
         folder = os.path.dirname(FALLBACK_DB)
         mode = 0o755
     else:
@@ -363,6 +370,14 @@ def fallback_db() -> str | None:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or (mode == 0o700 and st.st_mode & 0o077):
         return None
     return os.path.join(folder, "history.sqlite3")
+
+
+def _shipped_folder(params) -> None:
+    """The folder of FALLBACK_DB, made (0755) when root's --db names it: the place the shipped NHC
+    and node-problem-detector configurations give, which a new node does not have yet."""
+    if params.get("db_path") and os.path.abspath(str(params["db_path"])) == FALLBACK_DB and os.geteuid() == 0:
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(FALLBACK_DB), mode=0o755, exist_ok=True)
 
 
 def format_option(*decls: str, **attrs):
