@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from slurm_cluster import processes
 
 from mgpu_bench import slurm
@@ -191,6 +193,8 @@ def test_the_fallback_is_root_s_state_folder_or_a_private_one(monkeypatch, tmp_p
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     monkeypatch.setattr(contract, "FALLBACK_DB", str(tmp_path / "var-lib" / "history.sqlite3"))
     monkeypatch.setattr(os, "geteuid", lambda: 0)
+    contract._shipped_folder({"db_path": contract.FALLBACK_DB})  # the shipped configs' --db: its folder made
+    assert (tmp_path / "var-lib").is_dir()
     assert contract.fallback_db() == str(tmp_path / "var-lib" / "history.sqlite3")
     monkeypatch.setattr(os, "geteuid", lambda: os.getuid())  # as root here: the folder's owner
     monkeypatch.setenv("TMPDIR", str(tmp_path))
@@ -269,3 +273,71 @@ def test_the_nhc_check_fails_with_a_message_when_mgpu_bench_is_missing_or_refuse
     assert rc == 1 and not logged and len(died) == 1, (died, logged)
     assert "the check did not run (exit code 2): error: --budget 1s: at least 5s" in died[0]
     assert shutil.which("bash")
+
+
+def test_a_cpu_rank_that_dies_leaves_the_check_unknown_never_a_problem(tmp_path):
+    """The ranks' process killed (an OOM killer's SIGKILL) before it gave its figures: the part is
+    an error of the check, not hung GPU work: unknown, exit 2, nothing drained."""
+    proc = subprocess.Popen([*CHECK, "--drain", "--no-store", "--format", "npd", "--json", str(tmp_path / "c.json")],
+                            env=_env(PATH="/nonexistent"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0, killed = time.monotonic(), []
+    while not killed and time.monotonic() - t0 < 60 and proc.poll() is None:
+        ranks = processes("mgpu_bench.probes.check.cpu_rank", below=proc.pid)
+        if ranks:
+            time.sleep(0.3)
+            for p in ranks:
+                os.kill(p, signal.SIGKILL)
+            killed = ranks
+        time.sleep(0.02)
+    out, err = proc.communicate(timeout=120)
+    assert killed, err
+    assert proc.returncode == 2, out + err
+    doc = json.loads((tmp_path / "c.json").read_text())
+    ranks = {p["part"]: p for p in doc["parts"]}["ranks"]
+    assert ranks["status"] == "error" and "before giving their figures" in ranks["why"], ranks
+    assert doc["verdict"]["state"] == "unknown" and out.startswith("unknown: the check could not run its ranks part")
+    assert "drain" not in err
+
+
+# -- properties -------------------------------------------------------------------------------------------
+
+NAME_CHARS = st.sampled_from("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(NAME_CHARS, min_size=1, max_size=60), st.text(min_size=0, max_size=8), st.text(NAME_CHARS, max_size=8))
+def test_one_node_takes_a_plain_name_and_refuses_anything_scontrol_reads_as_more(name, middle, tail):
+    if name.upper() != "ALL":
+        assert slurm.one_node(name) == name
+    joined = name + middle + tail
+    special = any(c in "[],= \t\n\"'\\" or not ("\x21" <= c <= "\x7e") for c in middle)
+    if special or joined.upper() == "ALL":
+        with pytest.raises(slurm.SlurmError):
+            slurm.one_node(joined)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=400))
+def test_any_scontrol_text_parses_to_a_node_without_raising(text):
+    node = slurm.parse_node(text, "n1")
+    assert isinstance(node.reason, str) and all(isinstance(s, str) for s in node.state)
+    assert slurm.reason(text).isprintable() and len(slurm.reason(text)) <= slurm.MAX_REASON
+
+
+def test_a_measuring_process_stopped_at_the_deadline_on_cpu_is_unknown_never_143_nor_a_problem(tmp_path):
+    """The measuring process stopped from outside 30/31 of the time cannot finish: the command
+    stops it at its deadline and says unknown (exit 2): not its SIGTERM's 143, which the scheduler's
+    contract does not know, nor a problem (CPU ranks that run late name no bad GPU)."""
+    from slurm_cluster import Throttle
+
+    t0 = time.monotonic()
+    proc = subprocess.Popen([*CHECK, "--drain", "--no-store", "--format", "npd", "--budget", "10s"],
+                            env=_env(PATH="/nonexistent"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with Throttle(lambda: [k for k in processes("mgpu_bench", below=proc.pid) if k != proc.pid], stop_s=0.3,
+                  run_s=0.01):
+        out, err = proc.communicate(timeout=120)
+    print(f"\ncheck --budget 10s with its measuring process stopped from outside: {time.monotonic() - t0:.1f} s")
+    assert proc.returncode == 2, out + err
+    (line,) = out.splitlines()
+    assert line.startswith("unknown: the check did not finish within --budget 10s"), line
+    assert "drain" not in err

@@ -180,14 +180,14 @@ def verdict_of(parts: Sequence[Mapping], devices: Sequence[Mapping], reference: 
     fix = None
     if problems:
         state = PROBLEM
+    elif errors:  # the check's own failure first: a longer budget would not mend it
+        state = "unknown"
+        fix = f"the check could not run its {errors[0]['part']} part ({errors[0]['why']}): the node was not judged"
     elif not set(judged) & set(MEASURING):
         state = "unknown"
         suggest = max(budget_s, need_s) * 1.5
         fix = (f"give --budget {suggest:.0f}s or more: nothing was measured within --budget {budget_s:g}s (this "
                f"node's check needs about {need_s:.0f} s; its health facts alone do not say it runs jobs at speed)")
-    elif errors:
-        state = "unknown"
-        fix = f"the check could not run its {errors[0]['part']} part ({errors[0]['why']}): the node was not judged"
     else:
         state = OK
     out.sort(key=lambda f: (f["severity"] != PROBLEM, f["severity"] != WARNING))

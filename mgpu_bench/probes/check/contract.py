@@ -40,9 +40,11 @@ EXIT = {"ok": 0, "problem": 1, "unknown": 2}
 HANDED = "document.json"  # beside the state file: the measuring process's document, handed over
 COMMAND_ENV = "MGPU_BENCH_CHECK_COMMAND"  # the command as typed (JSON list), for the stored run
 HISTORY_NOTE_ENV = "MGPU_BENCH_CHECK_HISTORY"  # where the history went when the default place was unusable
-GPU_PARTS = ("gemm", "hbm", "allreduce", "sdc", "ranks")
+GPU_PARTS = ("gemm", "hbm", "allreduce", "sdc")  # stopped inside one of these: GPU work that never returned
+# (the CPU ranks of a host without GPUs stopped at the deadline say only that the host was too slow: unknown)
 ERROR_PREFIX = "mgpu-bench: error: "  # the CLI's line for bad input (cli.py)
-TERM_GRACE_S = 1.0  # after SIGTERM, for the measuring process to write what it has
+TERM_GRACE_S = 1.0  # after SIGTERM, for the measuring process to write what it has (at most)
+EXIT_S = 0.3  # the command's own end after its last line: the interpreter's exit, measured 0.1-0.2 s here
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_STEP_ID",
                  "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
@@ -118,8 +120,8 @@ def run(cfg) -> int:
         except subprocess.TimeoutExpired:
             killed = time.time()
             proc.terminate()
-            try:
-                proc.wait(timeout=TERM_GRACE_S)
+            try:  # its grace comes out of the command's own reserve, never past the budget
+                proc.wait(timeout=max(0.1, min(TERM_GRACE_S, (t_end - time.time() - EXIT_S) / 2)))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
@@ -129,13 +131,13 @@ def run(cfg) -> int:
             if proc.poll() is None:
                 proc.kill()
             raise
-        for t in pumps:
-            t.join(timeout=1.0)
+        for t in pumps:  # its last lines, within what is left
+            t.join(timeout=max(0.05, min(1.0, t_end - time.time() - EXIT_S)))
         doc = _read(os.path.join(tmp, HANDED))
         state_part = _read_text(state_path)
     node = (doc or {}).get("node") or slurm.this_node()
     verdict = _verdict(doc, proc.returncode, killed, state_part, cfg, said_error[-1] if said_error else None)
-    if proc.returncode in (130, 143) and doc is None:
+    if killed is None and proc.returncode in (130, 143) and doc is None:  # Ctrl-C or SIGTERM from outside
         return proc.returncode
     if (doc or {}).get("status", {}).get("stopped") == "interrupted":
         return 130
