@@ -180,7 +180,7 @@ def test_a_check_runs_without_a_usable_home_stores_elsewhere_and_says_so(tmp_pat
     r = subprocess.run([*CHECK, "--format", "npd"], env=env, capture_output=True, text=True, timeout=120, check=False)
     db = tmp_path / "mgpu-bench" / "history.sqlite3"
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"this check is stored in {db} instead" in r.stderr
+    assert f": stored in {db} instead (give --db PATH" in r.stderr and "note: " in r.stderr
     assert made.exists() == there  # nothing made in the place refused
     with History.open(db, readonly=True) as h:
         (info,) = h.list()
@@ -189,25 +189,27 @@ def test_a_check_runs_without_a_usable_home_stores_elsewhere_and_says_so(tmp_pat
     assert any("stored in" in n for n in rec.document["notes"])
 
 
-def test_the_fallback_is_root_s_state_folder_or_a_private_one(monkeypatch, tmp_path):
+def test_the_fallback_is_the_xdg_state_folder_root_s_state_folder_or_a_private_one(monkeypatch, tmp_path):
+    from mgpu_bench.history import place as store
+
+    assert contract.SHIPPED_DB == store.FALLBACK_DB  # the shipped configurations' --db is root's fallback
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
-    monkeypatch.setattr(contract, "FALLBACK_DB", str(tmp_path / "var-lib" / "history.sqlite3"))
+    monkeypatch.setattr(store, "FALLBACK_DB", str(tmp_path / "var-lib" / "history.sqlite3"))
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    contract._shipped_folder({"db_path": contract.FALLBACK_DB})  # the shipped configs' --db: its folder made
-    assert (tmp_path / "var-lib").is_dir()
-    assert contract.fallback_db() == str(tmp_path / "var-lib" / "history.sqlite3")
-    monkeypatch.setattr(os, "geteuid", lambda: os.getuid())  # as root here: the folder's owner
+    assert store.fallback_path() == tmp_path / "var-lib" / "history.sqlite3"
+    monkeypatch.setattr(contract, "SHIPPED_DB", str(tmp_path / "shipped" / "history.sqlite3"))
+    contract._shipped_folder({"db_path": contract.SHIPPED_DB})  # root's --db of the shipped configs: its folder made
+    assert (tmp_path / "shipped").is_dir()
+    (tmp_path / "state").mkdir()
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert store.fallback_path() == tmp_path / "state" / "mgpu-bench" / "history.sqlite3"
+    monkeypatch.delenv("XDG_STATE_HOME")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)
-    if os.getuid() != 0:
-        assert contract.fallback_db() == str(tmp_path / f"mgpu-bench-{os.getuid()}" / "history.sqlite3")
-    shared = tmp_path / "mgpu-bench-4242"
-    shared.mkdir(mode=0o777)
-    shared.chmod(0o777)
-    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # a folder that is not this user's: never used
-    assert contract.fallback_db() is None
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # a folder that is not this user's (it is root's): never used
+    assert store.fallback_path() is None
 
 
 # -- the reference needs its noise -----------------------------------------------------------------------

@@ -50,6 +50,7 @@ from mgpu_bench.probe import headline as metrics_from_document
 from mgpu_bench.probe import names as probe_names
 from mgpu_bench.probe import validate
 
+from .place import _WHERE, _check_location, default_path, default_place
 from .rows import FINGERPRINT, METRIC_ROW, RUN_ROW, check_row, json_field, metric_of_row
 
 if TYPE_CHECKING:
@@ -92,52 +93,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-_WHERE = "give --db PATH or set MGPU_BENCH_DB to the database file"
-
-
-def default_path() -> Path:
-    """$MGPU_BENCH_DB, else $XDG_DATA_HOME/mgpu-bench/history.sqlite3 with XDG_DATA_HOME taken
-    only when absolute, else $HOME/.local/share (the XDG Base Directory specification). InputError
-    for a blank MGPU_BENCH_DB, and for a HOME that is empty, relative or not an existing folder
-    (nothing is created at the root of the file system or under a HOME that is not there)."""
-    env = os.environ.get("MGPU_BENCH_DB")
-    if env is not None:
-        if not env.strip():
-            raise InputError(f"MGPU_BENCH_DB is set but blank ({env!r}): set it to the history database file, or "
-                             "unset it for the default ($XDG_DATA_HOME/mgpu-bench/history.sqlite3)")
-        return Path(env).expanduser()
-    data = os.environ.get("XDG_DATA_HOME", "")
-    if not os.path.isabs(data):  # the spec: a relative path is invalid and is ignored
-        home = os.environ.get("HOME")
-        if home is None:
-            try:
-                import pwd
-
-                home = pwd.getpwuid(os.getuid()).pw_dir
-            except (ImportError, KeyError):
-                home = ""
-        if not home:
-            raise InputError(f"HOME is empty, so there is no default place for the history database: {_WHERE}")
-        if not os.path.isabs(home):
-            raise InputError(f"HOME is a relative path ({home!r}), so there is no default place for the history "
-                             f"database: {_WHERE}")
-        if not os.path.isdir(home):
-            raise InputError(f"HOME ({home}) is not an existing folder, so there is no default place for the "
-                             f"history database: {_WHERE}")
-        data = os.path.join(home, ".local", "share")
-    return Path(data) / "mgpu-bench" / "history.sqlite3"
-
-
 def _headline(doc: Mapping) -> builtins.list[Metric]:
     """The document's headline metrics; a document its probe cannot read (a shape its schema
     does not catch) is bad input, not a traceback."""
     try:
         return metrics_from_document(doc)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError) as exc:
-        raise InputError(
-            f"the {document_kind(doc)} document cannot be read ({type(exc).__name__}: {exc}): give one "
-            "written by a command's --json"
-        ) from None
+        raise InputError(f"the {document_kind(doc)} document cannot be read ({type(exc).__name__}: {exc}): give one "
+                         "written by a command's --json") from None
 
 
 def _text(value):
@@ -206,6 +169,7 @@ class History:
         # Stored rows a listing (list, trend) left out because they were changed outside mgpu-bench:
         # one line each, which the command prints as a note.
         self.skipped: builtins.list[str] = []
+        self.note: str | None = None  # why this is not the default place (default_place's fallback)
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -221,7 +185,7 @@ class History:
         explicit = path is not None
         if explicit and not str(path).strip():
             raise InputError(f"--db {str(path)!r} is blank: give the history database file")
-        p = Path(path).expanduser() if explicit else default_path()
+        p, note = (Path(path).expanduser(), None) if explicit else default_place()
         create = create and not readonly
         if not explicit and "MGPU_BENCH_DB" not in os.environ and create:
             nearest = p.parent
@@ -273,7 +237,9 @@ class History:
         if not exists:
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 sys.stderr.write(f"mgpu-bench: created the history database {p}\n")
-        return cls(conn, p, readonly)
+        h = cls(conn, p, readonly)
+        h.note = note
+        return h
 
     @classmethod
     def check(cls, path: str | os.PathLike | None = None) -> Path:
@@ -601,10 +567,8 @@ class History:
             return int(r[0])
         digits = text.removeprefix("r")
         if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
-            raise InputError(
-                f"'{run_id}' is not a run id: write r12 (as `mgpu-bench history list` prints), 12 or "
-                "latest"
-            )
+            raise InputError(f"'{run_id}' is not a run id: write r12 (as `mgpu-bench history list` prints), 12 or "
+                             "latest")
         row = int(digits)
         if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (row,)).fetchone() is None:
             raise InputError(f"no run {run_label(row)} in {self.path}: see `mgpu-bench history list`")
@@ -659,18 +623,12 @@ def _db_error(path: Path, exc: sqlite3.DatabaseError) -> InputError:
             "file system"
         )
     if "locked" in text or "busy" in text:
-        return InputError(
-            f"the history database {path} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s: "
-            "try again when it has finished"
-        )
+        return InputError(f"the history database {path} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s: "
+                          "try again when it has finished")
     if "readonly" in text or "read-only" in text:
-        return InputError(
-            f"the history database {path} is read-only: give a writable --db path"
-        )
-    return InputError(
-        f"{path} is not a usable mgpu-bench history database ({text}): give another --db path, or "
-        "move this file away"
-    )
+        return InputError(f"the history database {path} is read-only: give a writable --db path")
+    return InputError(f"{path} is not a usable mgpu-bench history database ({text}): give another --db path, or "
+                      "move this file away")
 
 
 def _full(path: Path, exc: sqlite3.DatabaseError) -> bool:
@@ -688,59 +646,6 @@ def _full(path: Path, exc: sqlite3.DatabaseError) -> bool:
         except OSError:
             return False
     return False
-
-
-def _check_location(p: Path, readonly: bool = False) -> None:
-    """The folder exists and is writable (WAL mode writes two files beside the database), and is
-    no device or kernel file system (paths.special_place); an existing file is SQLite (its first 16
-    bytes) and writable. `readonly`: a missing file is said by the caller, and a file or folder
-    that can only be read will do."""
-    try:
-        _check_path(p, readonly)
-    except OSError as exc:  # a name too long, a folder that cannot be searched
-        raise InputError(f"cannot use {p} as the history database: {exc.strerror or exc}") from None
-
-
-def _check_path(p: Path, readonly: bool) -> None:
-    if p.is_dir():
-        raise InputError(
-            f"{p} is a folder: give a database file name, e.g. {p / 'history.sqlite3'}"
-        )
-    folder = p.parent
-    if not folder.is_dir():
-        if readonly:
-            return  # no database there: the caller names the path
-        raise InputError(
-            f"the folder of the history database {p} does not exist: create it first"
-        )
-    where = special_place(folder)
-    if where:
-        raise InputError(f"the history database {p} is {where}: give a --db path elsewhere")
-    if readonly:
-        if p.exists() and not p.is_file():
-            raise InputError(f"{p} is not a regular file: give a history database file name")
-        if p.exists() and not os.access(p, os.R_OK):
-            raise InputError(f"the history database {p} is not readable: fix its permissions or give another --db path")
-    elif not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(
-            f"the folder of the history database {p} is not writable: give a --db path in a "
-            "writable folder"
-        )
-    if p.exists():
-        if not p.is_file():  # a FIFO or a device: reading its first bytes would wait or never end
-            raise InputError(f"{p} is not a regular file: give a history database file name")
-        if not readonly and not os.access(p, os.R_OK | os.W_OK):
-            raise InputError(
-                f"the history database {p} is not readable and writable: fix its permissions or give "
-                "another --db path"
-            )
-        with open(p, "rb") as f:
-            head = f.read(16)
-        if head and head != b"SQLite format 3\x00":
-            raise InputError(
-                f"{p} is not an SQLite database (so not an mgpu-bench history): give another --db "
-                "path, or move this file away"
-            )
 
 
 def _owner_marks(conn: sqlite3.Connection) -> tuple[int, int, int]:
@@ -765,20 +670,14 @@ def _check_owner(conn: sqlite3.Connection, p: Path) -> None:
     app, version, objects = _owner_marks(conn)
     if app == 0:
         if objects or version:
-            raise InputError(
-                f"{p} is an SQLite database of another program (application_id 0, {objects} "
-                "tables and indexes): give another --db path"
-            )
+            raise InputError(f"{p} is an SQLite database of another program (application_id 0, {objects} "
+                             "tables and indexes): give another --db path")
     elif app != APPLICATION_ID:
-        raise InputError(
-            f"{p} is an SQLite database of another program (application_id {app:#x}): give another "
-            "--db path"
-        )
+        raise InputError(f"{p} is an SQLite database of another program (application_id {app:#x}): give another "
+                         "--db path")
     elif version > SCHEMA_VERSION:
-        raise InputError(
-            f"{p} was written by a newer mgpu-bench (history schema {version}, this one knows "
-            f"{SCHEMA_VERSION}): upgrade mgpu-bench or give another --db path"
-        )
+        raise InputError(f"{p} was written by a newer mgpu-bench (history schema {version}, this one knows "
+                         f"{SCHEMA_VERSION}): upgrade mgpu-bench or give another --db path")
 
 
 def _set_wal(conn: sqlite3.Connection, p: Path) -> None:
@@ -794,10 +693,8 @@ def _set_wal(conn: sqlite3.Connection, p: Path) -> None:
                 raise
             time.sleep(0.05)
     if str(mode).lower() != "wal":
-        raise InputError(
-            f"the history database {p} cannot use WAL mode (journal mode stays {mode}): put it on a "
-            "local file system"
-        )
+        raise InputError(f"the history database {p} cannot use WAL mode (journal mode stays {mode}): put it on a "
+                         "local file system")
 
 
 def _migrate(conn: sqlite3.Connection, p: Path) -> None:

@@ -158,7 +158,7 @@ class CheckProbe(Probe):
         from . import reference
         from .analyse import verdict_of
         from .budget import CHILD_ENV, Budget
-        from .contract import HISTORY_NOTE_ENV, hand_over, typed_command
+        from .contract import hand_over, typed_command
         from .document import document
         from .measure import run_check
 
@@ -171,13 +171,10 @@ class CheckProbe(Probe):
                 with open(state_path, "w") as f:
                     f.write(part)
 
-        ref, why = reference.load(ctx.history, node)
+        ref, notes = reference.load(ctx.history, node)
         run = run_check(cfg, node, plan, ctx.environment, ctx.occupancy, ctx.progress.say_fn, state)
         state("done")
-        if os.environ.get(HISTORY_NOTE_ENV):
-            run.notes.append(os.environ[HISTORY_NOTE_ENV])
-        if why:
-            run.notes.append(why)
+        run.notes += notes
         if cfg.gpus:
             from mgpu_bench import hardware
 

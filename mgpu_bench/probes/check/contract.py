@@ -39,7 +39,7 @@ from . import budget as plan
 EXIT = {"ok": 0, "problem": 1, "unknown": 2}
 HANDED = "document.json"  # beside the state file: the measuring process's document, handed over
 COMMAND_ENV = "MGPU_BENCH_CHECK_COMMAND"  # the command as typed (JSON list), for the stored run
-HISTORY_NOTE_ENV = "MGPU_BENCH_CHECK_HISTORY"  # where the history went when the default place was unusable
+HISTORY_FALLBACK_ENV = "MGPU_BENCH_HISTORY_FALLBACK"  # history.store.FALLBACK_ENV: store elsewhere if need be
 GPU_PARTS = ("gemm", "hbm", "allreduce", "sdc")  # stopped inside one of these: GPU work that never returned
 # (the CPU ranks of a host without GPUs stopped at the deadline say only that the host was too slow: unknown)
 ERROR_PREFIX = "mgpu-bench: error: "  # the CLI's line for bad input (cli.py)
@@ -135,6 +135,8 @@ def run(cfg) -> int:
             t.join(timeout=max(0.05, min(1.0, t_end - time.time() - EXIT_S)))
         doc = _read(os.path.join(tmp, HANDED))
         state_part = _read_text(state_path)
+    if killed is not None and (doc or {}).get("status", {}).get("stopped") == "interrupted":
+        doc = None  # what it handed over as this command stopped it is a run cut short: judged as not handed over
     node = (doc or {}).get("node") or slurm.this_node()
     verdict = _verdict(doc, proc.returncode, killed, state_part, cfg, said_error[-1] if said_error else None)
     if killed is None and proc.returncode in (130, 143) and doc is None:  # Ctrl-C or SIGTERM from outside
@@ -304,82 +306,34 @@ def _verdict(doc: dict | None, code: int | None, killed: float | None, part: str
 # -- before the measuring: where the history goes, and the npd form of a refusal ---------------------
 
 
-def history_place() -> str | None:
+def history_place() -> None:
     """In the command (not the measuring process), before the runner checks the history: when no
-    --db, --no-store or MGPU_BENCH_DB is given and the default place cannot be used (HOME missing,
-    not a folder, read-only, a special place: a daemon's environment), the check stores in
-    fallback_db() (for root, as slurmd, NHC and node-problem-detector run it, FALLBACK_DB),
-    through MGPU_BENCH_DB for itself and the measuring process; the note that
-    says so (also in the run's notes). None when nothing had to change. A fallback that cannot be
-    used either leaves the default's own refusal to the runner."""
+    --db, --no-store or MGPU_BENCH_DB is given, the check asks the history for its fallback
+    (history.store.default_place: where the default place cannot take a run, as with no HOME, an
+    empty, read-only or special one, it stores in $XDG_STATE_HOME/mgpu-bench, or
+    /var/lib/mgpu-bench for root, and says so in the run's notes), through the environment that the
+    runner's own check of the history and the measuring process both read. A probe imports no
+    history module: this is how it asks."""
     import click
-
-    from mgpu_bench.errors import InputError
-    from mgpu_bench.history import History
 
     ctx = click.get_current_context(silent=True)
     params = ctx.params if ctx is not None else {}
     _shipped_folder(params)
     if os.environ.get(plan.CHILD_ENV) or params.get("db_path") or params.get("no_store") \
             or "MGPU_BENCH_DB" in os.environ:
-        return None
-    try:
-        History.check(None)
-        return None
-    except InputError as exc:
-        why = str(exc).split(": give --db", 1)[0].split("; give --db", 1)[0]
-    place = fallback_db()
-    if place is None:
-        return None
-    try:
-        History.check(place)
-    except InputError:
-        return None
-    note = (f"{why}: this check is stored in {place} instead (give --db PATH, as the shipped NHC and "
-            "node-problem-detector configurations do, to choose the place)")
-    os.environ["MGPU_BENCH_DB"] = str(place)
-    os.environ[HISTORY_NOTE_ENV] = note
-    return note
+        return
+    os.environ[HISTORY_FALLBACK_ENV] = "check"
 
 
-FALLBACK_DB = "/var/lib/mgpu-bench/history.sqlite3"  # root's: the FHS place for a program's state (FHS 3.0, 5.8)
-
-
-def fallback_db() -> str | None:
-    """Where a check stores when its default place cannot be used: $XDG_STATE_HOME/mgpu-bench (when
-    absolute: the XDG Base Directory specification's place for state, which a daemon's unit may
-    set), else FALLBACK_DB for root (its folder made, 0755), else <tmp>/mgpu-bench-<uid> in a
-    folder of this user alone (0700, refused when it is a link or another user's); the file
-    history.sqlite3 there. None when none can be had."""
-    import stat
-    import tempfile
-
-    state = os.environ.get("XDG_STATE_HOME", "")
-    if os.path.isabs(state) and os.path.isdir(state):
-        folder = os.path.join(state, "mgpu-bench")
-        mode = 0o755
-    elif os.geteuid() == 0:
-        folder = os.path.dirname(FALLBACK_DB)
-        mode = 0o755
-    else:
-        folder = os.path.join(tempfile.gettempdir(), f"mgpu-bench-{os.geteuid()}")
-        mode = 0o700
-    try:
-        os.makedirs(folder, mode=mode, exist_ok=True)
-        st = os.lstat(folder)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or (mode == 0o700 and st.st_mode & 0o077):
-        return None
-    return os.path.join(folder, "history.sqlite3")
+SHIPPED_DB = "/var/lib/mgpu-bench/history.sqlite3"  # the shipped NHC and NPD configurations' --db (and root's fallback)
 
 
 def _shipped_folder(params) -> None:
-    """The folder of FALLBACK_DB, made (0755) when root's --db names it: the place the shipped NHC
-    and node-problem-detector configurations give, which a new node does not have yet."""
-    if params.get("db_path") and os.path.abspath(str(params["db_path"])) == FALLBACK_DB and os.geteuid() == 0:
+    """The folder of SHIPPED_DB, made (0755) when root's --db names it: a new node does not have it
+    yet."""
+    if params.get("db_path") and os.path.abspath(str(params["db_path"])) == SHIPPED_DB and os.geteuid() == 0:
         with contextlib.suppress(OSError):
-            os.makedirs(os.path.dirname(FALLBACK_DB), mode=0o755, exist_ok=True)
+            os.makedirs(os.path.dirname(SHIPPED_DB), mode=0o755, exist_ok=True)
 
 
 def format_option(*decls: str, **attrs):

@@ -24,20 +24,23 @@ RECENT = 5  # passing checks of the node whose median is the reference when no b
 # fewest whose spread between runs analyse.noise() can tell (it needs 5); fewer judge nothing
 
 
-def load(open_history: Callable | None, node: str) -> tuple[dict | None, str | None]:
-    """(the reference, None) or (None, why there is none: a note)."""
+def load(open_history: Callable | None, node: str) -> tuple[dict | None, list[str]]:
+    """(the reference or None, notes: why there is none, and where the history is when it is not
+    in its default place: the opened history's own note)."""
     if open_history is None:
-        return None, "no history to read a reference from (--no-store): judged by the floors alone"
+        return None, ["no history to read a reference from (--no-store): judged by the floors alone"]
     try:
         h = open_history()
     except Exception as exc:  # noqa: BLE001 - an unreadable history costs the reference, not the check
-        return None, f"the history could not be read ({exc}): judged by the floors alone"
+        return None, [f"the history could not be read ({exc}): judged by the floors alone"]
+    notes = [h.note] if getattr(h, "note", None) else []
     try:
-        return _from(h, node)
+        ref, why = _from(h, node)
     except Exception as exc:  # noqa: BLE001 - as above: a stored run that no longer reads, say
-        return None, f"the history could not be read ({type(exc).__name__}: {exc}): judged by the floors alone"
+        ref, why = None, f"the history could not be read ({type(exc).__name__}: {exc}): judged by the floors alone"
     finally:
         h.close()
+    return ref, notes + ([why] if why else [])
 
 
 def _from(h, node: str) -> tuple[dict | None, str | None]:
