@@ -48,8 +48,8 @@ deadline; GPU work that never returns by then is a problem, a measuring process 
 hands nothing over is unknown. The run is stored and written like every probe's (--db, --json,
 --prometheus); the newest --keep checks of the node stay in the history. Where the default
 history cannot be used (no HOME, a read-only one: a daemon's), the check stores in
-/var/lib/mgpu-bench/history.sqlite3 (root) or a private folder under the temporary folder, and
-says so; the shipped NHC and node-problem-detector configurations give --db.
+$XDG_STATE_HOME/mgpu-bench, else /var/lib/mgpu-bench (root) or a private folder under the
+temporary folder, and says so; the shipped NHC and node-problem-detector configurations give --db.
 
 \b
 --drain: on a problem, scontrol update NodeName=<SLURMD_NODENAME or the short host name>
