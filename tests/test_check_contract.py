@@ -193,6 +193,7 @@ def test_the_fallback_is_the_xdg_state_folder_root_s_state_folder_or_a_private_o
     from mgpu_bench.history import place as store
 
     assert contract.SHIPPED_DB == store.FALLBACK_DB  # the shipped configurations' --db is root's fallback
+    assert contract.HISTORY_FALLBACK_ENV == store.FALLBACK_ENV  # how the check asks the history for it
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     monkeypatch.setattr(store, "FALLBACK_DB", str(tmp_path / "var-lib" / "history.sqlite3"))
     monkeypatch.setattr(os, "geteuid", lambda: 0)
