@@ -9,7 +9,13 @@ LBNL NHC does with its "NHC:" prefix).
 
 Every failure is a SlurmError whose message is one line naming the fix: scontrol missing from
 PATH, a controller that does not answer, a node Slurm does not know, a caller Slurm refuses (not
-root or SlurmUser). Nothing here raises anything else for Slurm's answers.
+root or SlurmUser), a node name that is not one node. Nothing here raises anything else for
+Slurm's answers: its output is read as UTF-8 with undecodable bytes replaced, and parsed in one
+pass (a `scontrol show node` line of any length costs its length).
+
+What mgpu-bench writes into Slurm and prints of it carries no control character: a reason is
+one line of printable text (console.safe_text's escapes for the rest), so `sinfo -R` and a
+terminal show it as written.
 """
 
 from __future__ import annotations
@@ -55,11 +61,42 @@ class Node:
         return self.reason.startswith(REASON_PREFIX)
 
 
+def printable(text: str) -> str:
+    """Text with every character that is not printable (ESC, OSC 8's bytes, a newline, U+202E)
+    written as its escape (\\x1b): what Slurm keeps and a terminal shows is the text, never obeyed.
+    (console.safe_text's rule; this module needs the standard library alone: it is copied and run
+    as another user by the tests.)"""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+
+
 def this_node(env: Mapping[str, str] | None = None) -> str:
     """This node's name as Slurm knows it: SLURMD_NODENAME (slurmd sets it for HealthCheckProgram,
     Prolog and every job step), else the short host name (Slurm's NodeName default)."""
     env = os.environ if env is None else env
     return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+# What scontrol reads as more than one node, or as something else than a name: a hostlist
+# ("node[1-100]", "node1,node2": slurm.conf(5), NodeName "can be expressed as a hostlist"), words
+# split on white space, the KEY=VALUE syntax of `scontrol update`, quotes, and any byte that is not
+# printable ASCII (a host name is letters, digits, '-' and '.': RFC 1123 2.1; Slurm's own names add '_').
+_NOT_ONE_NODE = re.compile(r"[\[\],=\s\"'\\]|[^\x21-\x7e]")
+MAX_NODE_NAME = 255  # a host name's length (RFC 1123 2.1; Linux HOST_NAME_MAX is 64)
+
+
+def one_node(name: str, where: str = "SLURMD_NODENAME") -> str:
+    """`name` when it names exactly one node; SlurmError naming the fix otherwise. `ALL` is
+    refused too: scontrol's node updates take it for every node of the cluster."""
+    text = str(name)
+    bad = _NOT_ONE_NODE.search(text)
+    if not text or bad or len(text) > MAX_NODE_NAME or text.upper() == "ALL":
+        what = (f"has {bad.group()!r}" if bad and bad.group().isprintable() and not bad.group().isspace()
+                else "has a character that is not printable ASCII" if bad else
+                "is empty" if not text else "is ALL, every node" if text.upper() == "ALL" else "is too long")
+        raise SlurmError(f"{where} {printable(repr(text)[:80])} is not one node's name (it {what}): a health check "
+                         "acts on its own node only; set it to this node's NodeName in slurm.conf (scontrol show node "
+                         "lists them)")
+    return text
 
 
 def scontrol(env: Mapping[str, str] | None = None) -> str:
@@ -78,7 +115,8 @@ def run(args: list[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
     """`scontrol ARGS`; its stdout, or SlurmError with Slurm's own words and the fix."""
     exe = scontrol()
     try:
-        done = subprocess.run([exe, *args], check=False, capture_output=True, text=True, timeout=max(0.1, timeout_s),
+        done = subprocess.run([exe, *args], check=False, capture_output=True, encoding="utf-8", errors="replace",
+                              timeout=max(0.1, timeout_s),
                               stdin=subprocess.DEVNULL, env=children.child_env(),
                               preexec_fn=children.die_with_parent)  # scontrol cannot read the mark: bound here
     except subprocess.TimeoutExpired as exc:
@@ -125,25 +163,42 @@ def show_node(name: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Node:
 
 def parse_node(text: str, name: str) -> Node:
     """`scontrol show node` output -> Node. Fields are KEY=VALUE words, except Reason, which
-    runs to the end of its line ("Reason=mgpu-bench: GPU 1 slow [root@2026-12-01T11:34:56]")."""
+    runs to the end of its line ("Reason=mgpu-bench: GPU 1 slow [root@2026-12-01T11:34:56]").
+    One pass over the text, split and partitioned (no pattern that backtracks: a 50 MB line
+    costs its length)."""
     fields: dict[str, str] = {}
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("Reason="):
             fields["Reason"] = stripped[len("Reason="):]
             continue
-        for key, value in re.findall(r"(\w+)=(\S*)", stripped):
-            fields.setdefault(key, value)
-    reason = re.sub(r"\s*\[[^\]@]*@[^\]]*\]$", "", fields.get("Reason", "")).strip()
+        for word in stripped.split():
+            key, eq, value = word.partition("=")
+            if eq and key and (key.isascii() and key.replace("_", "a").isalnum()):
+                fields.setdefault(key, value)
+    reason = _without_stamp(fields.get("Reason", "")).strip()
     if reason == "(null)":
         reason = ""
-    state = tuple(s for s in re.split(r"[+]", fields.get("State", "")) if s)
+    state = tuple(s for s in fields.get("State", "").split("+") if s)
     return Node(fields.get("NodeName", name), state, reason, fields.get("NodeAddr") or None)
 
 
+def _without_stamp(text: str) -> str:
+    """A reason without Slurm's " [user@time]" tail, when it ends with one."""
+    stripped = text.rstrip()
+    if not stripped.endswith("]"):
+        return text
+    start = stripped.rfind("[")
+    inner = stripped[start + 1:-1]
+    if start < 0 or "@" not in inner or "]" in inner:
+        return text
+    return stripped[:start]
+
+
 def reason(text: str) -> str:
-    """A drain reason: "mgpu-bench: <text>", one line, at most MAX_REASON characters."""
-    line = " ".join(str(text).split())
+    """A drain reason: "mgpu-bench: <text>", one line of printable text (control characters as
+    their escapes), at most MAX_REASON characters."""
+    line = printable(" ".join(str(text).split()))
     if line.startswith(REASON_PREFIX):
         line = line[len(REASON_PREFIX):].strip()
     full = f"{REASON_PREFIX} {line}"
@@ -153,7 +208,7 @@ def reason(text: str) -> str:
 def drain(node: str, text: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
     """Drains `node` with the reason "mgpu-bench: <text>"; returns the reason written."""
     why = reason(text)
-    run(["update", f"NodeName={node}", "State=DRAIN", f"Reason={why}"], timeout_s)
+    run(["update", f"NodeName={one_node(node)}", "State=DRAIN", f"Reason={why}"], timeout_s)
     return why
 
 
@@ -161,10 +216,10 @@ def resume(node: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
     """Resumes `node` only when it is drained with a reason mgpu-bench wrote; returns what was
     done, in words: "resumed (it was drained: <reason>)", "not drained", or "left drained: <its
     reason> was not written by mgpu-bench"."""
-    n = show_node(node, timeout_s / 2)
+    n = show_node(one_node(node), timeout_s / 2)
     if not n.drained:
         return "not drained"
     if not n.ours:
-        return f"left drained: its reason {n.reason!r} was not written by mgpu-bench"
+        return f"left drained: its reason {printable(repr(n.reason))} was not written by mgpu-bench"
     run(["update", f"NodeName={node}", "State=RESUME"], timeout_s / 2)
     return f"resumed (it was drained: {n.reason})"

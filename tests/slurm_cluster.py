@@ -70,7 +70,7 @@ class Cluster:
         self.started_s = 0.0
 
     def run(self, *args: str, check: bool = True, timeout: float = 30.0, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run(list(args), env=kw.pop("env", self.env), capture_output=True, text=True,
+        return subprocess.run(list(args), env=kw.pop("env", self.env), capture_output=True, text=True, errors="replace",
                               timeout=timeout, check=check, **kw)
 
     def reasons(self) -> dict[str, str]:

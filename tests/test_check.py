@@ -75,8 +75,10 @@ def test_a_cpu_check_runs_its_share_within_its_budget_and_is_stored(baseline):
     assert "check of cpu-node: ok" in page and "<td class=l>ranks</td>" in page and "judged against the floors" in page
     assert "| ranks | measured |" in (rep / "summary.md").read_text()
     text = prom.read_text()
-    assert 'mgpu_bench_check_healthy_ratio{host="cpu-node",node="cpu-node"} 1.0' in text
-    assert 'mgpu_bench_check_tflops_flops_per_second{host="cpu-node",node="cpu-node",device="rank0"}' in text
+    assert 'mgpu_bench_check_healthy_ratio{host="cpu-node",node="cpu-node",textfile="check.prom"} 1.0' in text
+    assert 'mgpu_bench_check_flops_per_second{host="cpu-node",node="cpu-node",device="rank0",textfile="check.prom"}' \
+        in text
+    assert "check.json" not in listed and "mgpu-bench-check-" not in listed  # the command typed, not the child's
 
 
 def test_the_npd_form_is_one_line_of_80_bytes_and_the_next_check_is_judged_against_the_baseline(baseline, tmp_path):

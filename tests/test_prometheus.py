@@ -101,6 +101,7 @@ def test_every_kind_of_document_exports_and_parses(tmp_path):
         (
             {
                 "host": "gpu07",
+                "textfile": "mgpu_bench.prom",
                 "run": "r12",
                 "driver": "580.159.04",
                 "cuda_runtime": "13.0",
@@ -113,13 +114,13 @@ def test_every_kind_of_document_exports_and_parses(tmp_path):
         )
     ]
     for name in (
-        "mgpu_bench_comm_busbw_bytes_per_second",
+        "mgpu_bench_comm_bus_bandwidth_bytes_per_second",
         "mgpu_bench_comm_latency_seconds",
         "mgpu_bench_gemm_flops_per_second",
         "mgpu_bench_gemm_sustained_flops_per_second",
         "mgpu_bench_memory_hbm_bytes_per_second",
         "mgpu_bench_memory_fragmentation_ratio",
-        "mgpu_bench_memory_max_batch_samples",
+        "mgpu_bench_memory_max_batch",
         "mgpu_bench_model_tokens_per_second",
         "mgpu_bench_model_mfu_ratio",
         "mgpu_bench_model_exposed_comm_ratio",
@@ -134,7 +135,7 @@ def test_every_kind_of_document_exports_and_parses(tmp_path):
     assert total == len(metrics)  # every metric exported once
     busbw = {
         (lab["op"], lab["size"], lab["placement"], lab.get("probe")): v
-        for lab, v in fams["mgpu_bench_comm_busbw_bytes_per_second"]["samples"]
+        for lab, v in fams["mgpu_bench_comm_bus_bandwidth_bytes_per_second"]["samples"]
     }
     ref = next(
         m for m in metrics if m.name == "comm.allreduce.fp32.1GiB.out.2ranks.busbw"
@@ -152,11 +153,11 @@ def test_comm_family_matches_the_documented_example():
         for m in metrics_from_document(comm_document())
         if m.name == "comm.allreduce.fp32.1GiB.out.2ranks.busbw"
     ]
-    assert family(m)[0] == "mgpu_bench_comm_busbw_bytes_per_second"
+    assert family(m)[0] == "mgpu_bench_comm_bus_bandwidth_bytes_per_second"
     line = next(
         x
         for x in render([m], None, ENV).splitlines()
-        if x.startswith("mgpu_bench_comm_busbw")
+        if x.startswith("mgpu_bench_comm_bus_bandwidth")
     )
     assert 'op="allreduce"' in line and 'size="1GiB"' in line and 'host="gpu07"' in line
 
@@ -245,3 +246,75 @@ def test_a_missing_folder_raises_and_leaves_nothing(tmp_path):
     with pytest.raises(OSError):
         write_textfile(tmp_path / "nope" / "x.prom", [], None, ENV)
     assert os.listdir(tmp_path) == []
+
+
+# -- promtool, and series of two files ------------------------------------------------------------------
+
+PROMTOOL_INSTALL = "apt-get install -y prometheus (Debian's package has promtool)"
+
+
+def _every_probes_documents() -> dict[str, list[dict]]:
+    """A document of every registered probe: the GPU runs' fixtures, the fleet and suite fixtures,
+    and the documents tests/test_headline.py builds."""
+    import json
+    from pathlib import Path
+
+    from mgpu_bench import probe as registry
+    from mgpu_bench.document import document_kind
+
+    here = Path(__file__).resolve().parent / "fixtures"
+    docs = [json.loads(f.read_text()) for f in sorted((here / "gpu").glob("*.json"))]
+    docs += [json.loads((here / "fleet" / "fleet-2-cpu-nodes.json").read_text()),
+             json.loads((here / "suite" / "suite.json").read_text()), json.loads((here / "comm_2x_h200.json").read_text())]
+    docs += [comm_document(), links_document(), memory_document(), model_document(), suite_document()]
+    out: dict[str, list[dict]] = {name: [] for name in registry.names()}
+    for d in docs:
+        out.setdefault(document_kind(d) or "?", []).append(d)
+    return out
+
+
+def test_every_probes_textfile_passes_promtool(tmp_path):
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip(f"promtool is not installed: {PROMTOOL_INSTALL}")
+    by_kind = _every_probes_documents()
+    missing = [k for k, docs in by_kind.items() if not docs]
+    assert not missing, f"no document of {missing} to write a textfile of"
+    for kind, docs in by_kind.items():
+        for i, doc in enumerate(docs):
+            path = tmp_path / f"{kind}{i}.prom"
+            write_textfile(path, metrics_from_document(doc), "r12", doc.get("environment") or ENV)
+            r = subprocess.run([promtool, "check", "metrics"], stdin=path.open("rb"), capture_output=True, text=True,
+                               timeout=60, check=False)
+            assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), (kind, r.stdout + r.stderr)
+            parse(path.read_text())
+
+
+def test_family_names_have_one_spelled_out_base_unit_and_no_abbreviation():
+    cases = [
+        (Metric("model.gpt.ddp.1gpu.real.samples_per_s", 5.0, "samples/s", "higher"), "mgpu_bench_model_samples_per_second"),
+        (Metric("check.gpu0.tflops", 7e14, "FLOP/s", "higher"), "mgpu_bench_check_flops_per_second"),
+        (Metric("check.allreduce_busbw", 1e11, "B/s", "higher"), "mgpu_bench_check_allreduce_bus_bandwidth_bytes_per_second"),
+        (Metric("sdc.gpu0.hbm.checked_bytes", 1e9, "B", "higher"), "mgpu_bench_sdc_checked_bytes"),
+        (Metric("check.problems", 0.0, "samples", "lower"), "mgpu_bench_check_problems"),
+        (Metric("plan.gpt.ddp.8gpu.step", 0.1, "s", "lower"), "mgpu_bench_plan_step_seconds"),
+    ]
+    for m, name in cases:
+        assert family(m)[0] == name, (m.name, family(m)[0])
+
+
+def test_two_textfiles_of_two_databases_never_give_the_same_series(tmp_path):
+    """node_exporter's textfile collector joins every .prom file of its folder, and drops a series
+    that two files both give (the same run id of two databases): every series names its file."""
+    m = Metric("check.healthy", 1.0, "fraction", "higher", (), {"node": "n1"})
+    a, b = tmp_path / "check.prom", tmp_path / "suite.prom"
+    write_textfile(a, [m], "r12", ENV)
+    write_textfile(b, [m], "r12", ENV)
+    series = []
+    for f in (a, b):
+        for name, fam in parse(f.read_text()).items():
+            series += [(name, tuple(sorted(lab.items()))) for lab, _ in fam["samples"]]
+    assert len(series) == len(set(series)) == 4

@@ -230,3 +230,35 @@ def test_slurm_that_refuses_says_why_in_one_line(idle, monkeypatch):
     (line,) = r.stdout.strip().splitlines()
     assert line.startswith("Slurm refused to change node 'node2'") and "run as root or SlurmUser" in line, r.stderr
     assert c.reasons() == {}
+
+
+def test_a_reason_slurm_holds_is_read_whatever_its_bytes_and_printed_escaped(idle, tmp_path):
+    """Another tool's reason with ESC / OSC 8 and bytes that are not UTF-8: scontrol's answer is
+    read (no traceback), and `check --resume` prints it escaped; the node stays drained."""
+    c = idle
+    evil = b"site-tool: \x1b]8;;http://x\x07disk\x1b]8;;\x07 \xff\xfe bad"
+    subprocess.run([b"scontrol", b"update", b"NodeName=node1", b"State=DRAIN", b"Reason=" + evil], env=c.env,
+                   check=True, capture_output=True, timeout=30)
+    n = slurm.parse_node(subprocess.run(["scontrol", "show", "node", "node1"], env=c.env, capture_output=True,
+                                        timeout=30, check=True).stdout.decode("utf-8", "replace"), "node1")
+    assert n.drained and not n.ours
+    r = subprocess.run([*CLI, "check", "--resume", "--no-store"], check=False, env=_env(c, SLURMD_NODENAME="node1"),
+                       capture_output=True, timeout=120)
+    out = r.stdout.decode()
+    assert r.returncode == 0, out + r.stderr.decode(errors="replace")
+    assert "node1 in Slurm: left drained: its reason" in out and "\x1b" not in out and "\\x1b" in out, out
+    assert list(c.reasons()) == ["node1"]
+
+
+def test_all_is_refused_though_scontrol_would_take_it_for_every_node(idle, monkeypatch):
+    """`scontrol update NodeName=ALL` is refused by mgpu-bench before scontrol runs: Slurm may take
+    it for every node of the cluster (the test accepts either answer of this Slurm), which a
+    health check must never ask."""
+    c = idle
+    monkeypatch.setenv("SLURM_CONF", str(c.conf))
+    with pytest.raises(slurm.SlurmError, match="is ALL, every node"):
+        slurm.drain("ALL", "test")
+    r = c.run("scontrol", "update", "NodeName=ALL", "State=DRAIN", "Reason=test", check=False)
+    drained = c.reasons()
+    c.reset()
+    assert r.returncode != 0 or len(drained) == 4, (r.stderr, drained)

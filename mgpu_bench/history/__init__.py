@@ -2,6 +2,8 @@
 and the comparison that gates on regressions.
 
     store.py     the database (WAL, application id, migrations), runs, metrics, baselines, trends
+    place.py     where it is: the default place, a check's fallback, the file's checks before opening
+    retention.py what is kept: a document's own limit (a check's --keep), prune by age and count
     compare.py   change per metric against a noise-aware threshold, fingerprint differences
     rows.py      stored rows read back through their declared shapes (a row changed outside)
     cli.py       `mgpu-bench history`, `baseline` and `compare`

@@ -181,6 +181,7 @@ def history_group() -> None:
     mgpu-bench history list              the last runs, newest first
     mgpu-bench history show r12          one run's headline metrics
     mgpu-bench history trend NAME        one metric over the runs, oldest first
+    mgpu-bench history prune --keep 1000 thin the history by age and count (baselines kept)
     """
 
 
@@ -280,7 +281,7 @@ def history_list(limit, kind, db_path) -> int:
     with _open(db_path, readonly=True) as h:
         runs = h.list(limit, kind)
         path = h.path
-        status = {r.run_id: _status_of(h, r.run_id) for r in runs}
+        status = {run_id: _status_text(st) for run_id, st in h.statuses([r.run_id for r in runs]).items()}
         _notes(h)
     if not runs:
         out.print(safe_text(f"no {kind + ' ' if kind else ''}runs stored in {path}"))
@@ -311,15 +312,13 @@ def history_list(limit, kind, db_path) -> int:
     return 0
 
 
-def _status_of(h, run_id: str) -> str:
-    """How a stored run ended, from its document's status: complete; interrupted (Ctrl-C),
+def _status_text(st: dict | None) -> str:
+    """How a stored run ended, from its document's status block: complete; interrupted (Ctrl-C),
     terminated (SIGTERM) or stopped: its reason (a timeout, out of memory, an NCCL error) with
-    what it measured kept; for a suite, the probes that failed."""
-    try:
-        doc = h.get(run_id).document
-    except Exception:  # noqa: BLE001 - a row that cannot be read back still lists
+    what it measured kept; for a suite, the probes that failed; unreadable (None: a document
+    changed outside mgpu-bench)."""
+    if st is None:
         return "unreadable"
-    st = doc.get("status") if isinstance(doc.get("status"), dict) else {}
     stopped, message = st.get("stopped"), str(st.get("message") or "")
     if stopped == "interrupted":
         return "terminated" if "SIGTERM" in message or "SIGHUP" in message else "interrupted"
@@ -327,8 +326,75 @@ def _status_of(h, run_id: str) -> str:
         return f"stopped: {str(stopped).replace('_', ' ')}"
     failed = st.get("failed") or []
     if failed:
-        return f"failed: {len(failed)} probe(s)"
+        return f"failed: {len(failed) if isinstance(failed, list) else 1} probe(s)"
     return "complete"
+
+
+_AGE_UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """'90d', '12w', '1y', '36h' -> seconds; InputError naming the form."""
+    t = str(text).strip().lower()
+    number = ascii_float(t[:-1]) if t and t[-1] in _AGE_UNITS else None
+    if number is None or not math.isfinite(number) or number <= 0:
+        raise InputError(f"--older-than '{text}' is not an age: write e.g. 90d, 12w, 1y or 36h (hours, days, weeks, "
+                         "years of 365 days)")
+    return number * _AGE_UNITS[t[-1]]
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+@history_group.command("prune")
+@click.option("--older-than", "age_text", default=None, metavar="AGE",
+              help="Remove runs created more than AGE ago (90d, 12w, 1y, 36h).")
+@click.option("--keep", default=None, type=AsciiIntRange(0, 10_000_000), metavar="N",
+              help="Remove all but the newest N runs of each kind and host.")
+@click.option("--kind", default=None, help="Only runs of this kind (check, comm, ...).")
+@click.option("--host", default=None, help="Only runs of this host.")
+@click.option("--drop-samples", is_flag=True,
+              help="Keep the chosen runs and their headline metrics; drop their raw samples (per-iteration values "
+                   "in the metrics and the document) instead.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; change nothing.")
+@_db_option
+def history_prune(age_text, keep, kind, host, drop_samples, dry_run, db_path) -> int:
+    """Thins the history by age and count, per kind and host. Baselines and the runs they
+    reference (a baseline check's reference runs, a plan's sources) always stay. Without
+    --drop-samples the chosen runs are removed and the file is compacted (VACUUM); a check
+    stores with its own limit already (`check --keep`, the newest 1000 per node)."""
+    import datetime as _dt
+
+    from mgpu_bench import probe as registry
+
+    if age_text is None and keep is None:
+        raise InputError("say what to prune: --older-than AGE (e.g. 90d), --keep N (the newest N runs of each kind "
+                         "and host), or both")
+    if kind is not None and kind not in registry.names():
+        raise InputError(f"--kind {safe_text(kind)!s}: not a kind of run; choose from {', '.join(registry.names())}")
+    cutoff = None
+    if age_text is not None:
+        when = _dt.datetime.now(_dt.UTC) - _dt.timedelta(seconds=parse_age(age_text))
+        cutoff = when.isoformat(timespec="seconds")
+    out = _out()
+    with _open(db_path, create=False) as h:
+        before = h.size()
+        done = h.prune(cutoff, keep, kind, host, drop_samples, dry_run)
+        if not dry_run and (done.removed or done.thinned):
+            h.vacuum()
+        after = h.size()
+        path = h.path
+    n = sum(done.groups.values())
+    groups = ", ".join(f"{k} on {hst or '-'}: {c:,}" for (k, hst), c in sorted(done.groups.items(),
+                                                                                key=lambda kv: (-kv[1], kv[0][0])))
+    verb = ("would thin" if drop_samples else "would remove") if dry_run else ("thinned" if drop_samples else "removed")
+    line = f"{verb} {n:,} of {done.considered:,} run(s) considered" + (f" ({groups})" if groups else "")
+    if done.kept_protected:
+        line += f"; {done.kept_protected:,} kept as baselines or runs a baseline references"
+    out.print(safe_text(line), soft_wrap=True)
+    out.print(safe_text(f"{path}: {_mb(before)}" + ("" if dry_run else f" -> {_mb(after)}")), soft_wrap=True)
+    return 0
 
 
 @history_group.command("show")

@@ -1,6 +1,10 @@
 """The run history: every result document stored in SQLite with its headline metrics, baselines
 per kind, and the comparison of two runs that decides what regressed.
 
+Retention (retention.py): a document may ask that only the newest N runs of its kind and host
+stay ("keep": a check's --keep, 1000 by default), applied as it is stored; `prune` removes or
+thins by age and count; baselines and the runs they reference always stay.
+
 The store is a file (never only memory): $MGPU_BENCH_DB, else
 $XDG_DATA_HOME/mgpu-bench/history.sqlite3, where XDG_DATA_HOME counts only when it is an
 absolute path and defaults to $HOME/.local/share (the XDG Base Directory rules); a blank
@@ -46,6 +50,7 @@ from mgpu_bench.probe import headline as metrics_from_document
 from mgpu_bench.probe import names as probe_names
 from mgpu_bench.probe import validate
 
+from .place import _WHERE, _check_location, default_path, default_place
 from .rows import FINGERPRINT, METRIC_ROW, RUN_ROW, check_row, json_field, metric_of_row
 
 if TYPE_CHECKING:
@@ -88,52 +93,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-_WHERE = "give --db PATH or set MGPU_BENCH_DB to the database file"
-
-
-def default_path() -> Path:
-    """$MGPU_BENCH_DB, else $XDG_DATA_HOME/mgpu-bench/history.sqlite3 with XDG_DATA_HOME taken
-    only when absolute, else $HOME/.local/share (the XDG Base Directory specification). InputError
-    for a blank MGPU_BENCH_DB, and for a HOME that is empty, relative or not an existing folder
-    (nothing is created at the root of the file system or under a HOME that is not there)."""
-    env = os.environ.get("MGPU_BENCH_DB")
-    if env is not None:
-        if not env.strip():
-            raise InputError(f"MGPU_BENCH_DB is set but blank ({env!r}): set it to the history database file, or "
-                             "unset it for the default ($XDG_DATA_HOME/mgpu-bench/history.sqlite3)")
-        return Path(env).expanduser()
-    data = os.environ.get("XDG_DATA_HOME", "")
-    if not os.path.isabs(data):  # the spec: a relative path is invalid and is ignored
-        home = os.environ.get("HOME")
-        if home is None:
-            try:
-                import pwd
-
-                home = pwd.getpwuid(os.getuid()).pw_dir
-            except (ImportError, KeyError):
-                home = ""
-        if not home:
-            raise InputError(f"HOME is empty, so there is no default place for the history database: {_WHERE}")
-        if not os.path.isabs(home):
-            raise InputError(f"HOME is a relative path ({home!r}), so there is no default place for the history "
-                             f"database: {_WHERE}")
-        if not os.path.isdir(home):
-            raise InputError(f"HOME ({home}) is not an existing folder, so there is no default place for the "
-                             f"history database: {_WHERE}")
-        data = os.path.join(home, ".local", "share")
-    return Path(data) / "mgpu-bench" / "history.sqlite3"
-
-
 def _headline(doc: Mapping) -> builtins.list[Metric]:
     """The document's headline metrics; a document its probe cannot read (a shape its schema
     does not catch) is bad input, not a traceback."""
     try:
         return metrics_from_document(doc)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError) as exc:
-        raise InputError(
-            f"the {document_kind(doc)} document cannot be read ({type(exc).__name__}: {exc}): give one "
-            "written by a command's --json"
-        ) from None
+        raise InputError(f"the {document_kind(doc)} document cannot be read ({type(exc).__name__}: {exc}): give one "
+                         "written by a command's --json") from None
 
 
 def _text(value):
@@ -202,6 +169,7 @@ class History:
         # Stored rows a listing (list, trend) left out because they were changed outside mgpu-bench:
         # one line each, which the command prints as a note.
         self.skipped: builtins.list[str] = []
+        self.note: str | None = None  # why this is not the default place (default_place's fallback)
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -217,15 +185,18 @@ class History:
         explicit = path is not None
         if explicit and not str(path).strip():
             raise InputError(f"--db {str(path)!r} is blank: give the history database file")
-        p = Path(path).expanduser() if explicit else default_path()
+        p, note = (Path(path).expanduser(), None) if explicit else default_place()
         create = create and not readonly
         if not explicit and "MGPU_BENCH_DB" not in os.environ and create:
+            nearest = p.parent
+            while not nearest.exists() and nearest.parent != nearest:
+                nearest = nearest.parent
+            if special_place(nearest):  # HOME=/dev, XDG_DATA_HOME=/proc/x: refused before anything is made there
+                raise InputError(f"the history database {p} would be {special_place(nearest)}: {_WHERE}")
             try:  # the XDG folder (its HOME checked to exist by default_path)
                 p.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise InputError(
-                    f"cannot create {p.parent} for the history: {exc.strerror or exc}"
-                ) from None
+                raise InputError(f"cannot create {p.parent} for the history: {exc.strerror or exc}") from None
         _check_location(p, readonly)
         try:
             exists = p.exists()
@@ -236,7 +207,9 @@ class History:
                              "`mgpu-bench history add FILE`, stores runs); --db or MGPU_BENCH_DB name another")
         try:
             if readonly:
-                uri = "file:" + urllib.parse.quote(str(p.absolute())) + "?mode=ro"
+                # the path's own bytes, percent-encoded (a name that is not UTF-8 included: quote() of the str
+                # would refuse its surrogates; sqlite3 decodes the escapes back to those bytes)
+                uri = "file:" + urllib.parse.quote(os.fsencode(p.absolute())) + "?mode=ro"
                 conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
             else:
                 conn = sqlite3.connect(str(p), timeout=BUSY_TIMEOUT_S, isolation_level=None)
@@ -264,7 +237,9 @@ class History:
         if not exists:
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 sys.stderr.write(f"mgpu-bench: created the history database {p}\n")
-        return cls(conn, p, readonly)
+        h = cls(conn, p, readonly)
+        h.note = note
+        return h
 
     @classmethod
     def check(cls, path: str | os.PathLike | None = None) -> Path:
@@ -318,9 +293,7 @@ class History:
         shape: InputError naming the field); returns the run id ('r12'). One transaction: a run
         is stored with all its metrics or not at all."""
         if not isinstance(doc, Mapping) or doc.get("schema") != RESULT_SCHEMA:
-            raise InputError(
-                "not an mgpu-bench result document: give one written by a command's --json"
-            )
+            raise InputError("not an mgpu-bench result document: give one written by a command's --json")
         if metrics is None:  # read here for its metrics: its declared shape first (mgpu_bench.schema),
             try:  # as the stored JSON holds it (a run's own document still has tuples, say)
                 validate(json.loads(json.dumps(doc)))
@@ -333,14 +306,8 @@ class History:
         names = [m.name for m in metrics]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
-            raise InputError(
-                f"the {kind} document measures {dup} twice: give one run's document, not two joined"
-            )
-        environment = (
-            doc.get("environment")
-            if isinstance(doc.get("environment"), Mapping)
-            else {}
-        )
+            raise InputError(f"the {kind} document measures {dup} twice: give one run's document, not two joined")
+        environment = doc.get("environment") if isinstance(doc.get("environment"), Mapping) else {}
         command = doc.get("command")
         if isinstance(command, (list, tuple)):
             command = shlex.join(str(c) for c in command)
@@ -349,9 +316,7 @@ class History:
             document_json = json.dumps(doc)
             fingerprint_json = json.dumps(environment)
         except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"the result document cannot be stored as JSON: {exc}"
-            ) from None
+            raise ValueError(f"the result document cannot be stored as JSON: {exc}") from None
         with self._write():
             cur = self._conn.execute(
                 "INSERT INTO runs (created, kind, command, host, fingerprint, document) VALUES (?, ?, ?, ?, ?, ?)",
@@ -380,7 +345,37 @@ class History:
                     for m in metrics
                 ],
             )
+            keep = doc.get("keep")  # a document's own limit (a check: its node's newest checks kept)
+            if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0:
+                from .retention import apply_keep
+
+                apply_keep(self._conn, _text(kind), _text(environment.get("host")), keep)
         return run_label(row)
+
+    def prune(self, older_than: str | None = None, keep: int | None = None, kind: str | None = None,
+              host: str | None = None, drop_samples: bool = False, dry_run: bool = False):
+        """retention.prune in one write transaction: removes (or thins) by age and count per kind
+        and host, baselines and the runs they reference kept. -> retention.Pruned."""
+        from .retention import prune
+
+        with self._write():
+            return prune(self._conn, older_than, keep, kind, host, drop_samples, dry_run, validate)
+
+    def vacuum(self) -> None:
+        """Gives the pages of removed runs back to the file system (SQLite's VACUUM: the file is
+        rewritten, which needs as much free space as it holds)."""
+        try:
+            self._conn.execute("VACUUM")
+        except sqlite3.DatabaseError as exc:
+            raise _db_error(self.path, exc) from None
+
+    def size(self) -> int:
+        """The database's bytes on disk, its write-ahead log included."""
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(f"{self.path}{suffix}")
+        return total
 
     def set_baseline(self, run_id: str) -> str:
         """Makes `run_id` the baseline of its scope (replacing the previous one); returns the
@@ -443,7 +438,7 @@ class History:
         with self._read():
             rows = self._conn.execute(
                 "SELECT r.id, r.created, r.host, m.value, m.unit, m.better FROM metrics m JOIN runs r ON r.id = m.run "
-                "WHERE m.name = ? AND (? IS NULL OR r.host = ?) ORDER BY r.id DESC LIMIT ?",
+                "WHERE m.name = ? AND (? IS NULL OR r.host = ?) ORDER BY m.run DESC LIMIT ?",  # the index's order: no sort
                 (metric_name, host, host, int(limit)),
             ).fetchall()
         out = []
@@ -458,6 +453,35 @@ class History:
                 continue
             out.append(TrendPoint(run_label(i), c, h, v, u, b))
         return out
+
+    def statuses(self, run_ids: Sequence[str]) -> dict[str, dict | None]:
+        """Each run's document status block ({} where it has none, None where its document is not
+        JSON), read by
+        SQLite from the stored JSON: a listing costs its length, not its documents' size."""
+        out: dict[str, dict | None] = {}
+        with self._read():
+            for run_id in run_ids:
+                try:
+                    (text,) = self._conn.execute("SELECT json_extract(document, '$.status') FROM runs WHERE id = ?",
+                                                 (self._resolve(run_id),)).fetchone()
+                    got = json.loads(text) if isinstance(text, str) else {}  # NULL: a document with no status
+                except (sqlite3.DatabaseError, ValueError, RecursionError):
+                    got = None
+                out[run_id] = got if isinstance(got, dict) else {} if got is not None else None
+        return out
+
+    def runs_with(self, metric_name: str, value: float, kind: str | None = None, host: str | None = None,
+                  limit: int = 5) -> builtins.list[str]:
+        """The newest runs (of `kind` on `host`, where given) whose metric `metric_name` is
+        `value`, newest first: an index read (metrics by name, newest run first), as fast with a
+        year of runs stored as with a few."""
+        with self._read():
+            rows = self._conn.execute(
+                "SELECT r.id FROM metrics m JOIN runs r ON r.id = m.run WHERE m.name = ? AND m.value = ? "
+                "AND (? IS NULL OR r.kind = ?) AND (? IS NULL OR r.host = ?) ORDER BY m.run DESC LIMIT ?",
+                (metric_name, float(value), kind, kind, host, host, int(limit)),
+            ).fetchall()
+        return [run_label(r) for (r,) in rows]
 
     def hosts_of(self, metric_name: str) -> builtins.list[str]:
         """The hosts of the runs that have the metric, most recent first."""
@@ -479,9 +503,7 @@ class History:
             ).fetchall()
         return [n for (n,) in rows if isinstance(n, str)]
 
-    def metric_names(
-        self, like: str | None = None, limit: int = 10
-    ) -> builtins.list[str]:
+    def metric_names(self, like: str | None = None, limit: int = 10) -> builtins.list[str]:
         """Stored metric names containing `like` (all when None), most recent first."""
         with self._read():
             rows = self._conn.execute(
@@ -507,9 +529,7 @@ class History:
     def baselines(self) -> dict[str, str]:
         """kind -> baseline run id, for every kind that has one."""
         with self._read():
-            rows = self._conn.execute(
-                "SELECT scope, run FROM baselines ORDER BY scope"
-            ).fetchall()
+            rows = self._conn.execute("SELECT scope, run FROM baselines ORDER BY scope").fetchall()
         return {k: run_label(r) for k, r in rows}
 
     def list(self, limit: int = 20, kind: str | None = None) -> builtins.list[RunInfo]:
@@ -524,9 +544,7 @@ class History:
             sql += " WHERE r.kind = ?"
             args = (kind,)
         with self._read():
-            rows = self._conn.execute(
-                sql + " ORDER BY r.id DESC LIMIT ?", (*args, int(limit))
-            ).fetchall()
+            rows = self._conn.execute(sql + " ORDER BY r.id DESC LIMIT ?", (*args, int(limit))).fetchall()
         out = []
         for i, c, k, h, cmd, n, b in rows:
             try:
@@ -549,18 +567,11 @@ class History:
             return int(r[0])
         digits = text.removeprefix("r")
         if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
-            raise InputError(
-                f"'{run_id}' is not a run id: write r12 (as `mgpu-bench history list` prints), 12 or "
-                "latest"
-            )
+            raise InputError(f"'{run_id}' is not a run id: write r12 (as `mgpu-bench history list` prints), 12 or "
+                             "latest")
         row = int(digits)
-        if (
-            self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (row,)).fetchone()
-            is None
-        ):
-            raise InputError(
-                f"no run {run_label(row)} in {self.path}: see `mgpu-bench history list`"
-            )
+        if self._conn.execute("SELECT 1 FROM runs WHERE id = ?", (row,)).fetchone() is None:
+            raise InputError(f"no run {run_label(row)} in {self.path}: see `mgpu-bench history list`")
         return row
 
     def _write(self):
@@ -605,72 +616,36 @@ _BUGS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceErro
 
 def _db_error(path: Path, exc: sqlite3.DatabaseError) -> InputError:
     text = str(exc)
+    if _full(path, exc):
+        return InputError(
+            f"the disk of the history database {path} is full ({text}): nothing was stored and the database is as "
+            "it was; free space there (`mgpu-bench history prune` thins the history), or give --db on another "
+            "file system"
+        )
     if "locked" in text or "busy" in text:
-        return InputError(
-            f"the history database {path} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s: "
-            "try again when it has finished"
-        )
+        return InputError(f"the history database {path} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s: "
+                          "try again when it has finished")
     if "readonly" in text or "read-only" in text:
-        return InputError(
-            f"the history database {path} is read-only: give a writable --db path"
-        )
-    return InputError(
-        f"{path} is not a usable mgpu-bench history database ({text}): give another --db path, or "
-        "move this file away"
-    )
+        return InputError(f"the history database {path} is read-only: give a writable --db path")
+    return InputError(f"{path} is not a usable mgpu-bench history database ({text}): give another --db path, or "
+                      "move this file away")
 
 
-def _check_location(p: Path, readonly: bool = False) -> None:
-    """The folder exists and is writable (WAL mode writes two files beside the database), and is
-    no device or kernel file system (paths.special_place); an existing file is SQLite (its first 16
-    bytes) and writable. `readonly`: a missing file is said by the caller, and a file or folder
-    that can only be read will do."""
-    try:
-        _check_path(p, readonly)
-    except OSError as exc:  # a name too long, a folder that cannot be searched
-        raise InputError(f"cannot use {p} as the history database: {exc.strerror or exc}") from None
+def _full(path: Path, exc: sqlite3.DatabaseError) -> bool:
+    """Whether `exc` is a write that found no room: SQLITE_FULL ("database or disk is full"), or an
+    I/O error of a write while the file system has no free block left (SQLite reports a failed
+    write of its journal as SQLITE_IOERR)."""
+    name = str(getattr(exc, "sqlite_errorname", "") or "")
+    if name == "SQLITE_FULL" or "disk is full" in str(exc):
+        return True
+    if name.startswith("SQLITE_IOERR") or "disk I/O error" in str(exc):
+        import shutil
 
-
-def _check_path(p: Path, readonly: bool) -> None:
-    if p.is_dir():
-        raise InputError(
-            f"{p} is a folder: give a database file name, e.g. {p / 'history.sqlite3'}"
-        )
-    folder = p.parent
-    if not folder.is_dir():
-        if readonly:
-            return  # no database there: the caller names the path
-        raise InputError(
-            f"the folder of the history database {p} does not exist: create it first"
-        )
-    where = special_place(folder)
-    if where:
-        raise InputError(f"the history database {p} is {where}: give a --db path elsewhere")
-    if readonly:
-        if p.exists() and not p.is_file():
-            raise InputError(f"{p} is not a regular file: give a history database file name")
-        if p.exists() and not os.access(p, os.R_OK):
-            raise InputError(f"the history database {p} is not readable: fix its permissions or give another --db path")
-    elif not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(
-            f"the folder of the history database {p} is not writable: give a --db path in a "
-            "writable folder"
-        )
-    if p.exists():
-        if not p.is_file():  # a FIFO or a device: reading its first bytes would wait or never end
-            raise InputError(f"{p} is not a regular file: give a history database file name")
-        if not readonly and not os.access(p, os.R_OK | os.W_OK):
-            raise InputError(
-                f"the history database {p} is not readable and writable: fix its permissions or give "
-                "another --db path"
-            )
-        with open(p, "rb") as f:
-            head = f.read(16)
-        if head and head != b"SQLite format 3\x00":
-            raise InputError(
-                f"{p} is not an SQLite database (so not an mgpu-bench history): give another --db "
-                "path, or move this file away"
-            )
+        try:
+            return shutil.disk_usage(path.parent).free < 64 * 1024
+        except OSError:
+            return False
+    return False
 
 
 def _owner_marks(conn: sqlite3.Connection) -> tuple[int, int, int]:
@@ -695,20 +670,14 @@ def _check_owner(conn: sqlite3.Connection, p: Path) -> None:
     app, version, objects = _owner_marks(conn)
     if app == 0:
         if objects or version:
-            raise InputError(
-                f"{p} is an SQLite database of another program (application_id 0, {objects} "
-                "tables and indexes): give another --db path"
-            )
+            raise InputError(f"{p} is an SQLite database of another program (application_id 0, {objects} "
+                             "tables and indexes): give another --db path")
     elif app != APPLICATION_ID:
-        raise InputError(
-            f"{p} is an SQLite database of another program (application_id {app:#x}): give another "
-            "--db path"
-        )
+        raise InputError(f"{p} is an SQLite database of another program (application_id {app:#x}): give another "
+                         "--db path")
     elif version > SCHEMA_VERSION:
-        raise InputError(
-            f"{p} was written by a newer mgpu-bench (history schema {version}, this one knows "
-            f"{SCHEMA_VERSION}): upgrade mgpu-bench or give another --db path"
-        )
+        raise InputError(f"{p} was written by a newer mgpu-bench (history schema {version}, this one knows "
+                         f"{SCHEMA_VERSION}): upgrade mgpu-bench or give another --db path")
 
 
 def _set_wal(conn: sqlite3.Connection, p: Path) -> None:
@@ -724,10 +693,8 @@ def _set_wal(conn: sqlite3.Connection, p: Path) -> None:
                 raise
             time.sleep(0.05)
     if str(mode).lower() != "wal":
-        raise InputError(
-            f"the history database {p} cannot use WAL mode (journal mode stays {mode}): put it on a "
-            "local file system"
-        )
+        raise InputError(f"the history database {p} cannot use WAL mode (journal mode stays {mode}): put it on a "
+                         "local file system")
 
 
 def _migrate(conn: sqlite3.Connection, p: Path) -> None:

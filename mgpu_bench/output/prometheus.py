@@ -1,15 +1,20 @@
 """Headline metrics as a Prometheus text file, for node_exporter's textfile collector.
 
-    mgpu_bench_comm_busbw_bytes_per_second{host="gpu07",op="allreduce",size="1GiB",...} 3.61e+11
+    mgpu_bench_comm_bus_bandwidth_bytes_per_second{host="gpu07",op="allreduce",size="1GiB",...,textfile="comm.prom"} 3.61e+11
 
-One gauge family per kind of figure, named with its base unit as Prometheus' conventions ask
-(_bytes_per_second, _seconds, _ratio for fractions, _bytes); what the metric's dotted name says
-beyond that (op, size, GPU, dtype, ...) is in the labels, plus a host label. An info gauge,
-mgpu_bench_info, carries the run id and the driver, CUDA, NCCL and torch versions: the run id
-is kept off the figures so that every run does not start new series. The file is replaced
-atomically (paths.write_output: a temporary file in the same folder, then a rename; a symbolic
-link is written through): the collector may read it at any moment, and it reads only files
-ending in .prom.
+One gauge family per kind of figure, named as Prometheus' conventions ask (metric and label
+naming, prometheus.io/docs/practices/naming: one base unit, spelled out, as the suffix; no
+abbreviated units), and as `promtool check metrics` lints them: the kind, the quantity's words
+without those that restate the unit ("tflops" of a FLOP/s figure, "samples_per_s" of a samples/s
+one) and with abbreviations written out (busbw: bus_bandwidth), then the unit (_bytes_per_second,
+_flops_per_second, _seconds, _ratio for fractions, _bytes; a count has none). What the metric's
+dotted name says beyond that (op, size, GPU, dtype, ...) is in the labels, plus a host label and
+a `textfile` label, the file's own name: two files (of two history databases, of two commands)
+never give the same series, which node_exporter would drop. An info gauge, mgpu_bench_info,
+carries the run id and the driver, CUDA, NCCL and torch versions: the run id is kept off the
+figures so that every run does not start new series. The file is replaced atomically
+(paths.write_output: a temporary file in the same folder, then a rename; a symbolic link is
+written through): the collector may read it at any moment, and it reads only files ending in .prom.
 """
 
 from __future__ import annotations
@@ -31,70 +36,41 @@ UNIT_SUFFIX = {
     "s": "_seconds",
     "fraction": "_ratio",
     "B": "_bytes",
-    "samples": "_samples",
+    "samples": "",  # a count (of samples in a batch, of problems, of nodes): no unit, the quantity names it
 }
-# (kind, quantity) -> (family without the prefix, help text). Others get kind_quantity + unit.
+# Words of a quantity that restate its unit, which the suffix says once.
+UNIT_WORDS = {
+    "FLOP/s": {"tflops", "gflops", "flops"},
+    "samples/s": {"samples", "per", "s"},
+    "tokens/s": {"tokens", "per", "s"},
+    "B": {"bytes"},
+    "s": {"s", "seconds"},
+}
+# Abbreviations in quantities, written out.
+WORDS = {"busbw": "bus_bandwidth", "algbw": "algorithm_bandwidth", "bw": "bandwidth"}
+# (kind, quantity) -> help text. Others get "kind quantity (unit)".
 FAMILIES = {
-    ("comm", "busbw"): (
-        "comm_busbw_bytes_per_second",
-        "Collective bus bandwidth (nccl-tests' formula) at sizes of 64 MiB and more",
-    ),
-    ("comm", "latency"): (
-        "comm_latency_seconds",
-        "Collective time per iteration at the smallest size measured",
-    ),
-    ("gemm", "tflops"): (
-        "gemm_flops_per_second",
-        "GEMM throughput with cuBLASLt's best algorithm, FLOP per second",
-    ),
-    ("gemm", "sustained_tflops"): (
-        "gemm_sustained_flops_per_second",
-        "GEMM throughput held over a sustained run (median), FLOP per second",
-    ),
-    ("memory", "hbm"): (
-        "memory_hbm_bytes_per_second",
-        "HBM bandwidth, bytes read plus bytes written per second",
-    ),
-    ("memory", "fragmentation"): (
-        "memory_fragmentation_ratio",
-        "1 - largest allocatable block / free memory after an allocation pattern",
-    ),
-    ("memory", "max_batch"): (
-        "memory_max_batch_samples",
-        "Largest per-GPU batch that fits in device memory",
-    ),
-    ("model", "tokens_per_s"): (
-        "model_tokens_per_second",
-        "Training throughput over all GPUs, tokens per second",
-    ),
-    ("model", "mfu"): (
-        "model_mfu_ratio",
-        "Model FLOPs utilisation against the bf16 dense peak",
-    ),
-    ("model", "exposed_comm"): (
-        "model_exposed_comm_ratio",
-        "Share of the step spent in communication not hidden",
-    ),
-    ("model", "peak_memory"): (
-        "model_peak_memory_bytes",
-        "Peak device memory reserved per GPU",
-    ),
-    ("model", "scaling_efficiency"): (
-        "model_scaling_efficiency_ratio",
-        "Tokens/s at N GPUs / (N x tokens/s at 1)",
-    ),
-    ("links", "bandwidth"): (
-        "links_bandwidth_bytes_per_second",
-        "GPU-to-GPU copy bandwidth per direction",
-    ),
-    ("links", "latency"): (
-        "links_latency_seconds",
-        "Dependent 4-byte read of a peer GPU's memory",
-    ),
-    ("links", "host_bandwidth"): (
-        "links_host_bandwidth_bytes_per_second",
-        "Pinned host memory <-> GPU copy bandwidth",
-    ),
+    ("comm", "busbw"): "Collective bus bandwidth (nccl-tests' formula) at sizes of 64 MiB and more",
+    ("comm", "latency"): "Collective time per iteration at the smallest size measured",
+    ("gemm", "tflops"): "GEMM throughput with cuBLASLt's best algorithm, FLOP per second",
+    ("gemm", "sustained_tflops"): "GEMM throughput held over a sustained run (median), FLOP per second",
+    ("memory", "hbm"): "HBM bandwidth, bytes read plus bytes written per second",
+    ("memory", "fragmentation"): "1 - largest allocatable block / free memory after an allocation pattern",
+    ("memory", "max_batch"): "Largest per-GPU batch that fits in device memory, samples",
+    ("model", "samples_per_s"): "Training throughput over all GPUs, samples per second",
+    ("model", "tokens_per_s"): "Training throughput over all GPUs, tokens per second",
+    ("model", "mfu"): "Model FLOPs utilisation against the bf16 dense peak",
+    ("model", "exposed_comm"): "Share of the step spent in communication not hidden",
+    ("model", "peak_memory"): "Peak device memory reserved per GPU",
+    ("model", "scaling_efficiency"): "Tokens/s at N GPUs / (N x tokens/s at 1)",
+    ("links", "bandwidth"): "GPU-to-GPU copy bandwidth per direction",
+    ("links", "latency"): "Dependent 4-byte read of a peer GPU's memory",
+    ("links", "host_bandwidth"): "Pinned host memory <-> GPU copy bandwidth",
+    ("check", "tflops"): "The check's GEMM throughput (bf16 8192^3 on a GPU, fp32 on a CPU rank), FLOP per second",
+    ("check", "copy_bandwidth"): "The check's device copy, bytes read plus written per second",
+    ("check", "allreduce_busbw"): "The check's allreduce within the node, bus bandwidth",
+    ("check", "healthy"): "1 when the node's last check passed, 0 when it found a problem",
+    ("check", "problems"): "Problems the node's last check found",
 }
 INFO_KEYS = (
     ("nvidia_driver", "driver"),
@@ -144,14 +120,13 @@ def format_number(v: float) -> str:
 
 
 def family(m: Metric) -> tuple[str, str]:
-    """(full family name, help text) of a metric."""
+    """(full family name, help text) of a metric: the kind, the quantity's words (those that
+    restate the unit dropped, abbreviations written out), the unit's suffix."""
     quantity = "hbm" if m.kind == "memory" and ".hbm." in m.name else m.quantity
-    known = FAMILIES.get((m.kind, quantity))
-    if known:
-        return PREFIX + known[0], known[1]
-    return sanitize_name(
-        PREFIX + f"{m.kind}_{quantity}" + UNIT_SUFFIX.get(m.unit, "")
-    ), f"{m.kind} {quantity} ({m.unit})"
+    words = [WORDS.get(w, w) for w in sanitize_name(quantity).lower().strip("_").split("_")
+             if w and w not in UNIT_WORDS.get(m.unit, ())]
+    name = sanitize_name(PREFIX + "_".join([m.kind, *words]) + UNIT_SUFFIX.get(m.unit, ""))
+    return re.sub(r"_+", "_", name), FAMILIES.get((m.kind, quantity), f"{m.kind} {quantity} ({m.unit})")
 
 
 def _labels(pairs: Iterable[tuple[str, str]]) -> str:
@@ -159,22 +134,23 @@ def _labels(pairs: Iterable[tuple[str, str]]) -> str:
     return "{" + body + "}" if body else ""
 
 
-def render(metrics: Iterable[Metric], run_id: str | None, environment: Mapping) -> str:
+def render(metrics: Iterable[Metric], run_id: str | None, environment: Mapping, textfile: str | None = None) -> str:
     """The text exposition: per family # HELP and # TYPE gauge once, then its samples. Series
     that the labels alone would not tell apart (two metrics, one family, equal labels) all get a
-    `metric` label with their dotted name."""
+    `metric` label with their dotted name. `textfile`: the file's name, a label of every series."""
     host = str((environment or {}).get("host") or "unknown")
+    own = [("textfile", textfile)] if textfile else []
     families: dict[str, tuple[str, list[tuple[Metric, list[tuple[str, str]]]]]] = {}
     for m in metrics:
         name, help_text = family(m)
         labels = [("host", host)]
         for k, v in m.labels.items():
             key = sanitize_label(k)
-            if key not in ("host", "metric"):
+            if key not in ("host", "metric", "textfile"):
                 labels.append((key, str(v)))
-        families.setdefault(name, (help_text, []))[1].append((m, labels))
+        families.setdefault(name, (help_text, []))[1].append((m, labels + own))
     lines = []
-    info = [("host", host), ("run", str(run_id or ""))]
+    info = [("host", host), *own, ("run", str(run_id or ""))]
     info += [
         (label, str(environment.get(key) or ""))
         for key, label in INFO_KEYS
@@ -207,5 +183,5 @@ def write_textfile(
     same folder, fsynced, made world-readable (node_exporter often runs as another user), then
     renamed over the file (through a symbolic link to its target). Raises OSError when the folder
     is missing or not writable, or the path is a directory, FIFO, device or socket; no temporary
-    file is left behind."""
-    write_output(path, render(metrics, run_id, environment), mode=0o644)
+    file is left behind. Every series carries the file's name (`textfile`)."""
+    write_output(path, render(metrics, run_id, environment, os.path.basename(os.fspath(path))), mode=0o644)

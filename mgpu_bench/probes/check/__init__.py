@@ -39,12 +39,17 @@ back). Without GPUs: the host's facts and a gloo allreduce, GEMM and copy on --n
 
 \b
 Judged against this node's baseline (`mgpu-bench baseline set RUN` on one of its stored
-checks), else the median of its last passing checks, and on GPUs always against floors from
+checks), else the median of its last 5 passing checks (fewer cannot tell how much its figures
+move: the floors alone judge until then, said), and on GPUs always against floors from
 the datasheets (GEMM 50% of the dense bf16 peak, HBM copy 60% of the memory bandwidth,
 allreduce 40% of the ring's slowest hop), printed with how each was set. The budget is the
 whole command's wall time: the measuring runs in a process of its own, stopped at its
-deadline; GPU work that never returns by then is a problem. The run is stored and written
-like every probe's (--db, --json, --prometheus).
+deadline; GPU work that never returns by then is a problem, a measuring process that dies or
+hands nothing over is unknown. The run is stored and written like every probe's (--db, --json,
+--prometheus); the newest --keep checks of the node stay in the history. Where the default
+history cannot be used (no HOME, a read-only one: a daemon's), the check stores in
+$XDG_STATE_HOME/mgpu-bench, else /var/lib/mgpu-bench (root) or a private folder under the
+temporary folder, and says so; the shipped NHC and node-problem-detector configurations give --db.
 
 \b
 --drain: on a problem, scontrol update NodeName=<SLURMD_NODENAME or the short host name>
@@ -75,6 +80,8 @@ class CheckProbe(Probe):
         from mgpu_bench.probe import GPUS_HELP
 
         from .budget import DEFAULT_BUDGET
+        from .contract import format_option
+        from .result import DEFAULT_KEEP
 
         return [
             option("--budget", "budget_text", default=DEFAULT_BUDGET, show_default=True,
@@ -87,26 +94,44 @@ class CheckProbe(Probe):
             option("--resume", is_flag=True,
                    help="On ok, resume this node in Slurm if mgpu-bench drained it (its reason starts with "
                         "\"mgpu-bench:\")."),
-            option("--format", "format_name", default="text", show_default=True, type=click.Choice(["text", "npd"]),
-                   help="npd: stdout is one line of at most 80 bytes naming the GPU and the figure (the "
-                        "condition message of a node-problem-detector custom plugin); the rest goes to stderr."),
+            format_option("--format", "format_name", default="text", show_default=True,
+                          type=click.Choice(["text", "npd"]),
+                          help="npd: stdout is one line of at most 80 bytes naming the GPU and the figure (the "
+                               "condition message of a node-problem-detector custom plugin), or what was wrong "
+                               "with the input (\"error: ...\"); the rest goes to stderr."),
+            option("--keep", default=DEFAULT_KEEP, show_default=True, type=int,
+                   help="Stored checks of this node kept in the history, the newest (older ones are removed as "
+                        "each check is stored; baselines and the runs they reference always stay); 0 keeps all. "
+                        "At one check every 10 minutes the default is about a week."),
         ]
 
     def configure(self, o: dict):
-        from mgpu_bench import selection
+        import os
+
+        from mgpu_bench import selection, slurm
+        from mgpu_bench.errors import InputError
         from mgpu_bench.probe import within
 
         from .budget import parse_budget
+        from .contract import history_place
         from .result import CheckConfig
 
         budget_s = parse_budget(o["budget_text"])
         within("--nproc", o["nproc"], 2, 64, "gloo processes on this host")
+        within("--keep", o["keep"], 0, 10_000_000, "0 keeps every stored check")
+        if o["drain"] or o["resume"]:  # what scontrol is told to act on: this node, and no other
+            try:
+                slurm.one_node(slurm.this_node(), "SLURMD_NODENAME" if os.environ.get("SLURMD_NODENAME")
+                               else "this host's name")
+            except slurm.SlurmError as exc:
+                raise InputError(str(exc)) from None
         n = selection.visible_gpu_count()
         if o["gpus"] is not None and not n:
             raise selection.gpus_without_gpus()
         gpus = tuple(selection.parse_gpus(o["gpus"], n)) if n else ()
+        history_place()  # a daemon's HOME that holds no history: stored elsewhere, said
         return CheckConfig(budget_s=budget_s, gpus=gpus, nproc=o["nproc"], drain=o["drain"], resume=o["resume"],
-                           format=o["format_name"])
+                           format=o["format_name"], keep=o["keep"])
 
     def delegate(self, cfg) -> int | None:
         """The command itself: the measuring process within the budget, then the contract
@@ -133,6 +158,7 @@ class CheckProbe(Probe):
         from . import reference
         from .analyse import verdict_of
         from .budget import CHILD_ENV, Budget
+        from .contract import hand_over, typed_command
         from .document import document
         from .measure import run_check
 
@@ -145,11 +171,10 @@ class CheckProbe(Probe):
                 with open(state_path, "w") as f:
                     f.write(part)
 
-        ref, why = reference.load(ctx.history, node)
+        ref, notes = reference.load(ctx.history, node)
         run = run_check(cfg, node, plan, ctx.environment, ctx.occupancy, ctx.progress.say_fn, state)
         state("done")
-        if why:
-            run.notes.append(why)
+        run.notes += notes
         if cfg.gpus:
             from mgpu_bench import hardware
 
@@ -159,7 +184,9 @@ class CheckProbe(Probe):
                                      "reference alone")
         run.notes += [f"{p.part} skipped: {p.why}" for p in run.parts if p.status == "skipped"]
         verdict = verdict_of([p.to_dict() for p in run.parts], run.devices, ref, cfg.budget_s, plan.need_s())
-        return Document.of(document(run, ref, verdict, ctx.environment, ctx.command))
+        doc = Document.of(document(run, ref, verdict, ctx.environment, typed_command(ctx.command)))
+        hand_over(doc, state_path)  # the verdict, for the command that started this process: this run's alone
+        return doc
 
     def measured(self, doc: Mapping) -> bool:
         return "verdict" in doc  # an unknown verdict is stored too: the node's history says it could not tell

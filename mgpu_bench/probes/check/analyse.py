@@ -180,14 +180,14 @@ def verdict_of(parts: Sequence[Mapping], devices: Sequence[Mapping], reference: 
     fix = None
     if problems:
         state = PROBLEM
+    elif errors:  # the check's own failure first: a longer budget would not mend it
+        state = "unknown"
+        fix = f"the check could not run its {errors[0]['part']} part ({errors[0]['why']}): the node was not judged"
     elif not set(judged) & set(MEASURING):
         state = "unknown"
         suggest = max(budget_s, need_s) * 1.5
         fix = (f"give --budget {suggest:.0f}s or more: nothing was measured within --budget {budget_s:g}s (this "
                f"node's check needs about {need_s:.0f} s; its health facts alone do not say it runs jobs at speed)")
-    elif errors:
-        state = "unknown"
-        fix = f"the check could not run its {errors[0]['part']} part ({errors[0]['why']}): the node was not judged"
     else:
         state = OK
     out.sort(key=lambda f: (f["severity"] != PROBLEM, f["severity"] != WARNING))
@@ -246,6 +246,8 @@ def _figures(figures: Sequence[Mapping], fl: Sequence[Mapping], reference: Mappi
     floor_of = {(f["kind"], f["model"]): f for f in fl}
     refs = (reference or {}).get("metrics") or {}
     which = (reference or {}).get("label") or "the reference"
+    versus = "vs baseline" if (reference or {}).get("kind") == "baseline" else \
+        f"vs last {len((reference or {}).get('runs') or [])}"  # the 80-byte line says which
     for f in figures:
         kind, dev, value = f["kind"], f["device"], f["value"]
         detail = f.get("detail") or {}
@@ -281,7 +283,7 @@ def _figures(figures: Sequence[Mapping], fl: Sequence[Mapping], reference: Mappi
             drop = 1 - value / ref["value"]
             out.append(_finding(PROBLEM, f"{label}: {WHAT[kind]} {fmt(kind, value)}, {100 * drop:.0f}% below {which} "
                                          f"{fmt(kind, ref['value'])} (threshold {100 * threshold:.0f}%){cause}",
-                                f"{label} {SHORT[kind]} {short_fmt(kind, value)}, -{100 * drop:.0f}% vs baseline",
+                                f"{label} {SHORT[kind]} {short_fmt(kind, value)}, -{100 * drop:.0f}% {versus}",
                                 dev, kind))
     return out
 
@@ -349,7 +351,11 @@ def npd_line(state: str, problems: Sequence[Mapping], figures: Sequence[Mapping]
 
 
 def _fit(text: str, limit: int) -> str:
-    raw = " ".join(text.split()).encode("ascii", "replace")
+    """One line of printable ASCII, at most `limit` bytes: white space runs as one space, control
+    characters (ESC, OSC 8's) as their escapes, anything else outside ASCII as '?'."""
+    from mgpu_bench.output.console import safe_text
+
+    raw = safe_text(" ".join(str(text).split())).encode("ascii", "replace")
     return (raw if len(raw) <= limit else raw[:limit - 3] + b"...").decode("ascii")
 
 

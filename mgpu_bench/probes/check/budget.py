@@ -60,8 +60,9 @@ def parse_budget(text: str) -> float:
 
 def reserve_s(budget_s: float) -> float:
     """What the command keeps for itself after the measuring process: the scheduler's contract
-    (one scontrol call, well under a second from a live controller) and its last line."""
-    return min(5.0, max(0.5, 0.1 * budget_s))
+    (one scontrol call, well under a second from a live controller), a measuring process stopped
+    at its deadline given its grace, and its last line: a second at least."""
+    return min(5.0, max(1.0, 0.1 * budget_s))
 
 
 def process_age_s() -> float:

@@ -43,10 +43,11 @@ def ranks(run: CheckRun, budget: Budget, part: Part) -> None:
                              repr(end)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=children.child_env(env, mode="ignore"),  # the check stops them; Ctrl-C is its
                             start_new_session=True)
+    timed_out = False
     try:
         out, err = proc.communicate(timeout=max(0.1, until - time.monotonic()))
     except subprocess.TimeoutExpired:
-        out, err = "", ""
+        out, err, timed_out = "", "", True
     finally:
         if proc.poll() is None:
             with contextlib.suppress(OSError):
@@ -55,12 +56,12 @@ def ranks(run: CheckRun, budget: Budget, part: Part) -> None:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)  # a forked rank left behind
     line = next((x for x in reversed(out.splitlines()) if x.startswith("{")), None)
-    if line is None:
-        if proc.returncode in (-signal.SIGKILL, None) or not err:
+    if line is None:  # hung only when its slot ran out; a process that died measured nothing (unknown)
+        if timed_out:
             part.status, part.why = "hung", f"the {n} CPU ranks did not finish within the part's slot"
         else:
-            said = " ".join(err.strip().splitlines()[-1:])
-            part.status, part.why = "error", f"the CPU ranks failed: {said[:300]}"
+            said = " ".join(err.strip().splitlines()[-1:]) or _ended(proc.returncode)
+            part.status, part.why = "error", f"the CPU ranks failed before giving their figures: {said[:300]}"
         return
     got = json.loads(line)
     results = {r: res for r, res in enumerate(got["ranks"])}
@@ -84,3 +85,15 @@ def ranks(run: CheckRun, budget: Budget, part: Part) -> None:
                              "detail": {"bytes": ALLREDUCE_BYTES, "ranks": n, "backend": "gloo",
                                         "wrong": sum(x["wrong"] for x in reduced), "iters": len(slowest["seconds"])}})
     part.facts["ranks"] = {"import_s": got.get("import_s"), "join_s": got.get("join_s")}
+
+
+def _ended(code: int | None) -> str:
+    """How a process ended, in words: "killed by SIGKILL", "exit code 3"."""
+    import signal
+
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

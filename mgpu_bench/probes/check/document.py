@@ -1,7 +1,8 @@
 """The check result document: the node, its devices, every part (what it measured or why it was
 skipped, raw samples inside), the reference it was judged against and the verdict (analyse.verdict_of:
 derived, kept beside the data as the other probes keep their findings). "baseline_scope": "host"
-makes each node's baseline its own (History.baseline_of). Its declared shape is shape.py's."""
+makes each node's baseline its own (History.baseline_of); "keep" the number of this node's newest
+checks the history keeps (History.save applies it). Its declared shape is shape.py's."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def document(run, reference: Mapping | None, verdict: Mapping, environment: Mapp
         "node": run.node,
         "baseline_scope": "host",
         "budget_s": c.budget_s,
+        "keep": c.keep,  # the history keeps this node's newest `keep` checks (History.save)
         "config": {"gpus": list(c.gpus), "nproc": c.nproc},
         "devices": run.devices,
         "parts": [p.to_dict() for p in run.parts],

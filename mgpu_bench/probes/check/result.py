@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+DEFAULT_KEEP = 1000  # stored checks per node: a week at slurmd's HealthCheckInterval=600, NPD's 10 m
+
 
 @dataclass
 class Part:
@@ -33,6 +35,7 @@ class CheckConfig:
     drain: bool = False
     resume: bool = False
     format: str = "text"  # "text" or "npd"
+    keep: int = DEFAULT_KEEP  # stored checks of the node the history keeps (0: all); the document's "keep"
 
 
 @dataclass

@@ -28,6 +28,7 @@ DEVICE = Obj({"name": _DEVICE, "index": Num(0), "model": Str(max_len=200, null=T
 SCHEMA = Obj({
     "tool_version": Str(max_len=100), "created": Str(), "command": AnyValue(), "status": STATUS,
     "node": Str(max_len=1024), "baseline_scope": Str(("host",)), "budget_s": Num(0, finite=True),
+    "keep": Num(0, 10_000_000),
     "devices": List(DEVICE), "parts": List(PART), "verdict": VERDICT,
     "reference": Obj({"kind": Str(("baseline", "recent")), "runs": List(Str()), "label": Str(),
                       "metrics": Map(AnyValue())}, what="a reference", null=True),
