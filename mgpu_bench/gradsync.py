@@ -18,6 +18,11 @@ mark. Marks are CUDA events on the current stream (the ready mark on the backwar
 done mark in the future's callback, which torch runs on a stream that waits for the all-reduce)
 or the host clock on CPU processes (gloo runs the callback when the work completes). Nothing is
 read on the hot path: the owner reads a step's slot when its events are long done.
+
+With a Noise attached (noise_scale.py), the hook also takes each bucket's squared norm before the
+all-reduce (this rank's gradient) and after it (the whole batch's), on the device, summed per step
+into per-window sums that are copied to the host at window edges (no synchronisation): the gradient
+noise scale's two figures.
 """
 
 from __future__ import annotations
@@ -41,16 +46,105 @@ class Slot:
         self.k, self.nbytes = 0, 0
 
 
-class GradSync:
-    """Registered on a DDP model with attach(); `slot` is the step's Slot while compute() runs
-    (None outside: a bucket then is counted in `unmarked` and all-reduced all the same)."""
+class Noise:
+    """Squared gradient norms for the noise scale: per bucket this rank's (before the all-reduce)
+    and the all-reduced one, on the device where the gradients are (0-d tensors; plain floats on
+    CPU), summed per step by end_step() into the current window's sums; rotate() at a window edge
+    starts the next window and copies the last one's sums to the host without waiting; windows()
+    gives the sums read back so far ({small_sq, big_sq, steps, b_small}). `host_s`: host seconds
+    spent on all this, for its cost."""
 
     def __init__(self, cuda: bool) -> None:
+        import torch
+
+        self.cuda, self._torch = cuda, torch
+        self._local: list = []
+        self._global: list = []
+        self._acc = None  # [small, big] of the window (float64 on the device)
+        self._steps, self._samples = 0, 0
+        self._pending: list = []
+        self.done: list[dict] = []
+        self.host_s = 0.0
+        self.steps_total = 0
+        self._main = torch.cuda.current_stream() if cuda else None
+
+    def local(self, tensor) -> None:
+        t0 = time.perf_counter()
+        self._local.append(self._torch.linalg.vector_norm(tensor, dtype=self._torch.float32))
+        self.host_s += time.perf_counter() - t0
+
+    def reduced(self, tensor) -> None:
+        t0 = time.perf_counter()
+        norm = self._torch.linalg.vector_norm(tensor, dtype=self._torch.float32)
+        if self.cuda:  # made on the callback's stream, read on the step's: kept until that stream is done with it
+            norm.record_stream(self._main)
+        self._global.append(norm)
+        self.host_s += time.perf_counter() - t0
+
+    def end_step(self, samples: int) -> None:
+        """The step's sums into the window's (its buckets' norms squared and added)."""
+        if not self._local or len(self._global) != len(self._local):
+            self._local.clear()
+            self._global.clear()
+            return
+        t0 = time.perf_counter()
+        torch = self._torch
+        both = torch.stack([torch.stack(self._local).square().sum(), torch.stack(self._global).square().sum()])
+        self._acc = both.double() if self._acc is None else self._acc.add_(both)
+        self._local.clear()
+        self._global.clear()
+        self._steps += 1
+        self._samples += samples
+        self.steps_total += 1
+        self.host_s += time.perf_counter() - t0
+
+    def rotate(self) -> None:
+        """A window edge: the window's sums go to the host without waiting (read when done)."""
+        t0 = time.perf_counter()
+        if self._acc is not None and self._steps:
+            torch = self._torch
+            host = torch.empty(2, dtype=torch.float64, pin_memory=self.cuda)
+            host.copy_(self._acc, non_blocking=self.cuda)
+            event = None
+            if self.cuda:
+                event = torch.cuda.Event()
+                event.record()
+            self._pending.append((event, host, self._steps, self._samples / self._steps))
+        self._acc, self._steps, self._samples = None, 0, 0
+        self._collect(False)
+        self.host_s += time.perf_counter() - t0
+
+    def _collect(self, wait: bool) -> None:
+        keep = []
+        for event, host, steps, b_small in self._pending:
+            if event is not None and not event.query():
+                if not wait:
+                    keep.append((event, host, steps, b_small))
+                    continue
+                event.synchronize()
+            small, big = (float(x) for x in host.tolist())
+            self.done.append({"small_sq": small, "big_sq": big, "steps": steps, "b_small": b_small})
+        self._pending = keep
+
+    def windows(self) -> list[dict]:
+        """Every window read back, the one under way closed first (at finish())."""
+        self.rotate()
+        self._collect(True)
+        return list(self.done)
+
+
+class GradSync:
+    """Registered on a DDP model with attach(); `slot` is the step's Slot while compute() runs
+    (None outside: a bucket then is counted in `unmarked` and all-reduced all the same); `noise`:
+    a Noise taking the buckets' squared norms, or None."""
+
+    def __init__(self, cuda: bool, noise: bool = False) -> None:
         self.cuda = cuda
         self.slot: Slot | None = None
         self.unmarked = 0
         self.world = 1
         self._group = None
+        self.noise = Noise(cuda) if noise else None
         if cuda:
             import torch
 
@@ -103,6 +197,7 @@ def _hook(state: GradSync, bucket):
     """DDP's default all-reduce (default_hooks.allreduce_hook), with marks."""
     tensor = bucket.buffer()
     slot = state.slot
+    noise = state.noise if slot is not None else None
     if slot is None:
         state.unmarked += 1
     else:
@@ -110,6 +205,8 @@ def _hook(state: GradSync, bucket):
         slot.k = k + 1
         slot.nbytes += tensor.numel() * tensor.element_size()
         state._mark(slot.ready, k)
+        if noise is not None:
+            noise.local(tensor)  # this rank's own gradient, before the all-reduce
     tensor.div_(state.world)
     fut = state._all_reduce(tensor, group=state._group, async_op=True).get_future()
     if slot is None:
@@ -117,7 +214,10 @@ def _hook(state: GradSync, bucket):
 
     def done(f, slot=slot, k=k):
         state._mark(slot.done, k)
-        return f.value()[0]
+        value = f.value()[0]
+        if noise is not None:
+            noise.reduced(value)  # the whole batch's
+        return value
 
     return fut.then(done)
 

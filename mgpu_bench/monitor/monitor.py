@@ -166,6 +166,10 @@ class StepMonitor:
         inside compute) and the communication the backward could not hide, with its bandwidth.
         None (default): where `model` is a DDP model with no hook of its own; False: never; True:
         asked for (a note says why when it cannot be).
+    noise_scale: estimate the gradient noise scale B_simple from each rank's gradient and the
+        all-reduced one in that hook (mgpu_bench.noise_scale: McCandlish et al. 2018, appendix A),
+        per window, and what more GPUs buy against it; its cost is measured and said. Off by
+        default; needs a DDP model on 2+ ranks (said once otherwise, the training goes on).
     store, db, prometheus: keep the run in the history database (the default one unless `db`);
         also write a Prometheus textfile.
     json, report: also write the result document / the model report folder.
@@ -181,7 +185,8 @@ class StepMonitor:
                  flops_per_step: float | None = None, count_flops: bool = True, peak_tflops: float | None = None,
                  dtype: str = "bf16", warmup: int = 5, window: int = 50, keep_steps: int = 1000,
                  profile: bool | None = None, profile_at: int | None = None, profile_steps: int = 3,
-                 ceiling: bool = True, comm_hook: bool | None = None, store: bool = True, db: str | None = None, json: str | None = None,
+                 ceiling: bool = True, comm_hook: bool | None = None, noise_scale: bool = False,
+                 store: bool = True, db: str | None = None, json: str | None = None,
                  report: str | None = None, prometheus: str | None = None, print: bool = True,
                  progress: bool = False, device: Any = None, strict: bool = False,
                  gather_timeout_s: float = 120.0) -> None:
@@ -203,6 +208,12 @@ class StepMonitor:
             raise MonitorError(f"StepMonitor(comm_hook={comm_hook!r}): give True, False or None (a DDP model's "
                                "all-reduce timed in its communication hook where it has none of its own)")
         self.comm_hook = comm_hook
+        if noise_scale not in (True, False):
+            raise MonitorError(f"StepMonitor(noise_scale={noise_scale!r}): give True or False")
+        if noise_scale and comm_hook is False:
+            raise MonitorError("StepMonitor(noise_scale=True, comm_hook=False): the noise scale is taken in the "
+                               "communication hook; drop comm_hook=False")
+        self.noise_scale = noise_scale
         from mgpu_bench import hardware
 
         try:
@@ -453,6 +464,8 @@ class StepMonitor:
             if self._slot_open:
                 self._pool.mark(clock.COMPUTE_END)
             if self._sync is not None:
+                if self._sync.noise is not None and self._sync.slot is not None:
+                    self._sync.noise.end_step(self._samples)
                 self._sync.slot = None
             if self._counter is not None:
                 counter, self._counter = self._counter, None
@@ -622,19 +635,24 @@ class StepMonitor:
             os.kill(os.getpid(), signal.SIGTERM)
 
     def _attach_sync(self, cuda: bool) -> None:
-        """The DDP model's all-reduce timed in its communication hook (comm_hook)."""
+        """The DDP model's all-reduce timed in its communication hook (comm_hook), and the noise
+        scale's norms taken there (noise_scale)."""
+        wanted = self.comm_hook or self.noise_scale
         if self.comm_hook is False or self.world < 2:
-            if self.comm_hook and self.world < 2:
-                self._notes.append("comm_hook=True: one rank, no gradient all-reduce to time")
+            if wanted and self.world < 2:
+                self._notes.append(f"{'noise_scale' if self.noise_scale else 'comm_hook'}=True: one rank, no "
+                                   "gradient all-reduce (the noise scale needs two batch sizes: 2+ DDP ranks)")
             return
         from mgpu_bench.gradsync import GradSync
 
         ddp, why = GradSync.usable(self.model) if self.model is not None else (None, "no model= given")
         if ddp is None:
-            if self.comm_hook:
-                self._notes.append(f"comm_hook=True: not timed: {why} (give model=, the DDP model)")
+            if wanted:
+                what = "the noise scale not estimated" if self.noise_scale else "not timed"
+                self._notes.append(f"{'noise_scale' if self.noise_scale else 'comm_hook'}=True: {what}: {why} "
+                                   "(give model=, the DDP model)")
             return
-        sync = GradSync(cuda)
+        sync = GradSync(cuda, noise=self.noise_scale)
         sync.attach(ddp)
         self._sync = sync
 
@@ -642,6 +660,8 @@ class StepMonitor:
         """The pool is full: the one before it is read (its steps ended a window ago), and the
         two change places."""
         cur, other = self._pool, self._other
+        if self._sync is not None and self._sync.noise is not None:
+            self._sync.noise.rotate()  # the window just filled: its norms' sums start for the host
         if self._unread:
             cols = other.read(cur)
             other.n = 0

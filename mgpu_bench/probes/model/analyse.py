@@ -603,7 +603,27 @@ def findings(run: ModelRun, shared: Sequence = ()) -> list[Finding]:
     for n, e in run.scaling().items():
         if n > 1:
             lines.append(_scaling(run, n, e))
+    noise = noise_text(run)
+    if noise:
+        lines.append(Finding(OK, noise))
     return lines
+
+
+def noise_text(run: ModelRun) -> str | None:
+    """The gradient noise scale's finding (the in-job monitor's noise_scale=True, or model's own
+    run: its synthetic data's), with its cost."""
+    from mgpu_bench import noise_scale
+
+    ns = run.job.get("noise_scale") or run.workload.get("noise_scale")
+    source = "" if run.workload.get("kind") == "job" else " of the synthetic data (random tokens, not your data's)"
+    line = noise_scale.words(ns, source)
+    if not line:
+        return None
+    if ns.get("cost_s_per_step") is not None:
+        share = ns.get("cost_share")
+        line += (f"; its cost {1e3 * ns['cost_s_per_step']:.2f} ms per step"
+                 + (f" ({100 * share:.2f}% of the step)" if share is not None else ""))
+    return line
 
 
 def _truth(run: ModelRun, st: StepStats, at: str, v: Verdict) -> list[Finding]:

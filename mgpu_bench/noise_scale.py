@@ -1,0 +1,101 @@
+"""The gradient noise scale of a data-parallel job, from its own gradients (McCandlish et al. 2018,
+"An Empirical Model of Large-Batch Training", appendix A), and what more GPUs buy.
+
+Under DDP every rank holds, before the all-reduce, the gradient of its own B_small samples, and
+after it the gradient of all B_big = n x B_small. With |G_small|^2 the mean over ranks and steps of
+the squared norm of the ranks' local gradients and |G_big|^2 that of the all-reduced one, the
+unbiased estimators of the paper's appendix A are
+
+    |G|^2     ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
+    tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1 / B_small - 1 / B_big)
+
+and the simple noise scale B_simple = tr(Sigma) / |G|^2, taken as the ratio of the two averaged
+over many steps, as the paper does (the ratio of single steps' estimates is biased and wild). Its
+uncertainty here: the jackknife over the windows the figures were summed in.
+
+What it means (the paper's section 2): the steps to a given loss follow S = S_min (1 + B_noise / B),
+so a batch well under the noise scale trains in proportionally fewer steps when it grows, and one
+well over it barely fewer: doubling the batch (the GPUs, under data parallelism) divides the steps
+by (1 + B_noise / B) / (1 + B_noise / 2B). Pollux (Qiao et al., OSDI 2021) weighs throughput by the
+statistical efficiency (B_noise + B_0) / (B_noise + B) of a batch B against the batch B_0 the job
+was tuned at: goodput = throughput x efficiency.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+# Doubling the batch buys fewer steps than this factor: more GPUs buy tokens/s, not convergence.
+NOT_WORTH = 1.2
+
+
+def estimate(small_sq: float, big_sq: float, b_small: float, b_big: float) -> tuple[float, float] | None:
+    """(|G|^2, tr(Sigma)) from the mean squared norms of the small- and large-batch gradients and
+    their batch sizes (appendix A); None where the batches are equal."""
+    if not (b_big > b_small > 0):
+        return None
+    g2 = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
+    trace = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big)
+    return g2, trace
+
+
+def from_windows(windows: Sequence[dict]) -> dict | None:
+    """The noise scale over windows of {small_sq, big_sq, steps, b_small, b_big} (sums of the
+    squared norms over the window's steps): B_simple of the summed figures, its jackknife standard
+    error over the windows (3 windows at least), per window its own, and the windows' sums (for a
+    stretch of them: from_windows(out["window_sums"][a:b])). None without a usable window."""
+    usable = [w for w in windows if w.get("steps") and w["b_big"] > w["b_small"] > 0]
+    if not usable:
+        return None
+
+    def of(ws) -> float | None:
+        steps = sum(w["steps"] for w in ws)
+        small = sum(w["small_sq"] for w in ws) / steps
+        big = sum(w["big_sq"] for w in ws) / steps
+        b_small = sum(w["b_small"] * w["steps"] for w in ws) / steps
+        b_big = sum(w["b_big"] * w["steps"] for w in ws) / steps
+        got = estimate(small, big, b_small, b_big)
+        if got is None or got[0] <= 0:
+            return None
+        return got[1] / got[0]
+
+    whole = of(usable)
+    steps = sum(w["steps"] for w in usable)
+    out = {"b_simple": whole, "stderr": None, "windows": len(usable), "steps": steps,
+           "b_small": sum(w["b_small"] * w["steps"] for w in usable) / steps,
+           "b_big": sum(w["b_big"] * w["steps"] for w in usable) / steps,
+           "per_window": [of([w]) for w in usable], "window_sums": [dict(w) for w in usable]}
+    n = len(usable)
+    if whole is not None and n >= 3:
+        leave = [of(usable[:i] + usable[i + 1:]) for i in range(n)]
+        if all(x is not None for x in leave):
+            mean = sum(leave) / n
+            out["stderr"] = math.sqrt((n - 1) / n * sum((x - mean) ** 2 for x in leave))
+    return out
+
+
+def fewer_steps(batch: float, noise: float, factor: float = 2.0) -> float:
+    """How many times fewer steps a batch `factor` times larger needs (S = S_min (1 + B_noise / B))."""
+    return (1 + noise / batch) / (1 + noise / (factor * batch))
+
+
+def efficiency(noise: float, b0: float, batch: float) -> float:
+    """Pollux's statistical efficiency of batch `batch` against `b0`: (B_noise + B_0) / (B_noise + B)."""
+    return (noise + b0) / (noise + batch)
+
+
+def words(result: dict | None, source: str = "") -> str | None:
+    """The finding: the global batch against the noise scale and what doubling the GPUs gives."""
+    if not result or not result.get("b_simple") or result["b_simple"] <= 0:
+        return None
+    noise, batch = result["b_simple"], result["b_big"]
+    err = f" +- {result['stderr']:,.0f}" if result.get("stderr") else " (no uncertainty: under 3 windows)"
+    ratio = batch / noise
+    gain = fewer_steps(batch, noise)
+    head = (f"gradient noise scale B_simple = {noise:,.0f}{err} samples{source} (McCandlish et al. 2018, over "
+            f"{result['steps']} steps in {result['windows']} window(s)): the global batch {batch:,.0f} is {ratio:.2g}x it")
+    if gain < NOT_WORTH:
+        return (f"{head}: more GPUs buy samples/s, not convergence (doubling them divides the steps to a loss by "
+                f"only {gain:.2f})")
+    return f"{head}: doubling the GPUs (the batch with them) gives about {gain:.2f}x fewer steps to the same loss"
