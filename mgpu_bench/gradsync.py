@@ -132,6 +132,32 @@ class Noise:
         self._collect(True)
         return list(self.done)
 
+    def figures(self, nbytes: int, device) -> dict:
+        """What a record keeps (noise_scale.combine reads it): the windows, the host seconds, the
+        steps, the device seconds per step of the norms of `nbytes` of gradients (norm_cost)."""
+        return {"windows": self.windows(), "host_s": self.host_s, "steps": self.steps_total,
+                "device_s_per_step": norm_cost(nbytes, device) if self.cuda else 0.0}
+
+
+def norm_cost(nbytes: int, device) -> float:
+    """Seconds per step of the noise scale's device work: two squared norms per gradient byte
+    (before and after the all-reduce), timed alone on a 64 MiB buffer and scaled to the step's
+    gradient bytes (a norm is memory-bound: its time is linear in the bytes)."""
+    import torch
+
+    if not nbytes:
+        return 0.0
+    n = 16 << 20
+    buf = torch.randn(n, device=device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.linalg.vector_norm(buf)
+    start.record()
+    for _ in range(20):
+        torch.linalg.vector_norm(buf)
+    end.record()
+    end.synchronize()
+    return 2 * nbytes * start.elapsed_time(end) / 1e3 / 20 / (4 * n)
+
 
 class GradSync:
     """Registered on a DDP model with attach(); `slot` is the step's Slot while compute() runs

@@ -87,8 +87,12 @@ def efficiency(noise: float, b0: float, batch: float) -> float:
 
 def words(result: dict | None, source: str = "") -> str | None:
     """The finding: the global batch against the noise scale and what doubling the GPUs gives."""
-    if not result or not result.get("b_simple") or result["b_simple"] <= 0:
+    if not result:
         return None
+    if not result.get("b_simple") or result["b_simple"] <= 0:
+        return (f"gradient noise scale{source}: not told apart over {result.get('steps', 0)} steps: the estimate of "
+                "|G|^2 came out at or below 0 (the gradient's mean is lost in its noise at this batch: the noise "
+                "scale is far above it; measure more steps)")
     noise, batch = result["b_simple"], result["b_big"]
     err = f" +- {result['stderr']:,.0f}" if result.get("stderr") else " (no uncertainty: under 3 windows)"
     ratio = batch / noise
@@ -99,3 +103,30 @@ def words(result: dict | None, source: str = "") -> str | None:
         return (f"{head}: more GPUs buy samples/s, not convergence (doubling them divides the steps to a loss by "
                 f"only {gain:.2f})")
     return f"{head}: doubling the GPUs (the batch with them) gives about {gain:.2f}x fewer steps to the same loss"
+
+
+def combine(noises: Sequence[dict | None], step_s: float | None) -> dict | None:
+    """The noise scale of a job from every rank's Noise figures ({windows, host_s, steps,
+    device_s_per_step}, gradsync.Noise and norm_cost): per window the mean over ranks of the local
+    squared norm, the all-reduced one (the same on every rank: rank 0's), the ranks' batches
+    (B_big their sum); from_windows of those, with its cost per step (the slowest rank's host time
+    and the device norms' time) and its share of the step. None unless every rank has windows."""
+    if not noises or any(not n or not n.get("windows") for n in noises):
+        return None
+    k = min(len(n["windows"]) for n in noises)
+    windows = []
+    for i in range(k):
+        ws = [n["windows"][i] for n in noises]
+        windows.append({"small_sq": sum(w["small_sq"] for w in ws) / len(ws), "big_sq": ws[0]["big_sq"],
+                        "steps": ws[0]["steps"], "b_small": sum(w["b_small"] for w in ws) / len(ws),
+                        "b_big": sum(w["b_small"] for w in ws)})
+    out = from_windows(windows)
+    if out is None:
+        return None
+    steps = max(1, noises[0]["steps"])
+    cost = max(n["host_s"] for n in noises) / steps + max(n.get("device_s_per_step") or 0.0 for n in noises)
+    out["cost_s_per_step"] = cost
+    out["cost_share"] = cost / step_s if step_s else None
+    out["source"] = ("McCandlish et al. 2018, appendix A: each rank's gradient (B_small) against the all-reduced one "
+                     "(B_big), squared norms taken in DDP's communication hook")
+    return out

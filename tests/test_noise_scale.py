@@ -122,3 +122,23 @@ def test_the_rule_in_words():
     far = {**near, "b_big": 6 * 1280.0}
     assert "buy samples/s, not convergence" in noise_scale.words(far)
     assert noise_scale.efficiency(noise=1000, b0=100, batch=1000) == pytest.approx(1100 / 2000)
+
+
+def test_model_reports_the_synthetic_datas_noise_scale_and_refuses_one_rank(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "m.json"
+    proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "model", "--noise-scale", "--nproc", "2",
+                           "--steps", "12", "--warmup-steps", "1", "--batch-size", "2", "--seq-len", "32",
+                           "--no-exposed-comm", "--json", str(out), "--no-store", "--no-progress"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = json.loads(out.read_text())["runs"]
+    ns = run["noise_scale"]
+    assert ns["b_small"] == 2 and ns["b_big"] == 4 and ns["steps"] == sum(w["steps"] for w in ns["window_sums"])
+    assert "gradient noise scale" in proc.stdout and "of the synthetic data" in proc.stdout
+    one = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "model", "--noise-scale", "--nproc", "1",
+                          "--no-store"], capture_output=True, text=True, timeout=120, check=False)
+    assert one.returncode == 2 and one.stderr.count("\n") == 1 and "--nproc 2" in one.stderr

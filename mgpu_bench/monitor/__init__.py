@@ -3,7 +3,8 @@
     monitor.py   StepMonitor (the public face: step(), compute(), finish()), the hot path, windows
     clock.py     the pooled marks (CUDA events on GPUs, the host clock on CPU), read at window edges
     counting.py  the FLOP count of the first step (FlopCounterMode) and the profiled window
-    ranks.py     every rank's figures through the job's store; the straggler
+    ranks.py     every rank's figures through the job's store (the straggler rule: probes/model/straggler.py)
+    ending.py    a job that ends without finish(): its figures kept at exit and on SIGTERM
     result.py    the model probe's run and document of the job: printed, stored, written
 """
 

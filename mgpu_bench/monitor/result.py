@@ -38,8 +38,8 @@ def record(mon) -> dict:
     noise = mon._sync.noise if mon._sync is not None else None
     if noise is not None:
         try:
-            rec["noise"] = {"windows": noise.windows(), "host_s": noise.host_s, "steps": noise.steps_total,
-                            "device_s_per_step": _noise_device_cost(mon) if mon.device.type == "cuda" else 0.0}
+            nbytes = max((s.nbytes for pool in (mon._pool, mon._other) for s in (pool.sync or [])), default=0)
+            rec["noise"] = noise.figures(nbytes, mon.device)
         except Exception as exc:  # noqa: BLE001 - the noise scale is lost, the run is not
             rec["notes"].append(f"the noise scale's figures could not be read ({type(exc).__name__})")
     if mon.device is None:
@@ -63,28 +63,6 @@ def record(mon) -> dict:
             except Exception as exc:  # noqa: BLE001 - out of memory beside the job's own tensors, say
                 rec["notes"].append(f"the matmul ceiling could not be timed ({type(exc).__name__})")
     return rec
-
-
-def _noise_device_cost(mon) -> float:
-    """Seconds per step of the noise scale's device work: its two squared norms per gradient byte
-    (before and after the all-reduce), timed alone at finish() on a 64 MiB buffer and scaled to the
-    step's gradient bytes (norms are memory-bound: their time is linear in the bytes)."""
-    import torch
-
-    nbytes = max((s.nbytes for pool in (mon._pool, mon._other) for s in (pool.sync or []) if s.nbytes), default=0)
-    if not nbytes:
-        return 0.0
-    n = 16 << 20
-    buf = torch.randn(n, device=mon.device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.linalg.vector_norm(buf)
-    start.record()
-    for _ in range(20):
-        torch.linalg.vector_norm(buf)
-    end.record()
-    end.synchronize()
-    per_byte = start.elapsed_time(end) / 1e3 / 20 / (4 * n)
-    return 2 * nbytes * per_byte
 
 
 def job_key(name: str) -> str:
@@ -214,6 +192,8 @@ def build(mon, present: list[dict], missing: list[int], steps: list[int], cols: 
             rank["stall_sums"] = r.get("stall_sums")
         if c.get("queue_s"):
             rank["queue"] = c["queue_s"]
+        if r.get("noise"):
+            rank["noise"] = r["noise"]
         if c.get("arrival_s") and any(x is not None for x in c["arrival_s"]):
             rank["sync"] = {"arrival": c["arrival_s"], "exposed": c["sync_exposed_s"], "busy": c["sync_busy_s"],
                             "bytes": c["sync_bytes"]}
@@ -241,42 +221,13 @@ def build(mon, present: list[dict], missing: list[int], steps: list[int], cols: 
     if st is not None and st.straggler is not None:
         job["straggler"] = st.straggler
     if mon.noise_scale and mon._sync is not None:  # (without the hook the monitor said why at the first step)
-        found = _noise(present, st)
+        found = st.noise if st is not None else None
         if found is not None:
             job["noise_scale"] = found
         else:
             run.notes.append("noise_scale=True: no gradient all-reduce was seen in compute() on every rank (a DDP "
                              "model of 2+ ranks whose parameters have gradients): no noise scale")
     return run, job
-
-
-def _noise(present: list[dict], st) -> dict | None:
-    """The noise scale from every rank's windows (noise_scale.from_windows): per window the mean
-    over ranks of the local squared norm, rank 0's all-reduced one (the same on every rank), the
-    ranks' batches; its cost per step."""
-    from mgpu_bench import noise_scale
-
-    noises = [r.get("noise") for r in present]
-    if not noises or any(not n or not n.get("windows") for n in noises):
-        return None
-    k = min(len(n["windows"]) for n in noises)
-    windows = []
-    for i in range(k):
-        ws = [n["windows"][i] for n in noises]
-        windows.append({"small_sq": sum(w["small_sq"] for w in ws) / len(ws), "big_sq": ws[0]["big_sq"],
-                        "steps": ws[0]["steps"], "b_small": sum(w["b_small"] for w in ws) / len(ws),
-                        "b_big": sum(w["b_small"] for w in ws)})
-    out = noise_scale.from_windows(windows)
-    if out is None:
-        return None
-    steps = max(1, noises[0]["steps"])
-    cost = max(n["host_s"] for n in noises) / steps + max(n["device_s_per_step"] for n in noises)
-    out["cost_s_per_step"] = cost
-    step = (st.derived or {}).get("step_s") if st is not None else None
-    out["cost_share"] = cost / step if step else None
-    out["source"] = ("McCandlish et al. 2018, appendix A: each rank's gradient (B_small) against the all-reduced one "
-                     "(B_big), squared norms taken in DDP's communication hook")
-    return out
 
 
 def _workload(mon, key: str, tps, counted, flops_step, batch) -> dict:

@@ -4,8 +4,12 @@ samples/s and tokens/s gross and effective, MFU, the step's phases, exposed comm
 scaling, verdict.
 
     config.py      the training configuration and the plan (plain data)
+    sizing.py      the estimate said before the run, CPU defaults sized to it, the deadline kept
     measure.py     the ranks (torch's elastic launcher, or a launcher's job), the training loop
     analyse.py     the stable window, throughput, MFU, scaling and the verdict
+    wallclock.py   the ranks' totals over every timed step, the all-reduce's figures, the straggler
+    stalls.py      long steps: found, placed (outside compute, the GPU idle or busy), described
+    straggler.py   the rank the others wait for (shared with the in-job monitor)
     render.py      terminal table
     report.py      plots, HTML page, Markdown, the suite section
     document.py    the result document, written and read back
@@ -117,6 +121,10 @@ class ModelProbe(Probe):
                    help="Dense bf16 peak per GPU for MFU (GPUs not in the database)."),
             option("--exposed-comm/--no-exposed-comm", default=True, show_default=True,
                    help="Also run the steps under no_sync() to measure exposed communication (DDP)."),
+            option("--noise-scale", is_flag=True,
+                   help="Also estimate the gradient noise scale B_simple (McCandlish et al. 2018) from each rank's "
+                        "gradient and the all-reduced one, in DDP's communication hook (2+ ranks): the synthetic "
+                        "data's own, not your data's; StepMonitor(noise_scale=True) gives your job's."),
             option("--profile/--no-profile", default=True, show_default=True,
                    help="Profile 3 steps on GPUs: where the step's time goes by kernel intervals (matmuls, "
                         "attention, other kernels, NCCL alone, GPU idle); the verdict is read from it."),
@@ -194,7 +202,13 @@ class ModelProbe(Probe):
                           num_workers=o["num_workers"], preprocess_ms=o["preprocess_ms"], data_dir=o["data_dir"],
                           checkpointing=o["checkpointing"], exposed_comm=o["exposed_comm"], profile=o["profile"],
                           device="cuda" if on_gpu else "cpu", progress=False, compile=o["compile_model"],
+                          noise_scale=o["noise_scale"],
                           workload=wl.text if wl.text != wl.key else None, image_size=wl.image_size)
+        if cfg.noise_scale and (cfg.parallel != "ddp" or max(counts) < 2):
+            fix = ([] if cfg.parallel == "ddp" else ["--parallel ddp"]) + (
+                [] if max(counts) >= 2 else ["--nproc 2" if not on_gpu else "--gpus with 2 or more"])
+            raise InputError("--noise-scale needs DDP on 2 or more ranks (two batch sizes: each rank's and the whole "
+                             f"batch's); this run is {cfg.parallel.upper()} on {max(counts)}: give {' and '.join(fix)}")
         if cfg.compile and cfg.warmup_steps < 2:
             raise InputError(f"--compile with --warmup-steps {cfg.warmup_steps}: the first warm-up step compiles "
                              "the model, so give at least 2 (--warmup-steps 3)")

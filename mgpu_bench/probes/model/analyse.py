@@ -24,6 +24,7 @@ from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding, Verdict
 
 from . import stalls as stall_rule
 from .config import ModelConfig
+from .wallclock import job_stalls, rank_totals, straggler_of, sync_figures
 
 PHASES = ("data", "forward", "backward", "optimizer")
 EXPOSED_COMM_LIMIT = 0.10  # healthy is under 10% of the step
@@ -106,6 +107,7 @@ class StepStats:
     stalls: dict | None = None  # stalls.describe of the rank whose stalls say most (None: documents before them)
     comm_method: str | None = None  # how exposed_comm_share was measured: "no_sync", "hook", "profile"
     straggler: dict | None = None  # straggler.straggler over the stable window (2+ ranks)
+    noise: dict | None = None  # noise_scale.combine of the ranks' gradient norms (noise_scale on)
 
     def to_dict(self) -> dict:
         out = {"world": self.world, "data": self.data, "window": list(self.window),
@@ -117,74 +119,9 @@ class StepStats:
         for key in ("stalls", "comm_method", "straggler"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.noise is not None:
+            out["noise_scale"] = self.noise
         return out
-
-
-def _totals(rank: dict, samples_per_step: int, tokens_per_sample: int | None) -> dict:
-    """A rank's whole measured run: {steps, samples, tokens, elapsed_s, compute_s}. The in-job
-    monitor gives its own (its windows' sums: steps it no longer keeps per step count too); the
-    model probe's ranks keep every step, at `samples_per_step` samples each."""
-    if rank.get("totals"):
-        return rank["totals"]
-    ph = rank["phases"]
-    walls = ph["step"]
-    comp = ph.get("compute") or ([w - d for w, d in zip(walls, ph["data"])] if "data" in ph else walls)
-    n = len(walls)
-    return {"steps": n, "samples": samples_per_step * n,
-            "tokens": samples_per_step * n * tokens_per_sample if tokens_per_sample else None,
-            "elapsed_s": sum(walls), "compute_s": sum(comp)}
-
-
-def _rank_stalls(rank: dict, totals: dict, step_s: float) -> dict:
-    """stalls.describe of one rank: the monitor's events found at its window edges, else found in
-    the rank's steps (outside compute: the step less its compute phase)."""
-    found = rank.get("stall_events")
-    if found is None:
-        ph = rank["phases"]
-        comp = ph.get("compute") or ([w - d for w, d in zip(ph["step"], ph["data"])] if "data" in ph else None)
-        outside = [w - c for w, c in zip(ph["step"], comp)] if comp is not None else None
-        found = stall_rule.events(ph["step"], outside, comp, rank.get("queue"), rank.get("steps_index"))
-    return stall_rule.describe(found, int(totals["steps"]), float(totals["elapsed_s"]), step_s, rank.get("stall_sums"))
-
-
-def _job_stalls(good: list[dict], totals: list[dict], step_s: float) -> dict:
-    """The stalls of the rank whose stalls say most: the one with stalls outside compute() (the
-    others wait for it inside compute() in the same steps), else the one with the most extra time."""
-    found = [_rank_stalls(r, t, step_s) for r, t in zip(good, totals)]
-    i = max(range(len(found)), key=lambda k: (found[k]["main"] == "outside", found[k]["excess_s"], -k))
-    out = found[i]
-    if len(good) > 1 and out["main"] == "outside":
-        out["rank"] = good[i].get("rank", i)
-    return out
-
-
-def _sync_figures(good: list[dict], start: int, end: int, step_s: float, world: int) -> dict:
-    """From the DDP communication hook's marks (gradsync) over the stable window: per step the
-    exposed communication of the rank that waited least (the last to arrive: its wait is the
-    communication alone) and that rank's all-reduce time and bytes; their medians, the share of
-    the steady-state step and the bus bandwidth: bytes x 2(n-1)/n / the all-reduce time (the ring
-    all-reduce's factor, as nccl-tests' busbw)."""
-    syncs = [r.get("sync") for r in good]
-    if world < 2 or not all(syncs):
-        return {}
-    exposed, busy, nbytes = [], [], []
-    for i in range(start, end):
-        row = [(sy["exposed"][i], sy["busy"][i], sy["bytes"][i]) for sy in syncs
-               if i < len(sy.get("exposed") or []) and sy["exposed"][i] is not None]
-        if len(row) == len(syncs):
-            e, b, n = min(row)
-            exposed.append(e)
-            busy.append(b)
-            nbytes.append(n)
-    if not exposed:
-        return {}
-    out = {"hook_exposed_s": statistics.median(exposed), "sync_busy_s": statistics.median(busy),
-           "sync_bytes": statistics.median(nbytes)}
-    out["hook_exposed_share"] = min(1.0, out["hook_exposed_s"] / step_s)
-    if out["sync_busy_s"] > 0:
-        out["sync_algbw"] = out["sync_bytes"] / out["sync_busy_s"]
-        out["sync_busbw"] = out["sync_algbw"] * 2 * (world - 1) / world
-    return out
 
 
 def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float | None,
@@ -210,7 +147,7 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
     win = steps[start:end]
     step_s = statistics.median(win)
     d: dict[str, Any] = {"step_s": step_s, "step_mean_s": statistics.fmean(win), "window_steps": len(win)}
-    totals = [_totals(r, cfg.batch_size * cfg.grad_accum, tokens_per_sample) for r in good]
+    totals = [rank_totals(r, cfg.batch_size * cfg.grad_accum, tokens_per_sample) for r in good]
     elapsed = max(t["elapsed_s"] for t in totals)
     samples = sum(t["samples"] for t in totals)
     measured = max(int(t["steps"]) for t in totals)
@@ -240,7 +177,7 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
         if p in r0:
             d[f"{p}_s"] = statistics.median(r0[p][start:end])
     d["data_share"] = d["data_s"] / step_s
-    st.stalls = _job_stalls(good, totals, step_s)
+    st.stalls = job_stalls(good, totals, step_s)
     d["stall_share"], d["stall_count"] = st.stalls["share"], st.stalls["count"]
     nosync = [r.get("no_sync_phases") for r in good if r.get("no_sync_phases")]
     if nosync:
@@ -249,7 +186,7 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
         d["no_sync_step_s"] = statistics.median(ns[s2:e2])
         d["exposed_comm_share"] = max(0.0, (step_s - d["no_sync_step_s"]) / step_s)
         st.comm_method = "no_sync"
-    d.update(_sync_figures(good, start, end, step_s, world))
+    d.update(sync_figures(good, start, end, step_s, world))
     if d.get("exposed_comm_share") is None and d.get("hook_exposed_share") is not None:
         d["exposed_comm_share"] = d["hook_exposed_share"]
         st.comm_method = "hook"
@@ -273,37 +210,12 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
         d["total_memory"] = good[0].get("total_memory")
     st.derived = d
     if len(good) > 1:
-        st.straggler = _straggler(good, start, end, step_s)
+        st.straggler = straggler_of(good, start, end, step_s)
+    if all(r.get("noise") for r in good):
+        from mgpu_bench import noise_scale
+
+        st.noise = noise_scale.combine([r["noise"] for r in good], step_s)
     return st
-
-
-def _straggler(good: list[dict], start: int, end: int, step_s: float) -> dict | None:
-    """straggler.straggler over the stable window, with the ranks' arrival where gradsync marked
-    it; the rank's own number in "rank"."""
-    from .straggler import straggler
-
-    def col(r, key):
-        ph = r["phases"]
-        if key == "outside":
-            comp = ph.get("compute") or ([w - x for w, x in zip(ph["step"], ph["data"])] if "data" in ph else None)
-            return [w - c for w, c in zip(ph["step"], comp)][start:end] if comp is not None else None
-        return ph["step"][start:end]
-
-    outside = [col(r, "outside") for r in good]
-    arrival = [(r.get("sync") or {}).get("arrival") for r in good]
-    s = straggler([col(r, "step") for r in good], None if any(o is None for o in outside) else outside,
-                  [_kernel_s(r.get("profile")) for r in good], step_s,
-                  [a[start:end] for a in arrival] if all(arrival) else None)
-    if s is not None:
-        s["rank"] = good[s["rank"]].get("rank", s["rank"])
-    return s
-
-
-def _kernel_s(profile: dict | None) -> float | None:
-    """Seconds per profiled step with a compute kernel running (busy, less NCCL alone)."""
-    if not profile or not profile.get("window_s") or not profile.get("steps"):
-        return None
-    return (profile["busy_s"] - profile["nccl_exposed_s"]) / profile["steps"]
 
 
 _COMM_METHOD = {"no_sync": "the same steps with and without gradient sync, no_sync()",
@@ -610,16 +522,17 @@ def findings(run: ModelRun, shared: Sequence = ()) -> list[Finding]:
 
 
 def noise_text(run: ModelRun) -> str | None:
-    """The gradient noise scale's finding (the in-job monitor's noise_scale=True, or model's own
-    run: its synthetic data's), with its cost."""
+    """The gradient noise scale's finding (the in-job monitor's noise_scale=True, or model's
+    --noise-scale: its synthetic data's) of the largest count that has one, with its cost."""
     from mgpu_bench import noise_scale
 
-    ns = run.job.get("noise_scale") or run.workload.get("noise_scale")
-    source = "" if run.workload.get("kind") == "job" else " of the synthetic data (random tokens, not your data's)"
+    found = [s for s in run.stats if s.noise]
+    ns = max(found, key=lambda s: s.world).noise if found else run.job.get("noise_scale")
+    source = "" if run.workload.get("kind") == "job" else " of the synthetic data (random inputs, not your data's)"
     line = noise_scale.words(ns, source)
     if not line:
         return None
-    if ns.get("cost_s_per_step") is not None:
+    if ns.get("b_simple") and ns.get("cost_s_per_step") is not None:
         share = ns.get("cost_share")
         line += (f"; its cost {1e3 * ns['cost_s_per_step']:.2f} ms per step"
                  + (f" ({100 * share:.2f}% of the step)" if share is not None else ""))

@@ -30,6 +30,7 @@ class ModelConfig:
     progress: bool = False
     workload: str | None = None  # what workloads.resolve() takes, where it is not the key (a path, a module)
     image_size: int | None = None  # pixels per side, vision workloads
+    noise_scale: bool = False  # the gradient noise scale from the DDP hook's norms (noise_scale.py)
     deadline: float | None = None  # CPU processes: the wall-clock time (time.time()) the timed steps keep to (sizing)
 
     @property

@@ -16,7 +16,7 @@ def _config(run: ModelRun) -> dict:
     """The config as written; `compile` only when on, `workload` and `image_size` only where set,
     so that a run without them writes what the releases before them wrote."""
     cfg = asdict(run.config)
-    for key in ("compile", "workload", "image_size", "deadline"):
+    for key in ("compile", "workload", "image_size", "deadline", "noise_scale"):
         if not cfg.get(key):
             cfg.pop(key, None)
     cfg.pop("deadline", None)  # a moment of this run, not its configuration
@@ -80,6 +80,7 @@ def run_from_document(doc: dict) -> ModelRun:
                 stalls=s.get("stalls"),
                 comm_method=s.get("comm_method"),
                 straggler=s.get("straggler"),
+                noise=s.get("noise_scale"),
             )
         )
     return run

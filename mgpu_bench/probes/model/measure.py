@@ -49,6 +49,7 @@ __all__ = ["ModelConfig", "ModelPlan", "launch", "run_model", "worker"]
 # reuses the one before it, at most SYNTHETIC_POOL_BYTES of them (one at least).
 SYNTHETIC_POOL = 4
 SYNTHETIC_POOL_BYTES = 1 << 30
+NOISE_WINDOW = 10  # --noise-scale: steps per window of summed gradient norms (its uncertainty over them)
 
 
 def _cycle(loader):
@@ -154,7 +155,7 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
     if world > 1 and cfg.parallel == "ddp":
         from mgpu_bench.gradsync import GradSync
 
-        sync = GradSync(on_gpu)
+        sync = GradSync(on_gpu, noise=cfg.noise_scale)
         sync.attach(model)
     opt = wl.optimizer(model)
     if cfg.compile:
@@ -247,6 +248,10 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
             m["end"] = clock(ev[-1])
             m["host_end"] = perf()
             if slots is not None:
+                if sync.noise is not None:
+                    sync.noise.end_step(cfg.batch_size * cfg.grad_accum)
+                    if (step + 1) % NOISE_WINDOW == 0:
+                        sync.noise.rotate()
                 sync.slot = None
                 m["sync"] = slots[step]
                 buckets[0] = max(buckets[0], slots[step].k)
@@ -305,6 +310,8 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
         out["wall_s"] = time.perf_counter() - t0
         out["phases"] = phases(marks)
         extras(marks, out)
+        if sync is not None and sync.noise is not None:
+            out["noise"] = sync.noise.figures(max((m["sync"].nbytes for m in marks if "sync" in m), default=0), device)
         if on_gpu:
             out["peak_allocated"] = torch.cuda.max_memory_allocated(device)
             out["peak_reserved"] = torch.cuda.max_memory_reserved(device)
