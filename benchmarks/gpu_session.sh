@@ -5,8 +5,10 @@
 # Steps: build pytest1 diagnose fleetnode compile1 sdc1 overlap1 suite1 (one GPU); model2 two18 wall16 fleet2
 # (two GPUs: prepared for a session that is lent the two-GPU kind; not run yet).
 # Session 15 (one GPU, issues 23-29): smoke pytestgpu work26 check27 monitor28 plan29; then bert26 pytestnew.
+# Session 16 (one GPU, issues 32-36): build16 truth32 bert32 vision32 old32; then smoke, pytestgpu.
 set -u
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the tree this script runs in (build16 copies its native module beside it)
 OUT=${OUT:-/tmp/out}
 L=$OUT/logs
 export MGPU_BENCH_DB=${MGPU_BENCH_DB:-$OUT/logs/history.sqlite3}  # the store on, as users run it; it comes back with the logs
@@ -36,6 +38,42 @@ build() {
   nvidia-smi -q -d POWER,CLOCK >> "$L/nvidia-smi.txt" 2>&1
   run build 600 $PY -m pip install --no-build-isolation --no-deps -e .
   $PY -c "import mgpu_bench._native as n, torch; print('native NCCL', n.nccl_version(), 'torch', torch.__version__)"
+}
+
+build16() {  # no editable install: the extension built once into a target folder and copied beside the sources,
+  # so that a second tree (.old: the release before, for A/B runs) imports its own Python with the same native module
+  nvidia-smi > "$L/nvidia-smi.txt" 2>&1
+  nvidia-smi -q -d POWER,CLOCK >> "$L/nvidia-smi.txt" 2>&1
+  CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90 run build 300 $PY -m pip install --no-build-isolation --no-deps --target /tmp/mgpu-site .
+  for tree in . .old; do
+    [ -d "$tree/mgpu_bench" ] && cp /tmp/mgpu-site/mgpu_bench/_native*.so /tmp/mgpu-site/mgpu_bench/_build_config.py "$tree/mgpu_bench/"
+  done
+  $PY -c "import mgpu_bench._native as n, torch, mgpu_bench; print('native NCCL', n.nccl_version(), 'torch', torch.__version__, mgpu_bench.__file__)" | tee -a "$L/nvidia-smi.txt"
+}
+
+truth32() {  # issues 32 and 36: the monitor's headline against the loop's wall clock with stalls; its overhead and the noise scale's
+  run step-truth 300 $PY benchmarks/step_truth.py truth overhead noise --reps 5
+}
+
+bert32() {  # issue 32: model hf:bert-large against a plain loop over one fixed batch, A B B A
+  local m="model --model hf:bert-large --seq-len 512 --batch-size 16 --steps 30 --warmup-steps 5 --gpus 1"
+  run plain-bert-1 100 $PY benchmarks/plain_bert_loop.py --seq-len 512 --batch-size 16 --steps 30
+  # shellcheck disable=SC2086
+  run model-bert-1 120 $MB $m --json "$L/model-bert-1.json"
+  # shellcheck disable=SC2086
+  run model-bert-2 120 $MB $m --json "$L/model-bert-2.json"
+  run plain-bert-2 100 $PY benchmarks/plain_bert_loop.py --seq-len 512 --batch-size 16 --steps 30
+}
+
+vision32() {  # issue 32: resnet50 no slower than session 15 (4,684 samples/s at batch 256)
+  run model-resnet50 150 $MB model --model torchvision:resnet50 --batch-size 256 --steps 30 --warmup-steps 5 --gpus 1 --json "$L/model-resnet50.json"
+}
+
+old32() {  # issue 32: the default model run, this tree against the release before (.old), A B B A
+  run model-default-new-1 120 $MB model --json "$L/model-default-new-1.json"
+  run model-default-old-1 120 bash -c "cd .old && PYTHONPATH=. $MB model --no-store --json $L/model-default-old-1.json"
+  run model-default-old-2 120 bash -c "cd .old && PYTHONPATH=. $MB model --no-store --json $L/model-default-old-2.json"
+  run model-default-new-2 120 $MB model --json "$L/model-default-new-2.json"
 }
 
 pytest1() { run pytest-gpu 480 $PY -m pytest -m gpu -q -p no:cacheprovider tests/; }

@@ -2,8 +2,9 @@
 wide, 16 heads, FFN 4096, vocabulary 30522: Devlin et al. 2019), for `mgpu-bench model --model
 hf:bert-large`'s overhead target: built from its config (random weights, no hub access), SDPA
 attention, fp32 weights with bf16 autocast, fused AdamW (lr 1e-4, weight decay 0.01), random
-token ids with 15% of the positions as masked-LM labels made on the device each step; host clock
-around the timed steps with one synchronize at each end.
+token ids with 15% of the positions as masked-LM labels: one fixed batch made before timing (the
+reference of issue 32: a launch-bound step shows any per-step work), or made on the device each
+step with --fresh-batch; host clock around the timed steps with one synchronize at each end.
 
     python benchmarks/plain_bert_loop.py --seq-len 512 --batch-size 16 --steps 30
 
@@ -28,6 +29,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup-steps", type=int, default=5)
+    ap.add_argument("--fresh-batch", action="store_true", help="a new batch made on the device every step")
     args = ap.parse_args()
     dev = torch.device("cuda", 0)
     torch.manual_seed(1234)
@@ -40,10 +42,15 @@ def main() -> None:
     gen = torch.Generator(device=dev).manual_seed(1234)
     b, t = args.batch_size, args.seq_len
 
-    def step() -> None:
+    def batch():
         ids = torch.randint(0, cfg.vocab_size, (b, t), device=dev, generator=gen)
         keep = torch.rand((b, t), device=dev, generator=gen) < 0.15
-        labels = torch.where(keep, ids, torch.full_like(ids, -100))
+        return ids, torch.where(keep, ids, torch.full_like(ids, -100))
+
+    fixed = batch()
+
+    def step() -> None:
+        ids, labels = batch() if args.fresh_batch else fixed
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
             loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
@@ -60,7 +67,8 @@ def main() -> None:
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / args.steps
     params = sum(p.numel() for p in model.parameters())
-    print(f"plain loop BertForMaskedLM ({params / 1e6:.0f}M params) seq {t} batch {b}: {dt * 1e3:.1f} ms/step, "
+    print(f"plain loop BertForMaskedLM ({params / 1e6:.0f}M params) seq {t} batch {b}"
+          f"{' (a fresh batch each step)' if args.fresh_batch else ' (one fixed batch)'}: {dt * 1e3:.1f} ms/step, "
           f"{b / dt:.0f} samples/s, {b * t / dt:.0f} tokens/s, peak {torch.cuda.max_memory_allocated() / 2**30:.1f} "
           f"GiB allocated (torch {torch.__version__}, transformers {transformers.__version__})", flush=True)
 
