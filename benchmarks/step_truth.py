@@ -160,29 +160,41 @@ def main() -> None:
         def plain():
             return timed(lambda: [train(plain_ddp, i) for i in range(args.block)])
 
-        def monitored():
-            mon = StepMonitor("noise-overhead", tokens_per_sample=args.seq_len, model=hooked, warmup=0,
-                              count_flops=False, profile=False, ceiling=False, store=False, print=False,
-                              noise_scale=True)
-            mon._sync = sync  # on one rank the monitor attaches nothing itself (no second batch size)
+        def with_monitor(every: int, noise: bool):
+            def run_blocks():
+                mon = StepMonitor("noise-overhead", tokens_per_sample=args.seq_len, model=hooked, warmup=0,
+                                  count_flops=False, profile=False, ceiling=False, store=False, print=False,
+                                  noise_scale=noise, noise_every=every)
+                mon._sync = sync  # on one rank the monitor attaches nothing itself (no second batch size)
+                sync.noise = sync.noise if noise else None
 
-            def run():
-                for i in range(args.block):
-                    with mon.step(samples=args.batch_size), mon.compute():
-                        train(hooked, i)
-                    if (i + 1) % 10 == 0:
-                        sync.noise.rotate()
-            t = timed(run)
-            mon.finish()
-            return t
-        blocks("noise_scale=True (the hook, its marks and norms, DDP on one GPU)", plain, monitored)
-        nbytes = max((s.nbytes for s in (sync.slot,) if s), default=0) or sum(
-            p.numel() * p.element_size() for p in model.parameters())
+                def run():
+                    for i in range(args.block):
+                        with mon.step(samples=args.batch_size), mon.compute():
+                            train(hooked, i)
+                        if noise and (i + 1) % 10 == 0:
+                            sync.noise.rotate()
+                t = timed(run)
+                mon.finish()
+                return t
+            return run_blocks
+
+        from mgpu_bench.gradsync import Noise
+
+        noise_obj = sync.noise
+        blocks("the monitor with DDP's communication hook and its marks (comm_hook, on by default for DDP)", plain,
+               with_monitor(1, False))
+        for every in (1, 8):
+            sync.noise = noise_obj if noise_obj is not None else Noise(cuda)
+            blocks(f"noise_scale=True, noise_every={every} (the hook, its marks and norms, DDP on one GPU)", plain,
+                   with_monitor(every, True))
+        sync.noise = noise_obj
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
         from mgpu_bench.gradsync import norm_cost
 
-        print(f"noise scale's device norms, timed alone: {1e3 * (norm_cost(nbytes, dev) if cuda else 0):.3f} ms per step for "
-              f"{nbytes / 1e9:.2f} GB of gradients; host time in its code {1e6 * sync.noise.host_s / max(1, sync.noise.steps_total):.0f} "
-              "us per step", flush=True)
+        print(f"noise scale's device norms, timed alone: {1e3 * (norm_cost(nbytes, dev) if cuda else 0):.3f} ms per "
+              f"norm step for {nbytes / 1e9:.2f} GB of gradients; host time in its code "
+              f"{1e6 * noise_obj.host_s / max(1, noise_obj.steps_total):.0f} us per norm step", flush=True)
         dist.destroy_process_group()
 
 

@@ -65,7 +65,9 @@ class Noise:
         self._pending: list = []
         self.done: list[dict] = []
         self.host_s = 0.0
-        self.steps_total = 0
+        self.steps_total = 0  # steps whose norms were taken
+        self.seen = 0  # steps that ended (end_step), those without norms included
+        self.active = True  # take the norms in this step (StepMonitor's noise_every picks 1 step in k)
         self._main = torch.cuda.current_stream() if cuda else None
 
     def local(self, tensor) -> None:
@@ -83,6 +85,7 @@ class Noise:
 
     def end_step(self, samples: int) -> None:
         """The step's sums into the window's (its buckets' norms squared and added)."""
+        self.seen += 1
         if not self._local or len(self._global) != len(self._local):
             self._local.clear()
             self._global.clear()
@@ -135,8 +138,9 @@ class Noise:
     def figures(self, nbytes: int, device) -> dict:
         """What a record keeps (noise_scale.combine reads it): the windows, the host seconds, the
         steps, the device seconds per step of the norms of `nbytes` of gradients (norm_cost)."""
-        return {"windows": self.windows(), "host_s": self.host_s, "steps": self.steps_total,
-                "device_s_per_step": norm_cost(nbytes, device) if self.cuda else 0.0}
+        share = self.steps_total / self.seen if self.seen else 1.0  # the steps that took the norms
+        return {"windows": self.windows(), "host_s": self.host_s, "steps": self.seen, "norm_steps": self.steps_total,
+                "device_s_per_step": share * norm_cost(nbytes, device) if self.cuda else 0.0}
 
 
 def norm_cost(nbytes: int, device) -> float:
@@ -223,7 +227,7 @@ def _hook(state: GradSync, bucket):
     """DDP's default all-reduce (default_hooks.allreduce_hook), with marks."""
     tensor = bucket.buffer()
     slot = state.slot
-    noise = state.noise if slot is not None else None
+    noise = state.noise if slot is not None and state.noise is not None and state.noise.active else None
     if slot is None:
         state.unmarked += 1
     else:

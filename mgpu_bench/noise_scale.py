@@ -106,8 +106,9 @@ def words(result: dict | None, source: str = "") -> str | None:
 
 
 def combine(noises: Sequence[dict | None], step_s: float | None) -> dict | None:
-    """The noise scale of a job from every rank's Noise figures ({windows, host_s, steps,
-    device_s_per_step}, gradsync.Noise and norm_cost): per window the mean over ranks of the local
+    """The noise scale of a job from every rank's Noise figures ({windows, host_s, steps (timed
+    steps), device_s_per_step (averaged over them)}, gradsync.Noise.figures): per window the mean
+    over ranks of the local
     squared norm, the all-reduced one (the same on every rank: rank 0's), the ranks' batches
     (B_big their sum); from_windows of those, with its cost per step (the slowest rank's host time
     and the device norms' time) and its share of the step. None unless every rank has windows."""
