@@ -72,6 +72,8 @@ held, or the share at the exposed time +- twice its noise, divided and multiplie
 measured noise. Days = tokens / (samples per step x seq) x step / 86400.
 A line for every figure the history lacks names the command that measures it; --measure runs
 the ones this machine can (child commands storing into the same history), then plans.
+Exit code: 0 planned; 1 the layout asked does not fit (the plan is written, with what fits
+instead); 2 bad input.
 
 \b
 --noise-scale r12 (a job monitored with StepMonitor(..., noise_scale=True): its B_noise, with its
@@ -80,8 +82,6 @@ GPU count's plain figures, its global batch B's statistical efficiency E = (B_no
 (B_noise + B) (Pollux, Qiao et al. OSDI 2021; B_noise of McCandlish et al. 2018), goodput =
 throughput x E, and the days to the same training progress = days / E; ranges at B_noise +- twice
 its standard error.
-Exit code: 0 planned; 1 the layout asked does not fit (the plan is written, with what fits
-instead); 2 bad input.
 """
 
 
