@@ -14,7 +14,8 @@ measured (the history), each figure with the run it came from, formulas only whe
     answer.py     fit first: the answer where the layout fits, what fits instead where it does not
     build.py      the plan from those, and what is missing
     measure.py    --measure: the missing short measurements, as child commands
-    analyse.py    findings: the fit, the answer, what is missing
+    goodput.py    --noise-scale: each GPU count's statistical efficiency, goodput, days to the same progress
+    analyse.py    findings: the fit, the answer, the goodput, what is missing
     render.py     terminal tables;  report.py  the curve beside the measured points, HTML, Markdown
     document.py   the result document;  shape.py  its declared shape;  headline.py  its metrics
 """
@@ -28,6 +29,7 @@ from typing import Any, ClassVar
 from mgpu_bench.errors import InputError
 from mgpu_bench.probe import Probe, option, within
 
+from .goodput import BATCH_HELP, NOISE_HELP
 from .layout import PARALLEL_HELP
 
 HELP = """Will this model fit, how many GPUs, how many days: from what this cluster measured.
@@ -72,6 +74,14 @@ A line for every figure the history lacks names the command that measures it; --
 the ones this machine can (child commands storing into the same history), then plans.
 Exit code: 0 planned; 1 the layout asked does not fit (the plan is written, with what fits
 instead); 2 bad input.
+
+\b
+--noise-scale r12 (a job monitored with StepMonitor(..., noise_scale=True): its B_noise, with its
+jackknife error, and B_0 = its global batch then) or --noise-scale N --noise-batch B0: beside each
+GPU count's plain figures, its global batch B's statistical efficiency E = (B_noise + B_0) /
+(B_noise + B) (Pollux, Qiao et al. OSDI 2021; B_noise of McCandlish et al. 2018), goodput =
+throughput x E, and the days to the same training progress = days / E; ranges at B_noise +- twice
+its standard error.
 """
 
 
@@ -136,12 +146,14 @@ class PlanProbe(Probe):
                         "step: it replaces the measured step, labelled assumed."),
             option("--measure", is_flag=True,
                    help="Run the short measurements the history lacks first (stored there too), then plan."),
+            option("--noise-scale", "noise_scale", default=None, help=NOISE_HELP),
+            option("--noise-batch", "noise_batch", default=None, type=float, help=BATCH_HELP),
         ]
 
     def configure(self, o: dict) -> Request:
         from mgpu_bench import hardware
 
-        from . import layout, target
+        from . import goodput, layout, target
         from .config import MAX_DAYS, MAX_GPUS, PlanConfig, parse_count, parse_rate
         from .workload import describe
 
@@ -177,6 +189,7 @@ class PlanProbe(Probe):
         rate = parse_rate(o["rate_text"]) if o.get("rate_text") is not None else None
         if o.get("mfu") is not None:
             within("--mfu", o["mfu"], 0, 1, "a fraction of the datasheet peak", above=True)
+        goodput.check(o.get("noise_scale"), o.get("noise_batch"))
         gpu = target.resolve(o["gpu_name"]) if o.get("gpu_name") is not None else None
         parallel = o["parallel"] if o.get("parallel") is not None else "ddp"
         lay, search = layout.parse(parallel, bool(o.get("checkpointing")))
@@ -194,7 +207,9 @@ class PlanProbe(Probe):
                          checkpointing=bool(o.get("checkpointing")), global_batch=o.get("global_batch"),
                          seq_len=o.get("seq_len"), image_size=o.get("image_size"), batch_size=o.get("batch_size"),
                          network=o.get("network"), gpus_per_node=o.get("gpus_per_node"),
-                         gpu=gpu.key if gpu else None, rate=rate, mfu=o.get("mfu"), measure=bool(o.get("measure")))
+                         gpu=gpu.key if gpu else None, rate=rate, mfu=o.get("mfu"), measure=bool(o.get("measure")),
+                         noise_scale=o["noise_scale"].strip() if o.get("noise_scale") is not None else None,
+                         noise_batch=o.get("noise_batch"))
         local_gpu, local_n = _local_gpus()
         on_gpu = local_n > 0 or gpu is not None
         facts = describe(cfg.model, cfg.seq_len, on_gpu, cfg.image_size)  # one that cannot be built: exit 2 now
@@ -254,11 +269,12 @@ def _local_gpus() -> tuple[str | None, int]:
 
 def _plan(request: Request, history, say) -> tuple[dict, bool]:
     """The payload from the history; with --measure, the missing measurements first."""
-    from . import evidence
+    from . import evidence, goodput
 
+    noise = goodput.resolve(request.config.noise_scale, request.config.noise_batch, history)  # exit 2 before any work
     reader = evidence.Reader(history)
     try:
-        return _plan_from(request, reader, say)
+        return _plan_from(request, reader, say, noise)
     finally:
         reader.close()
 
@@ -294,8 +310,8 @@ def _scaled(request: Request, reader, facts, ev):
     return None if ratio is None else build.Scaled(other, *ratio)
 
 
-def _plan_from(request: Request, reader, say) -> tuple[dict, bool]:
-    from . import build, evidence, measure
+def _plan_from(request: Request, reader, say, noise=None) -> tuple[dict, bool]:
+    from . import build, evidence, goodput, measure
     from .workload import describe
 
     cfg, facts = request.config, request.facts
@@ -311,6 +327,7 @@ def _plan_from(request: Request, reader, say) -> tuple[dict, bool]:
     def build_once() -> dict:
         ev = evidence.read(reader, facts, device, source)
         payload = build.plan(cfg, facts, ev, local, here, _scaled(request, reader, facts, ev))
+        goodput.apply(payload, noise)
         payload["left_out"] = [{"run": run, "why": why} for run, why in reader.left_out.items()]
         payload["documents_read"] = reader.reads
         return payload

@@ -86,6 +86,43 @@ def _answer_lines(doc: Mapping) -> list[Finding]:
                         f"{_with(a)}")]
 
 
+def _goodput_lines(doc: Mapping) -> list[Finding]:
+    """--noise-scale: the answer's global batch against the noise scale, its statistical
+    efficiency, goodput and days to the same progress (goodput.py), and whether more GPUs buy
+    convergence there (noise_scale.NOT_WORTH: doubling them divides the steps by less)."""
+    from mgpu_bench.noise_scale import NOT_WORTH
+
+    a, ns, budget = doc.get("answer") or {}, doc.get("noise_scale") or {}, doc.get("budget") or {}
+    if not ns or a.get("stat_efficiency") is None:
+        return []
+    unit = "tokens/s" if (doc.get("workload") or {}).get("tokens_per_sample") else "samples/s"
+    b, noise, e = a["global_batch"], ns["b_noise"], a["stat_efficiency"]
+    err = f" +- {text.samples(ns['stderr'])}" if ns.get("stderr") else ""
+    key = (doc.get("workload") or {}).get("key")
+    where = ns.get("run") or "given"
+    if ns.get("run") and ns.get("same_workload") is False:
+        where += f": {'the job ' if ns.get('whose') == 'job' else ''}{ns.get('workload')}'s, not {key}'s"
+    rng = (f"range {a['stat_efficiency_low']:.3f} - {a['stat_efficiency_high']:.3f}" if ns.get("stderr") else
+           "no uncertainty given")
+    line = (f"goodput at {a['gpus']} GPUs: the global batch {b:,} samples is {b / noise:.3g}x the gradient noise "
+            f"scale {text.samples(noise)}{err} samples ({where}): statistical efficiency E = {e:.3f} ({rng}) against "
+            f"B_0 = {text.samples(ns['b0'])} samples (Pollux: (B_noise + B_0) / (B_noise + B)), goodput "
+            f"{text.total_rate(a.get('goodput'))} {unit} of "
+            f"{text.total_rate(a['goodput'] / e) if a.get('goodput') else '-'} {unit}")
+    if a.get("days_progress") is not None:
+        amount = f"{text.count(budget.get('value') or 0)} {budget.get('unit')}"
+        asked = f", not the {text.days(a['days'])} asked" if a.get("question") == "days" and a.get("days") and \
+            a["days_progress"] > a["days"] else ""
+        line += (f"; {text.days(a['days_progress'])} (range {text.days(a.get('days_progress_low'))} - "
+                 f"{text.days(a.get('days_progress_high'))}) to the same training progress as {amount} at batch "
+                 f"{text.samples(ns['b0'])} (the plain {text.days(a['days_progress'] * e)} / E){asked}")
+    gain = a.get("doubling_fewer_steps")
+    if gain is not None and gain < NOT_WORTH:
+        return [Finding(WARNING, f"{line}: more GPUs buy {unit}, not convergence (doubling them divides the steps to "
+                                 f"the same loss by only {gain:.2f}, McCandlish et al. 2018)")]
+    return [Finding(OK, line)]
+
+
 def _with(a: Mapping) -> str:
     lay = a.get("layout") or {}
     return "" if not lay or lay.get("name") in ("ddp", "fsdp") else f" with {lay.get('text')}"
@@ -102,6 +139,8 @@ def _instead(o: Mapping, gpn: int, amount: str, asked_gpus: bool) -> str:
     where = f"{o['gpus']} GPUs ({_nodes(o['gpus'], gpn)})" + (", the fewest it needs" if asked_gpus and not
                                                                 o.get("at_asked") else "")
     days = f"{text.days(o['days'])} for {amount}" if o.get("days") is not None else "no step time (see what is missing)"
+    if o.get("days_progress") is not None:
+        days += f" ({text.days(o['days_progress'])} to the same progress at E = {o['stat_efficiency']:.3f})"
     return (f"{o['what']}: {lay.get('text')} at micro-batch {o.get('batch')} (global batch {o.get('global_batch')} samples), "
             f"{where}: {days}, {text.value(o.get('memory'), 'B')} per GPU")
 
@@ -112,7 +151,7 @@ def _nodes(n: int, gpn: int) -> str:
 
 
 def findings(doc: Mapping) -> list[Finding]:
-    out = _fit_lines(doc) + _answer_lines(doc)
+    out = _fit_lines(doc) + _answer_lines(doc) + _goodput_lines(doc)
     left = doc.get("left_out") or []
     for x in left[:MAX_LEFT_OUT]:
         out.append(Finding(WARNING, f"left out: {x['run']}, {x['why']}"))

@@ -58,7 +58,8 @@ class PlanConfig:
     the history; gpu: the hardware.json key of the GPU to plan for (None: this machine's, else the
     stored runs'); rate: an achieved FLOP/s per GPU over the whole step, mfu: an assumed model
     FLOPs utilisation (either replaces the measured step); measure: run what is missing first; db:
-    the history database (None: the default)."""
+    the history database (None: the default); noise_scale: --noise-scale as given (a stored run, or
+    a number of samples), noise_batch: B_0 in samples (goodput.py)."""
 
     model: str
     tokens: float | None = None
@@ -80,6 +81,8 @@ class PlanConfig:
     mfu: float | None = None
     measure: bool = False
     db: str | None = None
+    noise_scale: str | None = None
+    noise_batch: float | None = None
 
     @property
     def budget(self) -> float:

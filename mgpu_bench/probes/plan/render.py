@@ -30,6 +30,30 @@ def curve_rows(doc: Mapping) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def goodput_rows(doc: Mapping) -> tuple[list[str], list[list[str]]]:
+    """With --noise-scale, per GPU count: the global batch, its statistical efficiency E and E's
+    range, the goodput of all the GPUs (throughput x E), the plain days and the days to the same
+    training progress (days / E) with their range (goodput.py)."""
+    curve = [p for p in doc.get("curve") or [] if p.get("stat_efficiency") is not None]
+    if not curve:
+        return [], []
+    unit = "tokens/s" if (doc.get("workload") or {}).get("tokens_per_sample") else "samples/s"
+    headers = ["GPUs", "global batch", "E", "range", f"goodput {unit}", "days", "same progress", "range"]
+    rows = []
+    certain = not (doc.get("noise_scale") or {}).get("stderr")
+    for p in curve:
+        rows.append([str(p["gpus"]), f"{p['global_batch']:,}", f"{p['stat_efficiency']:.3f}",
+                     "-" if certain else f"{p['stat_efficiency_low']:.3f} - {p['stat_efficiency_high']:.3f}",
+                     text.total_rate(p.get("goodput")), text.days(p.get("days")), text.days(p.get("days_progress")),
+                     text.span(p.get("days_progress_low"), p.get("days_progress_high"), p.get("days_progress"),
+                               text.days)])
+    return headers, rows
+
+
+GOODPUT_CAPTION = ("goodput per GPU count: E = (B_noise + B_0) / (B_noise + B) of the global batch B (Pollux, Qiao et "
+                   "al. OSDI 2021), goodput = all the GPUs' throughput x E, the same progress = days / E")
+
+
 def title(doc: Mapping) -> str:
     w, cfg, dev = doc.get("workload") or {}, doc.get("config") or {}, doc.get("device") or {}
     budget = doc.get("budget") or {}
@@ -48,7 +72,8 @@ def render_terminal(doc: Mapping, console) -> None:
     from mgpu_bench.output.tables import print_table
 
     for caption, (headers, rows) in ((title(doc) + ": the figures and where they come from", figure_rows(doc)),
-                                     ("step and days per GPU count (range: see --help)", curve_rows(doc))):
+                                     ("step and days per GPU count (range: see --help)", curve_rows(doc)),
+                                     (GOODPUT_CAPTION, goodput_rows(doc))):
         if not rows:
             continue
         t = Table(title=caption, title_justify="left", pad_edge=False, box=None, header_style="bold")

@@ -12,7 +12,7 @@ from mgpu_bench.output import html_page
 from mgpu_bench.output.plotting import plain, png, pyplot
 
 from .analyse import findings
-from .render import curve_rows, figure_rows, title
+from .render import GOODPUT_CAPTION, curve_rows, figure_rows, goodput_rows, title
 
 _IMAGES = ("scaling",)
 
@@ -36,6 +36,9 @@ def plot_scaling(doc: Mapping) -> bytes | None:
     if measured:
         ax.plot([p["gpus"] for p in measured], [p["rate_per_gpu"] for p in measured], "o", color="tab:orange",
                 label="measured (" + ", ".join(sorted({plain(p["measured"]) for p in measured if p["measured"]})) + ")")
+    if all(p.get("stat_efficiency") is not None for p in curve):  # --noise-scale: what each GPU's rate is worth
+        ax.plot(n, [p["rate_per_gpu"] * p["stat_efficiency"] for p in curve], "--", color="tab:green",
+                label="goodput per GPU (x statistical efficiency, Pollux)")
     ax.axhline(curve[0]["rate_per_gpu"] / max(curve[0]["efficiency"], 1e-12), color="grey", linestyle=":",
                linewidth=1, label="one GPU's rate (ideal scaling)")
     gpn = (doc.get("device") or {}).get("gpus_per_node")
@@ -69,6 +72,9 @@ def _tables(doc: Mapping) -> str:
     for headers, rows in (figure_rows(doc), curve_rows(doc)):
         if rows:
             out += html_page.wide(html_page.table(headers, rows, left=(0, 2) if headers[0] == "figure" else (7,)))
+    headers, rows = goodput_rows(doc)
+    if rows:
+        out += f"<h3>{html_page.esc(GOODPUT_CAPTION)}</h3>" + html_page.wide(html_page.table(headers, rows))
     if doc.get("missing"):
         out += "<h3>missing</h3>" + html_page.ul(_missing(doc))
     return out
@@ -81,6 +87,9 @@ def markdown(doc: Mapping, environment: Mapping) -> str:
     for headers, rows in (figure_rows(doc), curve_rows(doc)):
         if rows:
             lines += ["", *html_page.md_table(headers, rows)]
+    headers, rows = goodput_rows(doc)
+    if rows:
+        lines += ["", md(GOODPUT_CAPTION) + ":", "", *html_page.md_table(headers, rows)]
     if doc.get("notes"):
         lines += ["", "Notes:", *(f"- {md(n)}" for n in doc["notes"])]
     return "\n".join(lines) + "\n"

@@ -52,6 +52,18 @@ def rate(r: float) -> str:
     return f"{r / 1e3:.1f}k" if r >= 1e4 else f"{r:.1f}"
 
 
+def samples(n: float) -> str:
+    """A batch or noise scale in samples: 1,000, 48.6."""
+    return f"{n:,.0f}" if n >= 100 else f"{n:.3g}"
+
+
+def total_rate(r: float | None) -> str:
+    """A whole job's samples or tokens per second: 8.51M, 182.2k."""
+    if r is None:
+        return "-"
+    return f"{r / 1e9:.2f}G" if r >= 1e9 else f"{r / 1e6:.2f}M" if r >= 1e6 else rate(r)
+
+
 def span(lo, hi, like, fmt) -> str:
     """'lo - hi' in the unit `fmt` chose for `like` (the central figure beside it)."""
     if lo is None or hi is None:
