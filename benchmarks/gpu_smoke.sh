@@ -77,6 +77,10 @@ memory-max-batch-hf | 1 | 0 | 300 | yes | memory --no-churn --max-batch hf:bert-
 check               | 1 | 0 | 90  | yes | check --budget 60s
 plan                | 1 | 0 | 120 | yes | plan --model 125m --seq-len 512 --tokens 10B --gpus 8
 monitor             | 1 | 0 | 240 | yes | :monitor_job
+nccl-tests-import   | 0 | 0 | 60  | yes | :nccl_import
+side-by-side        | 1 | 0 | 60  | no  | :side_by_side
+plan-tp-pp          | 1 | 0 | 120 | yes | plan --model layers=96,width=12288 --tokens 300B --gpus 1024 --parallel tp=8,pp=16 --global-batch 1536 --gpus-per-node 8 --network NDR
+history-prune       | 0 | 0 | 60  | no  | :prune_dry_run
 suite-quick         | 1 | 0 | 420 | yes | suite --quick --duration 5s --report {dir}
 '
 
@@ -105,6 +109,29 @@ fleet_two_nodes() {
 # every run; $1 its --json.
 monitor_job() {
   $PY benchmarks/monitor_example.py --json "$1"
+}
+
+# A nccl-tests log into the history (README: Machines side by side); $1 gets the stored run's document.
+nccl_import() {
+  local id
+  $PY -m mgpu_bench.cli history add tests/fixtures/nccl-tests/all_reduce_perf_2xh200.log || return
+  id=$($PY -m mgpu_bench.cli history list --kind comm | grep -o '^ *r[0-9][0-9]*' | head -n 1 | tr -d ' ')
+  echo "stored as $id (history add's run, as the loop reads it)"
+  $PY -c 'import json, sys; from mgpu_bench.history import History
+with History.open(readonly=True) as h: json.dump(h.get(sys.argv[1]).document, open(sys.argv[2], "w"))' "$id" "$1"
+}
+
+# The two newest gemm runs of this smoke side by side (one machine: the table of two runs of it).
+side_by_side() {
+  local ids
+  ids=$($PY -m mgpu_bench.cli history list --kind gemm | grep -o '^ *r[0-9][0-9]*' | head -n 2 | tr -d ' ')
+  # shellcheck disable=SC2086
+  $PY -m mgpu_bench.cli side-by-side $ids --json "$1"
+}
+
+# history prune as a cron job would run it, --dry-run: what would go, nothing removed.
+prune_dry_run() {
+  $PY -m mgpu_bench.cli history prune --keep 1 --dry-run
 }
 
 # -- the loop -------------------------------------------------------------------------------------
@@ -200,7 +227,7 @@ while IFS='|' read -r name gpus want limit stores cmd; do
     # shellcheck disable=SC2086
     ( export CUDA_VISIBLE_DEVICES=; timeout "$limit" $MB ${cmd//\{dir\}/$dir} --json "$json" ) < /dev/null > "$log" 2>&1
   elif [ "${cmd:0:1}" = : ]; then
-    ( timeout "$limit" bash -c "$(declare -f fleet_two_nodes monitor_job); PY='$PY'; ${cmd:1} '$json'" ) < /dev/null > "$log" 2>&1
+    ( timeout "$limit" bash -c "$(declare -f fleet_two_nodes monitor_job nccl_import side_by_side prune_dry_run); PY='$PY'; ${cmd:1} '$json'" ) < /dev/null > "$log" 2>&1
   else
     args=${cmd//\{dir\}/$dir}
     # shellcheck disable=SC2086  # the table's arguments are split as a shell splits them
