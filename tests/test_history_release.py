@@ -72,7 +72,7 @@ def test_a_run_of_today_is_stored_beside_them_and_compared_with_the_old_baseline
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "stored as r5" in proc.stderr
     proc = _cli("compare", "r5", "--db", str(db), "--json", str(tmp_path / "cmp.json"))
-    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.returncode in (0, 1, 4), proc.stderr  # 4: cannot tell (today's run on a busy CPU host)
     cmp = json.loads((tmp_path / "cmp.json").read_text())
     assert cmp["base"] == "r1" and cmp["new"] == "r5"
     names = {c["name"] for c in cmp["changes"]}

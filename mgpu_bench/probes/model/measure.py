@@ -458,7 +458,7 @@ def _joined(cfg: ModelConfig, le, dense_ops: Sequence[dict] | None = None) -> li
     all_gather = launcher.all_gatherer(le.world_size)
     members = None
     try:
-        launcher.agree(repr(asdict(cfg)), all_gather)
+        launcher.agree(repr({**asdict(cfg), "deadline": None}), all_gather)  # each rank's own clock sets its deadline
         device = f"cuda:{le.local_rank}" if cfg.device == "cuda" else "cpu"
         members = all_gather(launcher.Member(le.rank, le.host, le.node_rank, le.local_rank, device))
         mine = worker(asdict(cfg), dense_ops)
