@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, WARNING, Finding, PlanContext, Probe, Step, option
+from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, WARNING, Finding, PlanContext, Probe, Step, option, within
 
 HELP = """Collective bandwidth sweeps: time, algbw and busbw per size, checked.
 
@@ -127,6 +127,7 @@ class CommProbe(Probe):
         iters, warmup = o["iters"], o["warmup_iters"]
         if not (0 <= iters <= MAX_ITERS and 0 <= warmup <= MAX_ITERS):
             raise InputError(f"--iters and --warmup-iters must be between 0 and {MAX_ITERS}")
+        within("--nproc", o["nproc"], 2, 64, "torch's CPU processes on this machine: collectives need 2")
         if not (0 < o["min_time"] <= 1e4):
             raise InputError("--min-time must be a positive number of seconds (at most 1e4)")
         only_in, only_out = o["only_inplace"], o["only_outofplace"]
