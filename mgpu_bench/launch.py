@@ -579,17 +579,14 @@ def run_elastic(lc, entrypoint, *args, children: str = "keep"):
     """elastic_launch(lc, entrypoint)(*args) with this process's signal handling kept (the first
     Ctrl-C or SIGTERM reaches the agent as its SignalException, later ones do not break its
     shutdown: errors.under_agent) and its workers bound to this process (they die with it, and
-    do with SIGINT what `children` says: children.MODES). torch's own log lines (its tracebacks,
-    "Closing process ... via signal") are left out unless LOGLEVEL asks for them.
-
-    For a function `entrypoint`, each rank's result or error is also kept in a file as soon as
-    the rank has it (_kept_call), so that:
-    - a rank's failure is the rank's own error in one line (ChildFailure, or the rank's own
-      InputError or MgpuError), never torch's ChildFailedError and its traceback;
-    - a stop signal that comes once every rank has its result (the ranks tearing down, the agent
-      shutting down) keeps the results: they are returned, and the stop is raised where the next
-      launch would start (errors.stop_pending), so that no further work starts.
-    A stop that came earlier (errors.stop_pending) is raised at once, before anything starts."""
+    do with SIGINT what `children` says: children.MODES); torch's own log lines (tracebacks,
+    "Closing process ... via signal") left out unless LOGLEVEL asks for them. For a function
+    `entrypoint`, each rank keeps its result or error in a file as soon as it has it (_kept_call):
+    - a rank's failure is its own error in one line (ChildFailure, or its own InputError or
+      MgpuError), never torch's ChildFailedError and its traceback;
+    - a stop signal once every rank has its result (the ranks tearing down, the agent shutting
+      down) keeps the results: returned, the stop raised where the next launch would start
+      (errors.stop_pending, which also raises a stop that came earlier, before anything starts)."""
     import dataclasses
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -621,16 +618,15 @@ def run_elastic(lc, entrypoint, *args, children: str = "keep"):
 
 
 class ChildFailure(MgpuError):
-    """A rank of a run_elastic launch failed: its own error, in one line."""
+    """A rank of a run_elastic launch failed: its own error in one line."""
 
 
 _KEEP_IN: list[str] = []  # in a rank of run_elastic: the folder its result is kept in (keep_result)
 
 
 def keep_result(result) -> None:
-    """In a rank that run_elastic started: its result, kept now, before the rank tears down its
-    process group and returns it (which under load takes seconds): a stop signal from here on
-    does not lose it. A worker calls it once it has measured; elsewhere it does nothing."""
+    """In a rank run_elastic started, once it has measured: its result kept now, before it tears its
+    group down (seconds under load), so that a stop signal then does not lose it; else nothing."""
     import pickle
 
     if _KEEP_IN:
@@ -638,9 +634,8 @@ def keep_result(result) -> None:
 
 
 def _kept_call(folder: str, fn, *args):
-    """In a rank: fn(*args), its result (or its error, in words and, where it pickles, as
-    itself) kept in `folder` before the rank returns or raises (run_elastic; keep_result keeps
-    it earlier)."""
+    """In a rank: fn(*args), its result (or its error, in words and, where it pickles, as itself)
+    kept in `folder` before the rank returns or raises (keep_result keeps it earlier)."""
     import pickle
 
     rank = os.environ.get("RANK", "0")
@@ -662,16 +657,14 @@ def _kept_call(folder: str, fn, *args):
 
 
 def _keep(folder: str, name: str, data: bytes) -> None:
-    tmp = os.path.join(folder, f".{name}.tmp")
-    with open(tmp, "wb") as f:
+    with open(os.path.join(folder, f".{name}.tmp"), "wb") as f:
         f.write(data)
-    os.replace(tmp, os.path.join(folder, name))
+    os.replace(os.path.join(folder, f".{name}.tmp"), os.path.join(folder, name))
 
 
 def _error_line(exc: BaseException) -> str:
-    """`Type: first line of the message (at file:line, in function)`, the place being the
-    innermost frame of the traceback outside mgpu-bench and torch (the user's code), else the
-    innermost one."""
+    """`Type: first line of the message (at file:line, in function)`: the innermost frame outside
+    mgpu-bench and torch (the user's code), else the innermost one."""
     import traceback
 
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -698,12 +691,11 @@ def _kept_results(folder: str, world: int) -> dict | None:
 
 
 def _rank_failure(folder: str, exc) -> BaseException:
-    """What a failed launch raises: the error of the rank that failed first for a cause of its
-    own (a peer's closed connection is a consequence), else the lowest rank's; a rank that left
-    no error (a signal, a crash) by how it ended. InputError and MgpuError subclasses as they are."""
+    """What a failed launch raises: the lowest rank's error of its own (a peer's closed connection is
+    a consequence), InputError and MgpuError kinds as they are; else how the first rank ended."""
     import pickle
 
-    from .errors import InputError, OutOfMemoryError
+    from .errors import InputError, OutOfMemoryError, signal_name
 
     errors = {}
     for name in os.listdir(folder):
@@ -720,12 +712,9 @@ def _rank_failure(folder: str, exc) -> BaseException:
         if isinstance(err, InputError):
             return err
         if isinstance(err, MgpuError) and type(err) is not MgpuError:  # a plain MgpuError: portable()'s wrap
-            if str(err).startswith("rank "):
-                return err
-            try:
-                return type(err)(f"rank {rank}: {err}", err.code)
-            except TypeError:  # a subclass of another signature
-                return err
+            with contextlib.suppress(TypeError):  # a subclass of another signature: as it is
+                err = err if str(err).startswith("rank ") else type(err)(f"rank {rank}: {err}", err.code)
+            return err
         if "OutOfMemoryError" in line.split(":")[0] or "out of memory" in line.lower():
             return OutOfMemoryError(f"rank {rank}: out of memory: {line.partition(': ')[2]}")
         return ChildFailure(f"rank {rank} failed: {line}")
@@ -734,16 +723,10 @@ def _rank_failure(folder: str, exc) -> BaseException:
         return ChildFailure("a rank failed without saying why")
     rank, f = failures[0]
     code = getattr(f, "exitcode", None)
-    how = (f"was ended by {_signal_name(-code)}" if isinstance(code, int) and code < 0
+    how = (f"was ended by {signal_name(-code)}" if isinstance(code, int) and code < 0
            else f"exited with code {code}")
     return ChildFailure(f"rank {rank} {how} before it said why (killed from outside, out of host memory, or "
                         "crashed)")
-
-
-def _signal_name(signum: int) -> str:
-    from .errors import signal_name
-
-    return signal_name(signum)
 
 
 @contextlib.contextmanager
@@ -751,15 +734,13 @@ def _quiet_torch_logs():
     """torch's elastic agent and its process starter log every worker's traceback and every stop
     ("Closing process ... via signal SIGINT") on stderr; run_elastic says what happened in one
     line instead. Left as they are when the user set LOGLEVEL (torch's own switch for them)."""
+    import importlib
     import logging
 
     if os.environ.get("LOGLEVEL"):
         yield
         return
-    import importlib
-
     importlib.import_module("torch.distributed.elastic.agent.server.local_elastic_agent")  # its loggers made
-
     names = [n for n in list(logging.root.manager.loggerDict)
              if n.startswith(("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"))]
     loggers = [logging.getLogger(n) for n in names]

@@ -127,7 +127,9 @@ class CommProbe(Probe):
         iters, warmup = o["iters"], o["warmup_iters"]
         if not (0 <= iters <= MAX_ITERS and 0 <= warmup <= MAX_ITERS):
             raise InputError(f"--iters and --warmup-iters must be between 0 and {MAX_ITERS}")
-        within("--nproc", o["nproc"], 2, 64, "torch's CPU processes on this machine: collectives need 2")
+        if o["nproc"] < 2:  # 0 and below reached the size planning (a traceback)
+            raise InputError(f"--nproc {o['nproc']}: at least 2 ranks (a collective needs two)")
+        within("--nproc", o["nproc"], 2, 64, "torch's CPU ranks on this machine")
         if not (0 < o["min_time"] <= 1e4):
             raise InputError("--min-time must be a positive number of seconds (at most 1e4)")
         only_in, only_out = o["only_inplace"], o["only_outofplace"]
