@@ -430,10 +430,16 @@ def test_a_blank_value_or_an_empty_entry_is_refused_in_every_text_option(stop_be
     else:
         at = data.draw(st.integers(0, len(entries) - 1), label="where the empty entry goes")
         value = ",".join([*entries[:at], data.draw(st.sampled_from(["", " "]), label="empty"), *entries[at:]])
-    args, result = _invoke(path, param, value, stop_before_measuring)
+    args = [*path, *ARGS.get(path, []), *REQUIRED.get(path, []), param.opts[0], value]
+    if path[0] in registry.REGISTRY and param.opts[0] != "--json":
+        args += ["--json", str(stop_before_measuring / "out.json")]
+    result = RUNNER.invoke(cli, args)
     assert _verdict(result, args) == "refused", f"{args!r} was taken: {result.output}"
     assert param.opts[-1] in result.output or param.opts[0] in result.output, result.output
     _scratch_is_clean(stop_before_measuring)
+
+
+REQUIRED = {("plan",): ["--model", "tiny"]}  # a command's required options, so that the one under test decides
 
 
 def test_one_comma_at_the_end_still_names_one_gpu_index(stop_before_measuring):

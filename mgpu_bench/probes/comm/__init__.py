@@ -127,9 +127,6 @@ class CommProbe(Probe):
         iters, warmup = o["iters"], o["warmup_iters"]
         if not (0 <= iters <= MAX_ITERS and 0 <= warmup <= MAX_ITERS):
             raise InputError(f"--iters and --warmup-iters must be between 0 and {MAX_ITERS}")
-        if o["nproc"] < 2:  # 0 and below reached the size planning (a traceback)
-            raise InputError(f"--nproc {o['nproc']}: at least 2 ranks (a collective needs two)")
-        within("--nproc", o["nproc"], 2, 64, "torch's CPU ranks on this machine")
         if not (0 < o["min_time"] <= 1e4):
             raise InputError("--min-time must be a positive number of seconds (at most 1e4)")
         only_in, only_out = o["only_inplace"], o["only_outofplace"]
@@ -138,6 +135,10 @@ class CommProbe(Probe):
         on_gpus = selection.visible_gpu_count() > 0
         if o["gpus"] is not None and not on_gpus:
             raise selection.gpus_without_gpus()  # before the estimate is said
+        if not on_gpus:  # as plan.py checks it, before the estimate (--nproc 0 was a traceback there)
+            if o["nproc"] < 2:
+                raise InputError(f"--nproc {o['nproc']}: collectives need at least 2 ranks")
+            within("--nproc", o["nproc"], 2, 256, "gloo processes on this machine's CPUs")
         if sizes_text is None:
             sizes_text = "1M-1G" if on_gpus else "1K-4M"
         sizes = parse_sizes(sizes_text, o["factor"], o["step_text"])
