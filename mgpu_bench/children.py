@@ -17,6 +17,11 @@ it out of its environment, so that its own children are marked by it, never by i
 SIGKILL of the parent thus ends its children too (SIGKILL of `comm` on CPU left its two gloo
 ranks running at 90% CPU for minutes before), and each of those ends its own.
 
+The command the user typed travels the same way (MGPU_BENCH_COMMAND, set by child_env() and by
+the CLI for the processes it starts): a run stored by a child (a suite's probe, check's measuring
+process, a rank of `comm --launch processes`) records what the user typed, not the child's own
+`cli.py check --json /tmp/...` (user_command()).
+
 Temporary folders and files are named with their owner's pid (temp_folder, temp_name); a run
 that makes one first removes those of its prefix whose owner is dead and that have not changed
 for STALE_S seconds (older names without a pid: STALE_UNNAMED_S), never a live run's.
@@ -36,6 +41,7 @@ import time
 from collections.abc import Iterator
 
 ENV = "MGPU_BENCH_PARENT"
+COMMAND_ENV = "MGPU_BENCH_COMMAND"  # the command the user typed, JSON: a list of strings (user_command)
 # What a child does with SIGINT (a terminal sends it to the whole foreground process group):
 # "keep": its own handling (a CLI child that its parent stops with SIGINT: the suite's probes);
 # "ignore": nothing (its parent stops it: comm's gloo ranks);
@@ -48,6 +54,7 @@ STALE_UNNAMED_S = 86400.0  # names from before the pid was in them: no owner to 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _folders: set[str] = set()  # this process's temporary folders, removed on abandon()
+_parent_command: list[str] | None = None  # the user's command, when a tool run started this process
 
 
 # -- the child side -------------------------------------------------------------------------------
@@ -58,8 +65,10 @@ def adopt(environ=None) -> str | None:
     environment, ends this process at once when its parent is already gone, arranges that it ends
     when its parent does, and sets its SIGINT handling. Returns how it is bound ("pdeathsig",
     "watchdog"), or None when it was not started by the tool (nothing is done)."""
+    global _parent_command
     environ = os.environ if environ is None else environ
     mark = environ.pop(ENV, None)
+    command = environ.pop(COMMAND_ENV, None)
     if not mark:
         return None
     try:
@@ -69,6 +78,7 @@ def adopt(environ=None) -> str | None:
         return None  # not ours to read
     if os.getppid() != parent and alive(parent):
         return None  # started through another program (a shell) that keeps the mark: not its child
+    _parent_command = _command_list(command)
     if mode in ("ignore", "die"):
         # SIGINT may arrive blocked (spawning(block_sigint=True)): set what it does, then let it
         # in; one that came in the meantime is dropped ("ignore") or ends us ("die")
@@ -131,11 +141,47 @@ def mark(mode: str = "keep") -> str:
 
 def child_env(env: dict[str, str] | None = None, mode: str = "keep") -> dict[str, str]:
     """The environment for a subprocess (default: this process's) with the mark that binds it to
-    this process. The child binds itself when it imports mgpu_bench (adopt()): a program that
-    never imports the package (scontrol) ignores the mark, and would outlive a parent that dies
-    without its orderly stop (abandon() still kills it), so it is also given
-    preexec_fn=die_with_parent."""
-    return {**(os.environ if env is None else env), ENV: mark(mode)}
+    this process, and the command the user typed (user_command()). The child binds itself when it
+    imports mgpu_bench (adopt()): a program that never imports the package (scontrol) ignores the
+    mark, and would outlive a parent that dies without its orderly stop (abandon() still kills
+    it), so it is also given preexec_fn=die_with_parent."""
+    import json
+
+    return {**(os.environ if env is None else env), ENV: mark(mode), COMMAND_ENV: json.dumps(user_command())}
+
+
+def _command_list(text: str | None) -> list[str] | None:
+    """MGPU_BENCH_COMMAND read back: a JSON list of strings, else None (not ours)."""
+    import json
+
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return value if isinstance(value, list) and value and all(isinstance(v, str) for v in value) else None
+
+
+def user_command() -> list[str]:
+    """The command line the user typed for this run: the one handed down by the tool run that
+    started this process (adopt()), else this process's own. `python -m mgpu_bench.cli ARGS` is
+    recorded as typed (sys.orig_argv), not as the module's path; the `mgpu-bench` script as
+    sys.argv has it."""
+    if _parent_command is not None:
+        return list(_parent_command)
+    argv = list(sys.argv)
+    orig = list(getattr(sys, "orig_argv", []) or [])
+    module = "-m" in orig[1:] and argv and argv[0].endswith(os.path.join("mgpu_bench", "cli.py"))
+    if module and orig[len(orig) - len(argv) + 1:] == argv[1:]:
+        return [os.path.basename(orig[0]), *orig[1:]]  # python -m mgpu_bench.cli ..., the interpreter by its name
+    return argv
+
+
+def hand_down_command() -> None:
+    """The CLI, first thing: the processes it starts (multiprocessing, torch's elastic agent, and
+    child_env()'s subprocesses) record the command the user typed (user_command())."""
+    import json
+
+    os.environ[COMMAND_ENV] = json.dumps(user_command())
 
 
 def die_with_parent() -> None:

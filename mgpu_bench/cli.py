@@ -32,6 +32,7 @@ class _Group(HelpGroup):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
+            _check_cwd()
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.ClickException as exc:
             msg = exc.format_message().replace("\n", " ")
@@ -96,6 +97,65 @@ _OUTPUTS = {
 }
 
 
+def _check_cwd() -> None:
+    """A current folder that was deleted (or moved away) under the shell: every relative path, and
+    the libraries that look for their files from it, would fail later with a traceback."""
+    import os
+
+    try:
+        os.getcwd()
+    except OSError as exc:
+        raise InputError(f"the current folder is gone ({exc.strerror or exc}: deleted or moved away since the shell "
+                         "entered it): cd to an existing folder and run the command again") from None
+
+
+def _text_options(params: list, values: dict) -> None:
+    """Every option whose text the command parses itself (numbers.AsciiText: sizes, lists, durations,
+    names) is refused as bad input when it is given but blank (`--duration ''` ran the default), or
+    when it is a comma list with an empty entry (`--rounds 1,,2`, `--scaling ,2`; one comma at the
+    end stays allowed: `--gpus 2,` is GPU 2, where `--gpus 2` is the first two): one mechanism for
+    every command, before any of them reads the value. JSON text (`[...]`, `{...}`) is left to its
+    reader."""
+    from .numbers import AsciiText
+
+    for p in params:
+        if not isinstance(p, click.Option) or not isinstance(p.type, AsciiText) or p.multiple:
+            continue
+        value = values.get(p.name)
+        if not isinstance(value, str) or value == p.default:
+            continue
+        flag = max(p.opts, key=len)
+        if not value.strip():
+            raise InputError(f"{flag} {value!r} is blank: give a value (see --help), or leave {flag} out for its "
+                             "default")
+        items = value.split(",")
+        inner = items[:-1] if len(items) > 2 or items[0].strip() else items  # "2," (one GPU index) ends in one
+        if len(items) > 1 and value.lstrip()[:1] not in ("[", "{") and any(not x.strip() for x in inner):
+            kept = [x.strip() for x in items if x.strip()]
+            raise InputError(f"{flag} {value!r} has an empty entry between its commas: separate the entries with "
+                             "single commas" + (f", as in {','.join(kept)}" if len(kept) > 1 else ""))
+
+
+def _checking_text(command: click.Command) -> None:
+    """Has `command` (and, for a group, every command below it) check its text options
+    (_text_options) before it runs."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _checking_text(sub)
+        return
+    callback = command.callback
+    if callback is None or getattr(callback, "_checks_text", False):
+        return
+
+    def checked(*args, **kwargs):
+        _text_options(command.params, kwargs)
+        return callback(*args, **kwargs)
+
+    checked._checks_text = True  # type: ignore[attr-defined]
+    checked.__wrapped__ = callback  # type: ignore[attr-defined]
+    command.callback = checked
+
+
 def common_options(probe: Probe) -> list:
     """The file outputs the probe writes, its progress display and, when it stores, the history
     database and the Prometheus textfile."""
@@ -152,15 +212,20 @@ def topo_command(json_path) -> int:
 
 
 register_history(cli)
+_checking_text(cli)
 _without = selection.without_gpu()  # from the probes' own Probe.cpu
 cli.help = f"{inspect.cleandoc(cli.help or '')}\n\n{_without[0].upper()}{_without[1:]}."
 
 
 def main() -> None:
+    from .children import hand_down_command
     from .errors import handle_stop_signals
     from .output.console import guard_stdio
+    from .paths import private_caches
 
     guard_stdio()  # a closed or full stdout never costs a run (output/console.py)
+    hand_down_command()  # a run a child stores records what the user typed (children.user_command)
+    private_caches()  # HOME=/dev or a read-only HOME: the libraries' caches go elsewhere (paths.py)
     handle_stop_signals()  # SIGTERM and Ctrl-C keep what was measured; repeated ones do not break that
     cli.main(prog_name="mgpu-bench")
 

@@ -254,14 +254,15 @@ def _spare_resource_tracker() -> None:
 
 
 def _ignore_late_signals() -> None:
-    """At exit, once a stop signal came: the rest of a burst (twenty Ctrl-Cs in a second) is
-    ignored. The interpreter's finalisation puts back the default action of a signal that has a
-    Python handler, which would end the process by the signal (exit -2) after it wrote everything
-    and chose its exit code; an ignored one it leaves ignored."""
-    if _stopping:
-        with contextlib.suppress(ValueError, OSError):
-            for sig in (signal.SIGINT, *TERMINATING):
-                signal.signal(sig, signal.SIG_IGN)
+    """At exit (the command has chosen its exit code, its threads have ended): a stop signal from
+    here on is ignored, whether one came before (the rest of a burst: twenty Ctrl-Cs in a second)
+    or this is the first. The interpreter's finalisation puts back the default action of a signal
+    that has a Python handler, which would end the process by the signal (exit -2, seen with a
+    Ctrl-C in a run's last 50 ms) after it wrote and stored everything and chose its exit code; an
+    ignored one it leaves ignored."""
+    with contextlib.suppress(ValueError, OSError):
+        for sig in (signal.SIGINT, *TERMINATING):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 raise_on_sigterm = handle_stop_signals  # its former name
@@ -315,6 +316,15 @@ def under_agent(signals: str | None = None):
         else:
             os.environ[key] = before
         restore_sigterm()
+
+
+def stop_pending() -> BaseException | None:
+    """The stop to raise before new work starts, when a stop signal came while measuring but did
+    not end the measurement (run_elastic kept the ranks' results it came after): Terminated or
+    KeyboardInterrupt; None when no stop signal came, or the measurement is over."""
+    if not _stopping or _deferred:
+        return None
+    return Terminated(signum=termination_signal()) if _terminated else KeyboardInterrupt()
 
 
 def defer_sigterm() -> None:

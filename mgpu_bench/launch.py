@@ -12,6 +12,7 @@ where neither works, open_store() says in one line to set MASTER_ADDR, before an
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -578,18 +579,179 @@ def run_elastic(lc, entrypoint, *args, children: str = "keep"):
     """elastic_launch(lc, entrypoint)(*args) with this process's signal handling kept (the first
     Ctrl-C or SIGTERM reaches the agent as its SignalException, later ones do not break its
     shutdown: errors.under_agent) and its workers bound to this process (they die with it, and
-    do with SIGINT what `children` says: children.MODES)."""
+    do with SIGINT what `children` says: children.MODES); torch's own log lines (tracebacks,
+    "Closing process ... via signal") left out unless LOGLEVEL asks for them. For a function
+    `entrypoint`, each rank keeps its result or error in a file as soon as it has it (_kept_call):
+    - a rank's failure is its own error in one line (ChildFailure, or its own InputError or
+      MgpuError), never torch's ChildFailedError and its traceback;
+    - a stop signal once every rank has its result (the ranks tearing down, the agent shutting
+      down) keeps the results: returned, the stop raised where the next launch would start
+      (errors.stop_pending, which also raises a stop that came earlier, before anything starts)."""
     import dataclasses
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     from . import children as bound
-    from .errors import under_agent
+    from .errors import stop_pending, under_agent
 
-    with under_agent(getattr(lc, "signals_to_handle", None)) as signals, bound.spawning(children):
-        if signals is not None and hasattr(lc, "signals_to_handle"):
-            lc = dataclasses.replace(lc, signals_to_handle=signals)
-        return elastic_launch(lc, entrypoint)(*args)
+    stop = stop_pending()
+    if stop is not None:
+        raise stop
+    with bound.temp_folder("mgpu-elastic-") as kept, _quiet_torch_logs():
+        call = (_kept_call, kept, entrypoint) if callable(entrypoint) else (entrypoint,)
+        try:
+            with under_agent(getattr(lc, "signals_to_handle", None)) as signals, bound.spawning(children):
+                if signals is not None and hasattr(lc, "signals_to_handle"):
+                    lc = dataclasses.replace(lc, signals_to_handle=signals)
+                return elastic_launch(lc, call[0])(*call[1:], *args)
+        except ChildFailedError as exc:
+            if not callable(entrypoint):
+                raise  # CLI ranks print their own line; relaunch takes their exit codes
+            raise _rank_failure(kept, exc) from None
+        except (KeyboardInterrupt, SignalException):
+            results = _kept_results(kept, lc.nproc_per_node * lc.max_nodes)
+            if results is None:
+                raise
+            return results  # measured before the stop: kept; stop_pending() raises it at the next launch
+
+
+class ChildFailure(MgpuError):
+    """A rank of a run_elastic launch failed: its own error in one line."""
+
+
+_KEEP_IN: list[str] = []  # in a rank of run_elastic: the folder its result is kept in (keep_result)
+
+
+def keep_result(result) -> None:
+    """In a rank run_elastic started, once it has measured: its result kept now, before it tears its
+    group down (seconds under load), so that a stop signal then does not lose it; else nothing."""
+    import pickle
+
+    if _KEEP_IN:
+        _keep(_KEEP_IN[0], f"{os.environ.get('RANK', '0')}.result", pickle.dumps(result))
+
+
+def _kept_call(folder: str, fn, *args):
+    """In a rank: fn(*args), its result (or its error, in words and, where it pickles, as itself)
+    kept in `folder` before the rank returns or raises (keep_result keeps it earlier)."""
+    import pickle
+
+    rank = os.environ.get("RANK", "0")
+    _KEEP_IN[:] = [folder]
+    try:
+        result = fn(*args)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: a rank that exits has no result
+        from .errors import portable
+
+        if isinstance(exc, SystemExit):
+            exc = RuntimeError(f"the rank called sys.exit({exc.code!r}) in the middle of the run")
+        error = {"exc": portable(exc), "line": _error_line(exc)}
+        _keep(folder, f"{rank}.error", pickle.dumps(error))
+        raise exc from None
+    _keep(folder, f"{rank}.result", pickle.dumps(result))
+    return result
+
+
+def _keep(folder: str, name: str, data: bytes) -> None:
+    with open(os.path.join(folder, f".{name}.tmp"), "wb") as f:
+        f.write(data)
+    os.replace(os.path.join(folder, f".{name}.tmp"), os.path.join(folder, name))
+
+
+def _error_line(exc: BaseException) -> str:
+    """`Type: first line of the message (at file:line, in function)`: the innermost frame outside
+    mgpu-bench and torch (the user's code), else the innermost one."""
+    import traceback
+
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    theirs = [f for f in frames if f"{os.sep}mgpu_bench{os.sep}" not in f.filename
+              and f"{os.sep}torch{os.sep}" not in f.filename]
+    at = (theirs or frames)[-1:]
+    where = f" (at {at[0].filename}:{at[0].lineno}, in {at[0].name})" if at else ""
+    return f"{type(exc).__name__}: {text[:400]}{where}"
+
+
+def _kept_results(folder: str, world: int) -> dict | None:
+    """Every rank's kept result ({rank: result}), or None when any is missing."""
+    import pickle
+
+    out = {}
+    for r in range(world):
+        try:
+            with open(os.path.join(folder, f"{r}.result"), "rb") as f:
+                out[r] = pickle.load(f)
+        except (OSError, pickle.UnpicklingError, EOFError):
+            return None
+    return out
+
+
+def _rank_failure(folder: str, exc) -> BaseException:
+    """What a failed launch raises: the lowest rank's error of its own (a peer's closed connection is
+    a consequence), InputError and MgpuError kinds as they are; else how the first rank ended."""
+    import pickle
+
+    from .errors import InputError, OutOfMemoryError, signal_name
+
+    errors = {}
+    for name in os.listdir(folder):
+        if name.endswith(".error") and name.split(".")[0].isdigit():
+            try:
+                with open(os.path.join(folder, name), "rb") as f:
+                    errors[int(name.split(".")[0])] = pickle.load(f)
+            except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+                continue
+    if errors:
+        own = [r for r, e in sorted(errors.items()) if not group_failure(e["exc"])]
+        rank = (own or sorted(errors))[0]
+        err, line = errors[rank]["exc"], errors[rank]["line"]
+        if isinstance(err, InputError):
+            return err
+        if isinstance(err, MgpuError) and type(err) is not MgpuError:  # a plain MgpuError: portable()'s wrap
+            with contextlib.suppress(TypeError):  # a subclass of another signature: as it is
+                err = err if str(err).startswith("rank ") else type(err)(f"rank {rank}: {err}", err.code)
+            return err
+        if "OutOfMemoryError" in line.split(":")[0] or "out of memory" in line.lower():
+            return OutOfMemoryError(f"rank {rank}: out of memory: {line.partition(': ')[2]}")
+        return ChildFailure(f"rank {rank} failed: {line}")
+    failures = sorted(getattr(exc, "failures", {}).items())
+    if not failures:
+        return ChildFailure("a rank failed without saying why")
+    rank, f = failures[0]
+    code = getattr(f, "exitcode", None)
+    how = (f"was ended by {signal_name(-code)}" if isinstance(code, int) and code < 0
+           else f"exited with code {code}")
+    return ChildFailure(f"rank {rank} {how} before it said why (killed from outside, out of host memory, or "
+                        "crashed)")
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """torch's elastic agent and its process starter log every worker's traceback and every stop
+    ("Closing process ... via signal SIGINT") on stderr; run_elastic says what happened in one
+    line instead. Left as they are when the user set LOGLEVEL (torch's own switch for them)."""
+    import importlib
+    import logging
+
+    if os.environ.get("LOGLEVEL"):
+        yield
+        return
+    importlib.import_module("torch.distributed.elastic.agent.server.local_elastic_agent")  # its loggers made
+    names = [n for n in list(logging.root.manager.loggerDict)
+             if n.startswith(("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"))]
+    loggers = [logging.getLogger(n) for n in names]
+    before = [lg.disabled for lg in loggers]
+    for lg in loggers:
+        lg.disabled = True
+    try:
+        yield
+    finally:
+        for lg, was in zip(loggers, before, strict=True):
+            lg.disabled = was
 
 
 def compress_hostlist(names: list[str]) -> str:

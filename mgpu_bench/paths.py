@@ -360,3 +360,56 @@ def check_distinct(outputs: Sequence[tuple[str, str | os.PathLike | None]], db: 
 def write_json(path: str | os.PathLike, document: Mapping) -> Path:
     """A document as indented JSON, written by write_output()."""
     return write_output(path, json.dumps(document, indent=1))
+
+
+# -- the libraries' own files under HOME ---------------------------------------------------------
+
+# What the libraries mgpu-bench loads write under HOME by themselves: matplotlib's font cache and
+# config (MPLCONFIGDIR, else $XDG_CACHE_HOME and $XDG_CONFIG_HOME, ~/.cache and ~/.config), torch's
+# and Hugging Face's caches ($XDG_CACHE_HOME/torch, /huggingface), Triton's kernel cache (~/.triton).
+_HOME_DIRS = (("XDG_CACHE_HOME", ".cache"), ("XDG_CONFIG_HOME", ".config"))
+
+
+def _unusable(folder: str) -> bool:
+    """Whether files could not, or must not, be made in `folder` (existing or not): it lies on a
+    device or kernel file system, or the nearest folder of it that exists cannot be written."""
+    p = Path(folder)
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    return not p.is_dir() or special_place(p) is not None or not os.access(p, os.W_OK | os.X_OK)
+
+
+def private_caches(environ: dict | None = None) -> str | None:
+    """In the CLI, first thing: where HOME (or XDG_CACHE_HOME / XDG_CONFIG_HOME) is a place files
+    must not or cannot go (HOME=/dev or /proc; a read-only, missing or relative folder; none), the
+    libraries' caches go to a private temporary folder instead (the variables above set for this
+    process and its children; the folder removed at exit), so that no library writes into /dev,
+    makes a HOME that is not there, or warns about its cache. The history's own place is not
+    moved: that is refused, or stored where --db says. Returns the folder, or None when every
+    place was usable."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from . import children
+
+    environ = os.environ if environ is None else environ
+    home = environ.get("HOME") or ""
+    bad_home = not os.path.isabs(home) or not os.path.isdir(home) or _unusable(home)  # nothing made where none is
+    moved = []
+    for var, below in _HOME_DIRS:
+        value = environ.get(var, "")
+        if _unusable(value) if os.path.isabs(value) else bad_home or _unusable(os.path.join(home, below)):
+            moved.append(var)
+    triton = not environ.get("TRITON_CACHE_DIR") and bad_home
+    if not moved and not triton:
+        return None
+    children.clean_stale("mgpu-bench-home-")
+    folder = tempfile.mkdtemp(prefix=children.temp_name("mgpu-bench-home-"))
+    children._folders.add(folder)  # removed on abandon() as well
+    atexit.register(shutil.rmtree, folder, True)
+    for var in moved:
+        environ[var] = os.path.join(folder, var.removeprefix("XDG_").removesuffix("_HOME").lower())
+    if triton:
+        environ["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
+    return folder

@@ -378,10 +378,10 @@ def within(flag: str, value: float, low: float, high: float, why: str = "", *, a
 
     from .errors import InputError
 
-    def show(x: float) -> str:
+    def show(x: float) -> str:  # the value and its bounds alike, exactly: 60000.0000001 is not "60000"
         if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
             return str(int(x))
-        return f"{x:g}" if isinstance(x, float) else str(x)
+        return repr(x) if isinstance(x, float) else str(x)  # the shortest text that reads back as x
 
     tail = f" ({why})" if why else ""
     if isinstance(value, float) and not math.isfinite(value):

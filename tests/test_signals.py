@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from conftest import AS_A_TERMINAL, DEADLINE_S, FIRST_SIZE, plain, wait_for_output
+from conftest import AS_A_TERMINAL, DEADLINE_S, FIRST_SIZE, plain, scaled, wait_for_output
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
 
@@ -106,7 +106,7 @@ def test_repeated_ctrl_c_writes_what_was_measured(tmp_path, presses, gap_s):
             os.killpg(proc.pid, signal.SIGINT)
             sent += 1
             time.sleep(gap_s)
-        _out, rest = proc.communicate(timeout=DEADLINE_S)
+        _out, rest = proc.communicate(timeout=scaled(DEADLINE_S))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -126,12 +126,12 @@ def test_repeated_ctrl_c_writes_what_was_measured(tmp_path, presses, gap_s):
     assert (rep / "report.html").exists()
 
 
-def _line(proc, deadline_s: float = DEADLINE_S) -> bytes:
+def _line(proc, deadline_s: float | None = None) -> bytes:
     """The next line of `proc`'s stdout, or b"" after `deadline_s` (never a read that waits for
     a process that holds the pipe open)."""
     import select
 
-    end, buf = time.monotonic() + deadline_s, b""
+    end, buf = time.monotonic() + (scaled(DEADLINE_S) if deadline_s is None else deadline_s), b""
     while not buf.endswith(b"\n") and time.monotonic() < end:
         if select.select([proc.stdout], [], [], 0.2)[0]:
             chunk = os.read(proc.stdout.fileno(), 1)
@@ -169,13 +169,14 @@ def test_ctrl_c_four_times_abandons_a_stop_that_hangs(tmp_path):
         assert child, "the script did not start its child"
         proc.send_signal(signal.SIGINT)
         assert _line(proc).strip() == b"stopping"
+        limit = scaled(10.0)
         t0 = time.monotonic()
         for _ in range(6):  # the third press counted after the first, each a second after the last, abandons
             if proc.poll() is not None:
                 break
             proc.send_signal(signal.SIGINT)
             time.sleep(1.1)
-        proc.wait(timeout=DEADLINE_S)
+        proc.wait(timeout=scaled(DEADLINE_S))
         err = proc.stderr.read()  # the child is gone with its parent: nothing holds the pipe open
     finally:
         if proc.poll() is None:  # its child, bound to it, goes with it
@@ -183,12 +184,12 @@ def test_ctrl_c_four_times_abandons_a_stop_that_hangs(tmp_path):
             proc.wait()
     lines = err.decode().strip().splitlines()
     assert proc.returncode == 130, lines
-    assert 2.0 <= time.monotonic() - t0 < 10.0  # three presses counted, each a second after the last
+    assert 2.0 <= time.monotonic() - t0 < limit  # three presses counted, each a second after the last
     assert lines[-1] == "mgpu-bench: abandoned after repeated Ctrl-C: what was measured is not written"
     assert lines[-2] == "mgpu-bench: already stopping: writing what was measured (Ctrl-C 1 more time, a second " \
                         "apart, abandons it)"
     assert all(line.startswith("mgpu-bench: already stopping") for line in lines[:-1])
-    assert _orphans_after([child], 10.0) == []
+    assert _orphans_after([child], scaled(10.0)) == []
 
 
 @linux
@@ -207,7 +208,7 @@ def test_sigkill_of_comm_leaves_no_gloo_rank_running(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    left = _orphans_after(below, 20.0)
+    left = _orphans_after(below, scaled(20.0))
     assert left == [], f"still running 20 s after their parent was killed: {left}"
 
 
@@ -222,7 +223,7 @@ def test_sigkill_of_suite_ends_its_probe_and_a_later_run_removes_its_folder(tmp_
     proc = _start(["suite", "--quick", "--rounds", "2", "--no-store", "--no-progress", "--report",
                    str(tmp_path)], tmp_path, env={"TMPDIR": str(tmp_path)})
     try:
-        end = time.monotonic() + DEADLINE_S
+        end = time.monotonic() + scaled(DEADLINE_S)
         probes: list[int] = []
         while not probes and time.monotonic() < end and proc.poll() is None:
             time.sleep(0.05)
@@ -234,7 +235,7 @@ def test_sigkill_of_suite_ends_its_probe_and_a_later_run_removes_its_folder(tmp_
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    left = _orphans_after(probes, 30.0)
+    left = _orphans_after(probes, scaled(30.0))
     assert left == [], f"the suite's probe still running 30 s after the suite was killed: {left}"
     (folder,) = [p for p in tmp_path.iterdir() if p.name.startswith("mgpu-bench-suite-")]
     # it ended with the suite, not after its sweep (which takes seconds, and writes this file)
@@ -359,3 +360,108 @@ def test_every_child_started_through_child_env_runs_mgpu_bench():
                         wrong.append(f"{path.relative_to(root.parent)}:{node.lineno} {fn.name}")
     assert seen >= 3, seen  # the suite's probes, the allocator children, comm --tune's trials
     assert wrong == [], wrong
+
+
+# -- signals at the end of a run ----------------------------------------------------------------------
+
+_FLOOD = (
+    "import atexit, os, subprocess, sys\n"
+    "atexit.register(lambda: subprocess.Popen(['sh', '-c', f'while kill -{SIG} {os.getpid()} 2>/dev/null; do :; '\n"
+    "                                          'done'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))\n"
+    "# registered first: runs after errors' own at-exit step; it stops once this process is reaped\n"
+    "from mgpu_bench import errors\n"
+    "errors.handle_stop_signals()\n"
+    "errors.defer_sigterm()  # measured and written: what is left is the exit\n"
+    "print('written', flush=True)\n"
+    "sys.exit(0)\n"
+)
+
+
+@linux
+@pytest.mark.parametrize("sig", ["INT", "TERM", "HUP"])
+def test_a_flood_of_stop_signals_while_the_process_exits_never_ends_it_by_the_signal(tmp_path, sig):
+    """A Ctrl-C in a run's last 50 ms, everything written and stored, ended the process by the
+    signal (exit -2: the interpreter's finalisation puts the default action back): once the exit
+    code is chosen, stop signals are ignored, however many come."""
+    proc = subprocess.run([sys.executable, "-c", _FLOOD.replace("{SIG}", sig)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=scaled(120), check=False, start_new_session=True)
+    assert proc.returncode == 0 and proc.stdout == "written\n", (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+
+
+_RANKS = '''
+import os, pathlib, time
+from mgpu_bench import launch
+
+
+def worker(folder, keep_first):
+    rank = os.environ["RANK"]
+    if keep_first:
+        launch.keep_result({"rank": int(rank)})  # measured: what follows is the rank's teardown
+    pathlib.Path(folder, rank + ".ready").touch()
+    time.sleep(300)
+    return {"rank": int(rank), "late": True}
+'''
+
+_DRIVER = '''
+import sys
+import ranks
+from torch.distributed.launcher.api import LaunchConfig
+from mgpu_bench import errors, launch
+
+errors.handle_stop_signals()
+folder, keep_first = sys.argv[1], sys.argv[2] == "kept"
+
+
+def lc():
+    return LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="t", rdzv_backend="c10d",
+                        rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0, monitor_interval=0.1,
+                        start_method="spawn")
+
+
+try:
+    got = launch.run_elastic(lc(), ranks.worker, folder, keep_first, children="die")
+    print("kept", sorted(got.items()), flush=True)
+except (KeyboardInterrupt, Exception) as exc:  # torch's SignalException is an Exception
+    print("lost", type(exc).__name__, flush=True)
+try:
+    launch.run_elastic(lc(), ranks.worker, folder, False, children="die")
+    print("started again", flush=True)
+except KeyboardInterrupt as exc:
+    print("not started:", type(exc).__name__, flush=True)
+'''
+
+
+@linux
+@pytest.mark.parametrize("when", ["kept", "not kept"])
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_after_the_ranks_kept_their_results_keeps_them(tmp_path, sig, when):
+    """A signal after the model's ranks finished their steps, while they tore their group down
+    (seconds on a loaded machine), lost the configuration: the results a rank keeps
+    (launch.keep_result) are returned by run_elastic, and the stop is raised where the next launch
+    would start, so no more work begins; a rank that kept nothing is lost, as before."""
+    (tmp_path / "ranks.py").write_text(_RANKS)
+    folder = tmp_path / "ready"
+    folder.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.Popen([sys.executable, "-c", _DRIVER, str(folder), when], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, start_new_session=True)
+    try:
+        end = time.monotonic() + scaled(DEADLINE_S)
+        while len(list(folder.glob("*.ready"))) < 2:
+            assert time.monotonic() < end and proc.poll() is None, proc.stderr.read() if proc.poll() else "no ranks"
+            time.sleep(0.05)
+        proc.send_signal(getattr(signal, sig))
+        out, err = proc.communicate(timeout=scaled(DEADLINE_S))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    stopped = "Terminated" if sig == "SIGTERM" else "KeyboardInterrupt"
+    lines = out.splitlines()
+    if when == "kept":
+        assert lines == ["kept [(0, {'rank': 0}), (1, {'rank': 1})]", f"not started: {stopped}"], out + err
+    else:
+        assert len(lines) == 2 and lines[0].startswith("lost ") and lines[1] == f"not started: {stopped}", out + err
+    assert "Traceback" not in err and "ChildFailedError" not in err, err[-3000:]

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import pytest
-from conftest import interrupt_cli
+from conftest import DEADLINE_S, plain, scaled, wait_for_output
 
+from mgpu_bench import children
 from mgpu_bench.history.store import History
 from mgpu_bench.probe import Step, replace_option
 from mgpu_bench.probe import headline as metrics_from_document
@@ -25,7 +28,7 @@ pytestmark = pytest.mark.skipif(visible_gpu_count() > 0, reason="the CPU plan; G
 
 def _suite(tmp_path, *args, timeout=600):
     return subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "suite", "--quick", *args],
-                          capture_output=True, text=True, timeout=timeout, check=False, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=scaled(timeout), check=False, cwd=tmp_path)
 
 
 def test_plan_covers_three_rounds_and_picks_gpus():
@@ -108,14 +111,51 @@ def test_a_baseline_that_was_faster_makes_the_suite_exit_1(tmp_path):
     assert "regression: model." in second.stdout and f"compared with baseline {base}" in second.stdout
 
 
-def test_ctrl_c_writes_what_was_measured_and_exits_130(tmp_path):
-    code, err = interrupt_cli(["suite", "--quick", "--rounds", "2,3", "--report", str(tmp_path / "r")], 12.0)
-    assert code == 130, err[-2000:]
+def _started_probe(proc, deadline_s: float) -> None:
+    """Waits until the suite `proc` has its first probe running (a child that runs the CLI), not
+    for a number of seconds: on a loaded machine 12 s once fell before the suite had started one."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and proc.poll() is None:
+        if any(b"mgpu_bench.cli" in _cmdline(p) for p in children.descendants(proc.pid)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no probe started within {deadline_s:.0f} s (exit code {proc.poll()})")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize("when", ["a probe running", "as the suite starts a probe"])
+def test_ctrl_c_writes_what_was_measured_and_exits_130(tmp_path, when):
+    """Ctrl-C while a probe runs (its entry interrupted, the rest not run), or as the suite goes from
+    one probe to the next (a signal there once escaped the suite's loop: no suite.json at all)."""
+    proc = subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", "suite", "--quick", "--rounds", "2,3",
+                             "--report", str(tmp_path / "r")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=tmp_path)
+    try:
+        seen = wait_for_output(proc, r"round 2 \(multi-GPU scaling\), 1/\d+")
+        if when == "a probe running":
+            _started_probe(proc, scaled(DEADLINE_S))
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=scaled(DEADLINE_S))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = plain((seen + err).decode(errors="replace"))
+    assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err
     doc = json.loads((tmp_path / "r" / "suite.json").read_text())
     assert doc["status"]["stopped"] == "interrupted"
-    assert any(p["status"] == "interrupted" for p in doc["probes"])
+    if when == "a probe running":
+        assert any(p["status"] == "interrupted" for p in doc["probes"])
     assert any(p["error"] == "not run: the suite was interrupted" for p in doc["probes"])
+    assert all(p["status"] in ("ok", "skipped", "interrupted") for p in doc["probes"]), doc["probes"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -142,10 +182,10 @@ def test_every_command_stores_unless_told_not_to(tmp_path):
     env = dict(os.environ)
     base = [sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--sizes", "1K", "--ops",
             "allreduce", "--no-progress"]
-    assert subprocess.run([*base, "--no-store"], capture_output=True, timeout=120, env=env, check=False).returncode == 0
+    assert subprocess.run([*base, "--no-store"], capture_output=True, timeout=scaled(120), env=env, check=False).returncode == 0
     with History.open() as h:
         assert h.list() == []
-    stored = subprocess.run(base, capture_output=True, text=True, timeout=120, env=env, check=False)
+    stored = subprocess.run(base, capture_output=True, text=True, timeout=scaled(120), env=env, check=False)
     assert stored.returncode == 0 and "stored as" in stored.stderr
     with History.open() as h:
         (info,) = h.list()
@@ -169,7 +209,7 @@ def test_report_renders_a_stored_suite_again(tmp_path):
 
     fixture = Path(__file__).with_name("fixtures") / "suite" / "suite.json"
     proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "report", str(fixture), "--out",
-                           str(tmp_path / "again")], capture_output=True, text=True, timeout=300, check=False)
+                           str(tmp_path / "again")], capture_output=True, text=True, timeout=scaled(300), check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     html = (tmp_path / "again" / "report.html").read_text()
     assert "verdict" in html and "data:image/png;base64," in html
@@ -181,7 +221,7 @@ def test_a_probe_past_its_time_limit_is_a_failure_not_an_interrupt(tmp_path):
                   "--iters", "0"), min_gpus=0, timeout_s=8)
     entry = suite.run_probe(probe, 0, tmp_path)
     assert entry["status"] == "failed" and entry["error"] == "did not finish within 8 s; stopped"
-    assert entry["seconds"] < 8 + 60
+    assert entry["seconds"] < 8 + 60 + 10  # SIGINT at 8 s, SIGKILL 60 s later at the latest
 
 
 def test_replace_option_replaces_only_that_value():

@@ -57,6 +57,10 @@ def _open(db_path: str | None, readonly: bool = False, create: bool = True):
     one line naming its path, and no write lock is taken)."""
     from .store import History
 
+    if create and not readonly:  # refused before anything is made (the XDG folder under HOME=/dev, say)
+        History.check(db_path)
+    elif not readonly:  # a write to what must be there: a missing database is said as the readers say it
+        History.open(db_path, readonly=True).close()
     return History.open(db_path, readonly=readonly, create=create)
 
 

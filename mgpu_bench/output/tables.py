@@ -4,15 +4,14 @@ rich fits a table to the console by shrinking columns, and a shrunk cell loses i
 ellipsis ("153133..." for 153133.2 us). Here the columns are sized before rich sees them:
 
 - a figure stays whole: a cell with a digit that is at most FIGURE_CELLS wide (a number with its
-  unit, a shape such as 4096x4096x4096, a date and time) is never narrower than itself, and in
-  longer cells (error texts) every word with a digit that is no wider either; so is a short word
-  of a cell (WORD_CELLS: "n/a", "fp32", "sum") and every word of a header ("#wrong", "%theo");
-- text wraps at spaces, and folds a long word of a cell only when that makes the table fit;
-  nothing is ever ellipsized (overflow "fold", never "ellipsis" or "crop");
+  unit, a shape such as 4096x4096x4096, a date and time) is never narrower than itself;
+- no word is ever broken: text wraps at spaces only, so that a metric name, a path or a run id
+  stays one piece that can be copied (`compare` in a pipe once cut `...samples_p` / `er_s`, which
+  `history trend` could not take); nothing is ever ellipsized (overflow "fold", never "ellipsis"
+  or "crop");
 - a no_wrap column is never narrowed;
-- when even the narrowest table that keeps every figure whole is wider than the console, the
-  table keeps every word whole too and is printed wider than the console, uncropped: a terminal
-  wraps the long lines, a file keeps them.
+- when even the narrowest table that keeps every word whole is wider than the console, it is
+  printed wider than the console, uncropped: a terminal wraps the long lines, a file keeps them.
 
 The table fits the console's width (100 columns when stdout is not a terminal) whenever it can.
 Only rich is imported: any layer above the shared facts may use it.
@@ -22,8 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-FIGURE_CELLS = 20  # a figure and its unit, a shape, a date and time: kept whole up to this width
-WORD_CELLS = 12  # a cell's words up to this width are never folded
+FIGURE_CELLS = 20  # a figure and its unit, a shape, a date and time: kept on one line up to this width
 _BIG = 1 << 20
 
 
@@ -50,29 +48,21 @@ def fit(console, table, width: int) -> int:
     natural = Measurement.get(console, options, table).maximum
     if natural <= width or not table.columns:
         return natural
-    lo, mid, hi = [], [], []  # content widths: figures whole, words whole, nothing wrapped
+    low, high = [], []  # content widths: every word and short figure whole; nothing wrapped
     for col in table.columns:
         if col.width is not None:
-            low = middle = high = col.width
+            lo = hi = col.width
         else:
-            cells = [_plain(console, c) for c in col.cells]
-            heads = [_plain(console, h) for h in _heads(table, col)]
-            sizes = [Measurement.get(console, options, r) for r in [*col.cells, *_heads(table, col)]]
-            high = max((m.maximum for m in sizes), default=1)
-            low = max([1, col.min_width or 0, *_figure_widths(cells, whole=True), *_word_widths(heads)])
-            if col.no_wrap:
-                low = high
-            high = max(high, low)
-            middle = min(high, max(low, max((m.minimum for m in sizes), default=1)))
-        lo.append(low), mid.append(middle), hi.append(high)
-    overhead = natural - sum(hi)  # padding and borders
+            cells = [_plain(console, c) for c in [*col.cells, *_heads(table, col)]]
+            hi = max((Measurement.get(console, options, c).maximum for c in [*col.cells, *_heads(table, col)]),
+                     default=1)
+            lo = hi if col.no_wrap else min(hi, max([1, col.min_width or 0, *_whole_widths(cells)]))
+        low.append(lo), high.append(hi)
+    overhead = natural - sum(high)  # padding and borders
     budget = width - overhead
-    if sum(mid) <= budget:  # words whole; the room left shared in proportion to what wraps
-        widths = _spread(mid, hi, budget - sum(mid))
-    elif sum(lo) <= budget:  # as few columns with folded words as fit
-        widths = _unfold(lo, mid, budget - sum(lo))
-    else:  # wider than the console whatever is folded: words whole
-        widths = mid
+    # words whole, the room left shared in proportion to what wraps; wider than the console when
+    # even that does not fit
+    widths = _spread(low, high, budget - sum(low)) if sum(low) <= budget else low
     for col, w in zip(table.columns, widths, strict=True):
         col.width = w
     return Measurement.get(console, options, table).maximum
@@ -96,43 +86,18 @@ def _spread(base: list[int], top: list[int], extra: int) -> list[int]:
     return [b + s for b, s in zip(base, shares, strict=True)]
 
 
-def _unfold(base: list[int], top: list[int], extra: int) -> list[int]:
-    """`base` raised to `top` column by column while `extra` lasts, the smallest gap first (the
-    most columns unfolded); what is left shared among the others in proportion."""
-    out = list(base)
-    for i in sorted(range(len(base)), key=lambda i: top[i] - base[i]):
-        if top[i] - base[i] > extra:
-            break
-        extra -= top[i] - base[i]
-        out[i] = top[i]
-    return _spread(out, top, extra)
-
-
-def _figure_widths(texts: Iterable[str], whole: bool) -> list[int]:
-    """The widths that must not be broken: each word with a digit (up to FIGURE_CELLS: longer
-    ones are names, paths); with `whole` (cells) also a short line with a digit and every short
-    word."""
+def _whole_widths(texts: Iterable[str]) -> list[int]:
+    """The widths that must not be broken: every word, and a short line with a digit (a figure
+    with its unit, "1 GiB", up to FIGURE_CELLS)."""
     from rich.cells import cell_len
 
     out = []
     for text in texts:
         for line in text.splitlines():
-            digits = any(ch.isdigit() for ch in line)
-            if whole and digits and cell_len(line.strip()) <= FIGURE_CELLS:
+            if any(ch.isdigit() for ch in line) and cell_len(line.strip()) <= FIGURE_CELLS:
                 out.append(cell_len(line.strip()))
-                continue
-            for word in line.split():
-                n = cell_len(word)
-                if n <= (FIGURE_CELLS if any(ch.isdigit() for ch in word) else WORD_CELLS if whole else 0):
-                    out.append(n)
+            out += [cell_len(word) for word in line.split()]
     return out
-
-
-def _word_widths(texts: Iterable[str]) -> list[int]:
-    """The width of every word of a header: a header word is never broken ("#wrong", "busbw")."""
-    from rich.cells import cell_len
-
-    return [cell_len(word) for text in texts for word in text.split()]
 
 
 def _heads(table, col) -> list:

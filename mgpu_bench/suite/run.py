@@ -244,12 +244,13 @@ def run_suite(cfg: SuiteConfig, bus_ids: dict[int, str], say: Callable[[str], No
                 if say:
                     say(f"round {step.round} ({ROUND_TITLES[step.round]}), {i + 1}/{len(steps)}: {step.title}")
                 entry = run_probe(step, ngpu, Path(tmp), bus_ids)
-            except _Interrupted as stop:
-                run.probes.append(stop.entry)
+            except KeyboardInterrupt as stop:  # in a probe (_Interrupted: its entry), or between two of them
+                if isinstance(stop, _Interrupted):
+                    run.probes.append(stop.entry)
                 run.interrupted = True
                 how = f"terminated ({signal_name(termination_signal())})" if terminated() else "interrupted (Ctrl-C)"
                 run.stop_message = f"{how}; the probes measured so far are in the report"
-                for rest in steps[i + 1:]:
+                for rest in steps[i + (1 if isinstance(stop, _Interrupted) else 0):]:
                     run.probes.append({**_skipped(rest), "error": "not run: the suite was interrupted"})
                 break
             run.probes.append(entry)

@@ -19,20 +19,90 @@ or a dict with the keys
 
 batch or loader, at least one. With only a loader, synthetic (effective) steps reuse its first
 batch on the device; `--data loader` steps draw a new batch each step, a new epoch when it ends.
+
+The module's code runs under a bound: its import and every call of its functions (the workload
+function, batch, loader, loss, optimizer) must return within USER_CODE_S seconds (the environment
+variable MGPU_BENCH_USER_CODE_TIMEOUT sets another bound, in seconds), and must not end the
+process (sys.exit). One that does is said in one line: before measuring, as bad input (exit code
+2, nothing written); in a rank's step, as that configuration's failure (UserCodeError; the
+configurations measured before it are kept).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.errors import InputError, MgpuError
 
 from .base import Workload, adamw, as_device, last_line
+
+# How long the module's import and each call of its functions may take: importing torch and
+# transformers and building a large model take well under a minute, a torch.compile of a large
+# model's first step a few minutes; a call that has not returned after 10 minutes waits on
+# something that never comes (a sleep, a lock, input(), a peer).
+USER_CODE_S = 600.0
+USER_CODE_ENV = "MGPU_BENCH_USER_CODE_TIMEOUT"
+
+
+class UserCodeError(MgpuError):
+    """The user's module overran its bound (USER_CODE_S) or called sys.exit."""
+
+
+class _Overran(BaseException):  # a BaseException: the user's own `except Exception` does not swallow it
+    pass
+
+
+def user_code_limit() -> float:
+    """USER_CODE_S, or the seconds MGPU_BENCH_USER_CODE_TIMEOUT gives (InputError when it is not a
+    positive number)."""
+    from mgpu_bench.numbers import ascii_float
+
+    text = os.environ.get(USER_CODE_ENV)
+    if text is None:
+        return USER_CODE_S
+    value = ascii_float(text)
+    if value is None or not 0 < value < 1e7:
+        raise InputError(f"{USER_CODE_ENV}={text!r}: give the seconds a workload module's code may take, e.g. 600")
+    return value
+
+
+@contextlib.contextmanager
+def bounded(what: str):
+    """Runs the block (the user's code) under user_code_limit(): a SIGALRM timer raises in the
+    main thread when the block overruns it, which becomes UserCodeError naming `what`; sys.exit in
+    the block becomes UserCodeError too. Off the main thread, or where a timer or another SIGALRM
+    handler is already set (a caller's own), the block runs unbounded, as it is."""
+    limit = user_code_limit()
+    free = (threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+            and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+            and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None))
+    if free:
+        def overran(signum, frame):
+            raise _Overran()
+
+        signal.signal(signal.SIGALRM, overran)
+        signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        yield
+    except _Overran:
+        raise UserCodeError(f"{what} did not return within {limit:g} s: it waits on something that never comes (a "
+                            f"sleep, a lock, input(), a peer); fix it, or set {USER_CODE_ENV} to the seconds it "
+                            "needs") from None
+    except SystemExit as exc:
+        raise UserCodeError(f"{what} called sys.exit({exc.code!r}): a workload's code must return (or raise an "
+                            "exception that says what is wrong), not end the process") from None
+    finally:
+        if free:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 KEYS = ("model", "batch", "loader", "loss", "tokens_per_sample", "blocks", "optimizer", "autocast")
 EXPECTED = ("(model, make_batch or DataLoader, loss[, tokens_per_sample]) or a dict with model, batch or loader, "
@@ -56,7 +126,11 @@ def _import(target: str):
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
-            spec.loader.exec_module(module)
+            with bounded(f"importing the module file {target}"):
+                spec.loader.exec_module(module)
+        except UserCodeError as exc:
+            del sys.modules[name]
+            raise InputError(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - the user's module: any failure is bad input
             del sys.modules[name]
             raise InputError(f"module file {target} does not import: {last_line(exc)}") from None
@@ -64,7 +138,10 @@ def _import(target: str):
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        return importlib.import_module(target)
+        with bounded(f"importing the module {target}"):
+            return importlib.import_module(target)
+    except UserCodeError as exc:
+        raise InputError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001
         raise InputError(f"module {target} does not import: {last_line(exc)}") from None
 
@@ -104,9 +181,12 @@ class UserWorkload(Workload):
 
         dev = as_device(device)
         try:
-            got = self._fn(dev)
+            with bounded(f"{self.where}({dev})"):
+                got = self._fn(dev)
         except InputError:
             raise
+        except UserCodeError as exc:
+            raise InputError(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - the user's function: any failure is bad input
             hint = (" (it is called with torch.device('meta') first, to count FLOPs without memory: build with "
                     "model.to(device))") if dev.type == "meta" else ""
@@ -163,6 +243,8 @@ class UserWorkload(Workload):
             return super().count_flops(batch_size, device)
         except InputError as exc:  # the protocol broken in the step itself: say whose step
             raise InputError(f"{self.where}: {exc}") from None
+        except UserCodeError as exc:  # before measuring: bad input
+            raise InputError(str(exc)) from None
 
     def _for(self, device) -> dict:
         dev = str(as_device(device))
@@ -194,7 +276,8 @@ class UserWorkload(Workload):
     def _loader(self, spec: dict, batch_size: int):
         loader = spec["loader"]
         if callable(loader):
-            return loader(batch_size)
+            with bounded(f"{self.where}'s loader({batch_size})"):
+                return loader(batch_size)
         fixed = getattr(loader, "batch_size", None)
         if isinstance(fixed, int) and fixed != batch_size:
             raise InputError(f"its DataLoader makes batches of {fixed}: give --batch-size {fixed}, or return "
@@ -204,7 +287,8 @@ class UserWorkload(Workload):
     def batch(self, batch_size: int, device, generator=None):
         spec = self._for(device)
         if spec["batch"] is not None:
-            return spec["batch"](batch_size)
+            with bounded(f"{self.where}'s batch({batch_size})"):
+                return spec["batch"](batch_size)
         key = str(as_device(device))
         if key not in self._first:  # only a DataLoader: its first batch, on the device, reused
             self._first[key] = self.prepare(next(iter(self._loader(spec, batch_size))), device)
@@ -221,7 +305,8 @@ class UserWorkload(Workload):
         return self._loader(spec, batch_size)
 
     def loss(self, model, batch):
-        return self._latest["loss"](model, batch)
+        with bounded(f"{self.where}'s loss"):
+            return self._latest["loss"](model, batch)
 
     @property
     def _latest(self) -> dict:
@@ -230,4 +315,7 @@ class UserWorkload(Workload):
 
     def optimizer(self, model):
         spec = self._latest
-        return spec["optimizer"](model) if spec["optimizer"] is not None else adamw(model, lr=1e-4, weight_decay=0.01)
+        if spec["optimizer"] is None:
+            return adamw(model, lr=1e-4, weight_decay=0.01)
+        with bounded(f"{self.where}'s optimizer"):
+            return spec["optimizer"](model)

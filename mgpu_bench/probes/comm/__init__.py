@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, WARNING, Finding, PlanContext, Probe, Step, option
+from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, WARNING, Finding, PlanContext, Probe, Step, option, within
 
 HELP = """Collective bandwidth sweeps: time, algbw and busbw per size, checked.
 
@@ -135,6 +135,10 @@ class CommProbe(Probe):
         on_gpus = selection.visible_gpu_count() > 0
         if o["gpus"] is not None and not on_gpus:
             raise selection.gpus_without_gpus()  # before the estimate is said
+        if not on_gpus:  # as plan.py checks it, before the estimate (--nproc 0 was a traceback there)
+            if o["nproc"] < 2:
+                raise InputError(f"--nproc {o['nproc']}: collectives need at least 2 ranks")
+            within("--nproc", o["nproc"], 2, 256, "gloo processes on this machine's CPUs")
         if sizes_text is None:
             sizes_text = "1M-1G" if on_gpus else "1K-4M"
         sizes = parse_sizes(sizes_text, o["factor"], o["step_text"])
