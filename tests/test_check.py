@@ -78,7 +78,8 @@ def test_a_cpu_check_runs_its_share_within_its_budget_and_is_stored(baseline):
     assert 'mgpu_bench_check_healthy_ratio{host="cpu-node",node="cpu-node",textfile="check.prom"} 1.0' in text
     assert 'mgpu_bench_check_flops_per_second{host="cpu-node",node="cpu-node",device="rank0",textfile="check.prom"}' \
         in text
-    assert "check.json" not in listed and "mgpu-bench-check-" not in listed  # the command typed, not the child's
+    # the command typed (its own --json and --prometheus), not the child's (a document in a temporary folder)
+    assert "mgpu-bench-check-" not in listed and "--prometheus" in listed
 
 
 def test_the_npd_form_is_one_line_of_80_bytes_and_the_next_check_is_judged_against_the_baseline(baseline, tmp_path):
