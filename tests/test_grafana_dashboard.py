@@ -5,6 +5,7 @@ documents of tests/fixtures and on a real CPU `mgpu-bench check --prometheus`.""
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import re
 import subprocess
@@ -17,7 +18,7 @@ from mgpu_bench.output.prometheus import render
 from mgpu_bench.probe import headline
 
 ROOT = Path(__file__).resolve().parent.parent
-DASHBOARD = ROOT / "mgpu_bench" / "data" / "grafana" / "mgpu-bench.json"
+DASHBOARD = importlib.resources.files("mgpu_bench").joinpath("data/grafana/mgpu-bench.json")  # package data
 FIXTURES = ROOT / "tests" / "fixtures"
 # The kinds whose figures describe a node's health over time; plan (a projection) and fleet (its
 # textfiles written per node by fleet itself) are not on the dashboard.
