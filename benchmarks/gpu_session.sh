@@ -5,7 +5,7 @@
 # Steps: build pytest1 diagnose fleetnode compile1 sdc1 overlap1 suite1 (one GPU); model2 two18 wall16 fleet2
 # (two GPUs: prepared for a session that is lent the two-GPU kind; not run yet).
 # Session 15 (one GPU, issues 23-29): smoke pytestgpu work26 check27 monitor28 plan29; then bert26 pytestnew.
-# Session 16 (one GPU, issues 32-36): build16 truth32 bert32 vision32 old32; then smoke, pytestgpu.
+# Session 16 (one GPU, issues 32-36): build16 truth32 bert32 old32 vision32; then build16 smoke; then noise32 pytestgpu.
 set -u
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the tree this script runs in (build16 copies its native module beside it)
@@ -53,6 +53,10 @@ build16() {  # no editable install: the extension built once into a target folde
 
 truth32() {  # issues 32 and 36: the monitor's headline against the loop's wall clock with stalls; its overhead and the noise scale's
   run step-truth 300 $PY benchmarks/step_truth.py truth overhead noise --reps 5
+}
+
+noise32() {  # issues 32 and 36: the hook alone and the noise scale at noise_every 1 and 8 against plain DDP, ABBA
+  run step-noise 200 $PY benchmarks/step_truth.py noise --reps 5
 }
 
 bert32() {  # issue 32: model hf:bert-large against a plain loop over one fixed batch, A B B A

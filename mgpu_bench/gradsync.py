@@ -202,6 +202,10 @@ class GradSync:
         self.world = dist.get_world_size(self._group)
         ddp.register_comm_hook(self, _hook)
 
+    @staticmethod
+    def read(slot: Slot, start, between) -> dict | None:
+        return read(slot, start, between)
+
     def slots(self, n: int, buckets: int) -> list[Slot]:
         """n empty slots with `buckets` marks each made ahead (no event is made in a timed step)."""
         out = []
@@ -221,6 +225,112 @@ class GradSync:
             marks.append(time.perf_counter())
         else:
             marks[k] = time.perf_counter()
+
+
+class GradMarks:
+    """The cheap way to the same arrival and exposed communication, with no communication hook:
+    three marks a step from hooks on the model's own tensors. First ready: the earliest
+    post-accumulate-grad hook of the last few parameters (model order: their gradients come first
+    in backward, the ones DDP's first bucket holds). Last ready: that of the first parameter (its
+    gradient comes last). Backward done: a callback queued on the autograd engine at the last
+    gradient that queues itself once more, so that it runs after DDP's own end-of-backward
+    callback (queued after it) has waited for its all-reduces (CUDA: the stream waits, the mark is
+    an event on it). The hooks run in every backward; a step's marks
+    are those of its last backward (the one that all-reduces, under gradient accumulation).
+    Attached where no communication hook is asked for: DDP's all-reduce stays its own C++ path.
+    On one H200 the hook path cost 2.4% of a 350m DDP step (57 buckets); these marks cost three
+    Python calls a step."""
+
+    FIRST = 3  # parameters from the end whose gradients mark the first bucket
+    noise = None  # (the noise scale needs the communication hook: GradSync)
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.slot: Slot | None = None
+        self._handles: list = []
+        self._event = None
+        if cuda:
+            import torch
+
+            self._event = lambda: torch.cuda.Event(enable_timing=True)
+            self._stream = torch.cuda.current_stream
+        self._pending = False
+
+    def attach(self, model) -> bool:
+        """Hooks on the model's parameters; False where it has none with gradients or torch lacks
+        the hooks."""
+        import torch
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params or not hasattr(params[0], "register_post_accumulate_grad_hook"):
+            return False
+        for p in params[-self.FIRST:]:
+            self._handles.append(p.register_post_accumulate_grad_hook(self._first))
+        self._handles.append(params[0].register_post_accumulate_grad_hook(self._last))
+        self._queue = torch.autograd.Variable._execution_engine.queue_callback
+        return True
+
+    def slots(self, n: int, _buckets: int = 0) -> list[Slot]:
+        """n slots with their three marks made ahead."""
+        out = []
+        for _ in range(n):
+            slot = Slot()
+            slot.ready = [self._event() if self.cuda else 0.0 for _ in range(3)]
+            out.append(slot)
+        return out
+
+    @staticmethod
+    def read(slot: Slot, start, between) -> dict | None:
+        return read_marks(slot, start, between)
+
+    def _mark(self, slot: Slot, k: int) -> None:
+        marks = slot.ready
+        while len(marks) <= k:
+            marks.append(self._event() if self.cuda else 0.0)
+        if self.cuda:
+            marks[k].record(self._stream())
+        else:
+            marks[k] = time.perf_counter()
+
+    def _first(self, _param) -> None:
+        slot = self.slot
+        if slot is not None and slot.k != 1:  # the first of these hooks in this backward
+            self._mark(slot, 0)
+            slot.k = 1
+
+    def _last(self, _param) -> None:
+        slot = self.slot
+        if slot is None:
+            return
+        self._mark(slot, 1)
+        slot.k = 2
+        if not self._pending:
+            self._pending = True
+            self._queue(self._behind)
+
+    def _behind(self) -> None:
+        """Queued once more from inside the engine's final callbacks, so that it runs after the ones
+        queued after it: DDP's end of backward, queued at its last bucket, which waits for the
+        all-reduces (measured on gloo: a first callback ran 1-10 ms after the last gradient, before
+        that wait; the second with the backward's return)."""
+        self._queue(self._done)
+
+    def _done(self) -> None:
+        self._pending = False
+        slot = self.slot
+        if slot is not None and slot.k == 2:
+            self._mark(slot, 2)
+            slot.k = 3
+
+
+def read_marks(slot: Slot, start, between) -> dict | None:
+    """GradMarks' figures of a finished step: arrival_s (compute start to the first gradient) and
+    exposed_s (the last gradient to the backward's end, DDP's wait for its all-reduces); busy_s and
+    bytes are not known this way (None)."""
+    if slot.k != 3:
+        return None
+    first, last, done = (between(start, slot.ready[j]) for j in range(3))
+    return {"arrival_s": max(0.0, first), "exposed_s": max(0.0, done - last), "busy_s": None, "bytes": None}
 
 
 def _hook(state: GradSync, bucket):

@@ -133,11 +133,13 @@ def job(case: str, db: str) -> dict:
         opt.step()
         opt.zero_grad()
 
-    mon = StepMonitor(f"ranks-{case}", model=model, warmup=3, window=10, db=db, print=rank == 0)
-    for _ in range(33):
-        with mon.step(samples=batch), mon.compute():
-            step()
-    doc = mon.finish()
+    docs = []
+    for hook in (None, True) if case == "comm" else (None,):  # the default marks, then the all-reduce in its hook
+        mon = StepMonitor(f"ranks-{case}", model=model, warmup=3, window=10, db=db, print=rank == 0, comm_hook=hook)
+        for _ in range(33):
+            with mon.step(samples=batch), mon.compute():
+                step()
+        docs.append(mon.finish())
     ab = {}
     for sync in (True, False):  # the A/B the monitor does not do in the job: the same steps without sync
         with (model.no_sync() if not sync else torch.enable_grad()):
@@ -147,7 +149,7 @@ def job(case: str, db: str) -> dict:
                 step()
             ab[sync] = (time.perf_counter() - t0) / 10
     dist.destroy_process_group()
-    return {"doc": doc, "ab": ab}
+    return {"doc": docs[0], "hooked": docs[-1], "ab": ab}
 
 
 def _two_ranks(case: str, db: str) -> list[dict]:
@@ -172,7 +174,7 @@ def test_a_rank_slow_inside_its_forward_is_named_with_its_lag(tmp_path):
     assert s["compute_lag_s"] == pytest.approx(s["lag_s"]) and s["outside_lag_s"] < 0.3 * LAG_S
     lines = [f for f in doc["findings"] if f.startswith("straggler:")]
     assert len(lines) == 1 and "rank 1 (cpu on " in lines[0] and "inside compute()" in lines[0]
-    assert doc["runs"][0]["comm_method"] == "hook"
+    assert doc["runs"][0]["comm_method"] == "marks"  # DDP's all-reduce untouched: marks on the model's tensors
 
 
 def test_ddp_whose_sync_is_most_of_the_step_is_communication_bound_with_the_share(tmp_path):
@@ -180,13 +182,18 @@ def test_ddp_whose_sync_is_most_of_the_step_is_communication_bound_with_the_shar
     doc, ab = got["doc"], got["ab"]
     cost = 1 - ab[False] / ab[True]
     assert cost > 0.3  # the job itself: the sync is over 30% of its step
-    (run,) = doc["runs"]
-    d = run["derived"]
-    # the hook sees the communication the backward could not hide: a good part of the sync's cost, never more
-    # than it (on CPU processes the all-reduce's threads also slow the backward they overlap: the rest of it)
-    assert run["comm_method"] == "hook" and 0.15 < d["exposed_comm_share"] < cost + 0.1
-    assert d["sync_busy_s"] >= d["hook_exposed_s"]
+    # the default marks and the communication hook both see the communication the backward could not hide: a good
+    # part of the sync's cost, never more than it (on CPU processes the all-reduce's threads also slow the backward
+    # they overlap: the rest of it)
+    for doc, method in ((got["doc"], "marks"), (got["hooked"], "hook")):
+        (run,) = doc["runs"]
+        d = run["derived"]
+        assert run["comm_method"] == method and 0.15 < d["exposed_comm_share"] < cost + 0.1, (method, d)
+        verdict = next(f for f in doc["findings"] if "communication-bound" in f)
+        assert f"{100 * d['exposed_comm_share']:.1f}% of the step" in verdict
+    d = got["hooked"]["runs"][0]["derived"]
     assert d["sync_bytes"] == pytest.approx(4 * sum(p.numel() for p in _mlp(1024, 8).parameters()), rel=0.01)
-    verdict = next(f for f in doc["findings"] if "communication-bound" in f)
-    assert f"{100 * d['exposed_comm_share']:.1f}% of the step" in verdict
+    assert d["sync_busy_s"] >= d["hook_exposed_s"]
+    verdict = next(f for f in got["hooked"]["findings"] if "communication-bound" in f)
     assert "DDP's communication hook" in verdict and "GB/s bus bandwidth" in verdict
+    assert "from hooks on the model's tensors" in next(f for f in got["doc"]["findings"] if "communication-bound" in f)

@@ -39,6 +39,7 @@ class HostPool:
         self.computed = [False] * size
         self.marks: list[list] = [[0.0, 0.0, 0.0, 0.0] for _ in range(size)]
         self.sync: list | None = None  # gradsync.Slot per slot, once a communication hook marks steps
+        self.sync_read = None  # how a slot is read: GradSync.read (the hook's) or GradMarks.read
 
     def mark(self, which: int) -> None:
         self.marks[self.n][which] = time.perf_counter()
@@ -72,7 +73,8 @@ class HostPool:
         if self.sync is not None:
             from mgpu_bench.gradsync import read
 
-            syncs = [read(self.sync[k], self.marks[k][COMPUTE_START], self.between) if self.computed[k] else None
+            reader = self.sync_read or read
+            syncs = [reader(self.sync[k], self.marks[k][COMPUTE_START], self.between) if self.computed[k] else None
                      for k in range(n)]
         nxt = None
         if following is not None and following.n and following.index[0] == self.index[n - 1] + 1:

@@ -162,11 +162,12 @@ class StepMonitor(Ending):
         warm-up) with torch.profiler; None: on GPUs, off on CPU processes.
     ceiling: at finish() on GPUs, time the counted matmuls and convolutions alone (the measured
         ceiling); without a count, the best stored gemm run of this GPU is the reference.
-    comm_hook: time the gradient all-reduce from inside (mgpu_bench.gradsync: torch's default DDP
-        all-reduce as a communication hook, with marks): when each rank reaches it (the straggler
-        inside compute) and the communication the backward could not hide, with its bandwidth.
-        None (default): where `model` is a DDP model with no hook of its own; False: never; True:
-        asked for (a note says why when it cannot be).
+    comm_hook: when each rank reaches the gradient all-reduce (the straggler inside compute) and
+        the communication the backward could not hide (mgpu_bench.gradsync). None (default): for a
+        DDP `model` on 2+ ranks, three marks a step from hooks on its own tensors (GradMarks: DDP's
+        all-reduce untouched); True: the all-reduce run through torch's default communication hook
+        with marks (GradSync), which also gives its time and bus bandwidth, at a cost (on one H200,
+        2.4% of a 350m DDP step with DDP's 25 MB buckets); False: neither.
     noise_scale: estimate the gradient noise scale B_simple from each rank's gradient and the
         all-reduced one in that hook (mgpu_bench.noise_scale: McCandlish et al. 2018, appendix A),
         per window, and what more GPUs buy against it; its cost is measured and said. Off by
@@ -570,15 +571,18 @@ class StepMonitor(Ending):
             self._prof_end = self._prof_start + self.profile_steps
 
     def _attach_sync(self, cuda: bool) -> None:
-        """The DDP model's all-reduce timed in its communication hook (comm_hook), and the noise
-        scale's norms taken there (noise_scale)."""
+        """When each rank reaches the gradient all-reduce and the communication the backward could
+        not hide: by default three marks a step from hooks on the model's own tensors (GradMarks:
+        DDP's all-reduce stays its C++ path); with comm_hook=True or noise_scale=True the
+        all-reduce runs through the communication hook with marks (GradSync: its bandwidth too,
+        and the noise scale's norms)."""
         wanted = self.comm_hook or self.noise_scale
         if self.comm_hook is False or self.world < 2:
             if wanted and self.world < 2:
                 self._notes.append(f"{'noise_scale' if self.noise_scale else 'comm_hook'}=True: one rank, no "
                                    "gradient all-reduce (the noise scale needs two batch sizes: 2+ DDP ranks)")
             return
-        from mgpu_bench.gradsync import GradSync
+        from mgpu_bench.gradsync import GradMarks, GradSync
 
         ddp, why = GradSync.usable(self.model) if self.model is not None else (None, "no model= given")
         if ddp is None:
@@ -587,9 +591,16 @@ class StepMonitor(Ending):
                 self._notes.append(f"{'noise_scale' if self.noise_scale else 'comm_hook'}=True: {what}: {why} "
                                    "(give model=, the DDP model)")
             return
-        sync = GradSync(cuda, noise=self.noise_scale)
-        sync.attach(ddp)
+        if wanted:
+            sync = GradSync(cuda, noise=self.noise_scale)
+            sync.attach(ddp)
+        else:
+            sync = GradMarks(cuda)
+            if not sync.attach(ddp):
+                return
         self._sync = sync
+        for pool in (self._pool, self._other):
+            pool.sync_read = sync.read
 
     def _edge(self) -> None:
         """The pool is full: the one before it is read (its steps ended a window ago), and the

@@ -189,7 +189,7 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
     d.update(sync_figures(good, start, end, step_s, world))
     if d.get("exposed_comm_share") is None and d.get("hook_exposed_share") is not None:
         d["exposed_comm_share"] = d["hook_exposed_share"]
-        st.comm_method = "hook"
+        st.comm_method = "hook" if d.get("sync_busy_s") is not None else "marks"
     prof = good[0].get("profile")
     if prof and prof.get("window_s"):
         w = prof["window_s"]
@@ -220,7 +220,9 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
 
 _COMM_METHOD = {"no_sync": "the same steps with and without gradient sync, no_sync()",
                 "hook": "timed in DDP's communication hook: the last gradient bucket ready to the last all-reduce "
-                        "done"}
+                        "done",
+                "marks": "the last gradient to the backward's end, DDP's wait for its all-reduce, from hooks on the "
+                         "model's tensors"}
 
 
 def _comm_text(stats: StepStats, share: float, method: str | None) -> str:

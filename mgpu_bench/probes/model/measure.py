@@ -50,6 +50,7 @@ __all__ = ["ModelConfig", "ModelPlan", "launch", "run_model", "worker"]
 SYNTHETIC_POOL = 4
 SYNTHETIC_POOL_BYTES = 1 << 30
 NOISE_WINDOW = 10  # --noise-scale: steps per window of summed gradient norms (its uncertainty over them)
+HOOK_STEPS = 5  # DDP: steps after the timed ones with the all-reduce in its communication hook (its bandwidth)
 
 
 def _cycle(loader):
@@ -152,11 +153,14 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
             model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[local] if on_gpu else None, gradient_as_bucket_view=True, bucket_cap_mb=100)
     sync = None
-    if world > 1 and cfg.parallel == "ddp":
-        from mgpu_bench.gradsync import GradSync
+    if world > 1 and cfg.parallel == "ddp":  # the marks; the communication hook only for the noise scale's norms
+        from mgpu_bench.gradsync import GradMarks, GradSync
 
-        sync = GradSync(on_gpu, noise=cfg.noise_scale)
-        sync.attach(model)
+        sync = GradSync(on_gpu, noise=True) if cfg.noise_scale else GradMarks(on_gpu)
+        if isinstance(sync, GradSync):
+            sync.attach(model)
+        elif not sync.attach(model):
+            sync = None
     opt = wl.optimizer(model)
     if cfg.compile:
         # After the DDP/FSDP wrapper, as torch's DDP notes advise (DDPOptimizer splits the graph at
@@ -279,8 +283,6 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
     def extras(marks, into: dict) -> None:
         """The GPU's lag behind the host at each step's end (stalls.queue_depths) and the gradient
         all-reduce's figures per step (gradsync.read)."""
-        from mgpu_bench.gradsync import read
-
         from .stalls import queue_depths
 
         if on_gpu and marks:
@@ -291,7 +293,7 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
                 host += [m["host_start"] - h0, m["host_end"] - h0]
             into["queue"] = queue_depths(gpu, host)[1::2]
         if marks and "sync" in marks[0]:
-            got = [read(m["sync"], m["data"], between) for m in marks]
+            got = [sync.read(m["sync"], m["data"], between) for m in marks]
             if any(got):
                 into["sync"] = {k: [g[key] if g else None for g in got]
                                 for k, key in (("arrival", "arrival_s"), ("exposed", "exposed_s"), ("busy", "busy_s"),
@@ -323,6 +325,18 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
             out["no_sync_wall_s"] = time.perf_counter() - t0
         if cfg.profile and on_gpu:
             out["profile"] = _profile_split(lambda: run_steps(3, True, "profiled steps"))
+        if sync is not None and sync.noise is None:  # the all-reduce's time and bandwidth: a short pass in its hook
+            from mgpu_bench.gradsync import GradSync
+
+            timed = GradSync(on_gpu)
+            timed.attach(model)
+            sync, marks_sync = timed, out.get("sync")
+            bw: dict = {}
+            extras(run_steps(HOOK_STEPS, True, "the all-reduce timed in its communication hook (not in the figures)"), bw)
+            if bw.get("sync"):
+                out["sync_hooked"] = bw["sync"]
+            if marks_sync:
+                out["sync"] = marks_sync
         if on_gpu:
             from mgpu_bench.workloads import flops
 

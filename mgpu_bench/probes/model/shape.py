@@ -29,7 +29,7 @@ RANK = Obj({
                       what="a FLOP count", null=True),
     # the GPU's lag behind the host at each step's compute end; the gradient all-reduce's marks (gradsync)
     "queue": List(Num(0, null=True), null=True),
-    "sync": Map(List(Num(0, null=True)), null=True),
+    "sync": Map(List(Num(0, null=True)), null=True), "sync_hooked": Map(List(Num(0, null=True)), null=True),
     # the in-job monitor's sums over every timed step (its windows'), and the long steps it found
     "totals": Obj({"steps": Int(0), "samples": Int(0), "tokens": Int(0, null=True), "elapsed_s": Num(0),
                    "compute_s": Num(0, null=True)}, required=("steps", "samples", "elapsed_s"), what="a rank's totals",
@@ -80,7 +80,7 @@ STRAGGLER = Obj({"rank": Int(0, MAX_RANKS), "lag_s": Num(0), "lag_share": Num(0)
                  "by": Str(("arrival", "compute", "wall", "kernels"))}, what="a straggler", null=True)
 RUN = Obj({
     "world": Int(1, MAX_RANKS), "data": Str(("synthetic", "loader")), "ranks": List(RANK),
-    "stalls": STALLS, "straggler": STRAGGLER, "comm_method": Str(("no_sync", "hook", "profile"), null=True),
+    "stalls": STALLS, "straggler": STRAGGLER, "comm_method": Str(("no_sync", "hook", "marks", "profile"), null=True),
     "window": List(OneOf(Int(0), Bool()), min_len=3, max_len=3, null=True),
     "samples_per_step": Int(0), "tokens_per_step": Int(0, null=True), "flops_per_token": Num(0, null=True),
     "flops_per_sample": Num(0, null=True),

@@ -49,11 +49,12 @@ def job_stalls(good: list[dict], totals: list[dict], step_s: float) -> dict:
 
 
 def sync_figures(good: list[dict], start: int, end: int, step_s: float, world: int) -> dict:
-    """From the DDP communication hook's marks (gradsync) over the stable window: per step the
-    exposed communication of the rank that waited least (the last to arrive: its wait is the
-    communication alone) and that rank's all-reduce time and bytes; their medians, the share of
-    the steady-state step and the bus bandwidth: bytes x 2(n-1)/n / the all-reduce time (the ring
-    all-reduce's factor, as nccl-tests' busbw)."""
+    """From the gradient marks (gradsync: the marks on the model's tensors, or the communication
+    hook's) over the stable window: per step the exposed communication of the rank that waited
+    least (the last to arrive: its wait is the communication alone) and, where the hook timed it
+    (in these steps, or in a short pass after them: "sync_hooked"), that rank's all-reduce time
+    and bytes; their medians, the share of the steady-state step and the bus bandwidth: bytes x
+    2(n-1)/n / the all-reduce time (the ring all-reduce's factor, as nccl-tests' busbw)."""
     syncs = [r.get("sync") for r in good]
     if world < 2 or not all(syncs):
         return {}
@@ -62,18 +63,28 @@ def sync_figures(good: list[dict], start: int, end: int, step_s: float, world: i
         row = [(sy["exposed"][i], sy["busy"][i], sy["bytes"][i]) for sy in syncs
                if i < len(sy.get("exposed") or []) and sy["exposed"][i] is not None]
         if len(row) == len(syncs):
-            e, b, n = min(row)
+            e, b, n = min(row, key=lambda x: x[0])
             exposed.append(e)
-            busy.append(b)
-            nbytes.append(n)
+            if b is not None and n is not None:
+                busy.append(b)
+                nbytes.append(n)
+    hooked = [r.get("sync_hooked") for r in good]
+    if not busy and all(hooked):  # the marks timed the steps; a short pass in the hook timed the all-reduce itself
+        for i in range(min(len(h["exposed"]) for h in hooked)):
+            row = [(h["exposed"][i], h["busy"][i], h["bytes"][i]) for h in hooked]
+            if all(x[1] is not None for x in row):
+                _, b, n = min(row, key=lambda x: x[0])
+                busy.append(b)
+                nbytes.append(n)
     if not exposed:
         return {}
-    out = {"hook_exposed_s": statistics.median(exposed), "sync_busy_s": statistics.median(busy),
-           "sync_bytes": statistics.median(nbytes)}
+    out = {"hook_exposed_s": statistics.median(exposed)}
     out["hook_exposed_share"] = min(1.0, out["hook_exposed_s"] / step_s)
-    if out["sync_busy_s"] > 0:
-        out["sync_algbw"] = out["sync_bytes"] / out["sync_busy_s"]
-        out["sync_busbw"] = out["sync_algbw"] * 2 * (world - 1) / world
+    if busy:
+        out["sync_busy_s"], out["sync_bytes"] = statistics.median(busy), statistics.median(nbytes)
+        if out["sync_busy_s"] > 0:
+            out["sync_algbw"] = out["sync_bytes"] / out["sync_busy_s"]
+            out["sync_busbw"] = out["sync_algbw"] * 2 * (world - 1) / world
     return out
 
 
