@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--pause", type=float, default=0.5)
     ap.add_argument("--db", default=None, help="history for the truth runs [default: the user's]")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the script")
+    ap.add_argument("--marks-only", action="store_true", help="noise: only the default marks against plain DDP")
     args = ap.parse_args()
 
     import torch
@@ -182,7 +183,36 @@ def main() -> None:
         from mgpu_bench.gradsync import Noise
 
         noise_obj = sync.noise
-        blocks("the monitor with DDP's communication hook and its marks (comm_hook, on by default for DDP)", plain,
+        from mgpu_bench.gradsync import GradMarks
+
+        marked = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        grad_marks = GradMarks(cuda)
+        grad_marks.attach(marked)  # hooks on the parameters: they fire (and return at once) in the plain loop too
+        for i in range(3):
+            train(marked, i)
+
+        def with_marks():
+            mon = StepMonitor("marks-overhead", tokens_per_sample=args.seq_len, model=marked, warmup=0,
+                              count_flops=False, profile=False, ceiling=False, store=False, print=False)
+            mon._sync = grad_marks  # on one rank the monitor attaches nothing itself
+
+            def run():
+                for i in range(args.block):
+                    if i == 1:  # the pools are made at the first step
+                        for pool in (mon._pool, mon._other):
+                            if pool is not None:
+                                pool.sync_read = grad_marks.read
+                    with mon.step(samples=args.batch_size), mon.compute():
+                        train(marked, i)
+            t = timed(run)
+            mon.finish()
+            return t
+        blocks("the monitor with its default gradient marks (hooks on the model's tensors, DDP's all-reduce untouched)",
+               plain, with_marks)
+        if args.marks_only:
+            dist.destroy_process_group()
+            return
+        blocks("the monitor with DDP's communication hook and its marks (comm_hook=True)", plain,
                with_monitor(1, False))
         for every in (1, 8):
             sync.noise = noise_obj if noise_obj is not None else Noise(cuda)
