@@ -51,8 +51,31 @@ def pytest_collection_modifyitems(config, items):
 # install line, and only when the package is indeed missing (a test that needs it and says so in
 # its own words fails as it should, and no test is skipped where the extra is installed).
 MODELS_EXTRA = {"torchvision": "torchvision workloads need torchvision", "transformers": "hf: workloads need transformers"}
-MODELS_INSTALL = ("pip install -e '.[models]' (torchvision must be the release of your torch: torch 2.14.1 with "
-                  "torchvision 0.29.1; README, Run the tests)")
+
+
+def models_install(missing: list[str]) -> str:
+    """The install line for the missing part of the [models] extra, with the torchvision release of
+    the torch installed here: torchvision 0.N goes with torch 2.(N-15) (PyTorch's compatibility
+    table, github.com/pytorch/vision#installation), a CPU build of torch with torchvision's CPU build
+    from the same index; a bare `pip install torchvision` takes the newest, which replaces a CPU
+    torch with the CUDA build it was made for."""
+    import re
+    from importlib.metadata import PackageNotFoundError, version
+
+    lines, why = [], ""
+    if "torchvision" in missing:
+        try:
+            torch_version = version("torch")
+        except PackageNotFoundError:
+            torch_version = ""
+        m = re.match(r"2\.(\d+)", torch_version)
+        vision = f"0.{int(m.group(1)) + 15}" if m else ""
+        index = " --index-url https://download.pytorch.org/whl/cpu" if "+cpu" in torch_version else ""
+        lines.append(f"pip install 'torchvision=={vision}.*'{index}" if vision else "pip install torchvision")
+        why = f"torchvision {vision} is the release of this torch {torch_version}; " if vision else ""
+    if "transformers" in missing:
+        lines.append("pip install 'transformers>=4.46'")
+    return f"{' && '.join(lines)} ({why}README: Run the tests)"
 
 
 def _missing(module: str) -> bool:
@@ -75,7 +98,7 @@ def pytest_runtest_makereport(item, call):
     if missing:
         report.outcome = "skipped"
         report.longrepr = (str(item.path), item.location[1] or 0,
-                           f"Skipped: needs {' and '.join(missing)} (the [models] extra): {MODELS_INSTALL}")
+                           f"Skipped: needs {' and '.join(missing)} (the [models] extra): {models_install(missing)}")
 
 
 # What `comm --progress` prints once it has measured a size (matched with escape codes removed):

@@ -239,14 +239,21 @@ def test_launch_processes_reruns_the_command_under_the_elastic_launcher(tmp_path
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
-    out = tmp_path / "l.json"
-    proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--nproc", "2",
-                           "--ops", "allreduce", "--sizes", "1K", "--no-progress", "--json", str(out)],
+    out, db = tmp_path / "l.json", tmp_path / "h.sqlite3"
+    typed = ["comm", "--launch", "processes", "--nproc", "2", "--ops", "allreduce", "--sizes", "1K", "--no-progress",
+             "--json", str(out), "--db", str(db)]
+    proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", *typed],
                           capture_output=True, text=True, timeout=scaled(240), check=False, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("allreduce  (2 ranks, torch-gloo") == 1
     doc = json.loads(out.read_text())
     assert doc["environment"]["launcher"]["world_size"] == 2 and len(doc["measurements"]) == 2
+    # rank 0 (a child) stores the command the user typed, --launch included, not its own argv
+    from mgpu_bench.history import History
+
+    with History.open(db, readonly=True) as h:
+        (run,) = h.list()
+    assert run.command.split()[1:] == ["-m", "mgpu_bench.cli", *typed] and doc["command"][3:] == typed, run.command
     bad = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--backend",
                           "native"], capture_output=True, text=True, timeout=scaled(60), check=False)
     assert bad.returncode == 2 and "use --backend torch for CPU ranks" in bad.stderr

@@ -99,16 +99,33 @@ def test_a_baseline_that_was_faster_makes_the_suite_exit_1(tmp_path):
     with History.open() as h:
         (r1,) = h.list(kind="suite")
         doc = h.get(r1.run_id).document
-        # the same run, but ten times as fast (beyond any noise of CPU steps): the next real run
-        # must read as a regression
+        # the same run, but ten times as fast and without its spread (the first run's own noise,
+        # 60% on a loaded host, would set the threshold): the next real run, judged against its own
+        # noise, must read as a regression
         better = [replace(m, value=m.value * 10 if m.better == "higher" else m.value / 10,
-                          samples=tuple(x * 10 if m.better == "higher" else x / 10 for x in m.samples))
+                          samples=(m.value * 10 if m.better == "higher" else m.value / 10,) * len(m.samples))
                   for m in metrics_from_document(doc)]
         base = h.save(doc, better)
         h.set_baseline(base)
-    second = _suite(tmp_path, "--rounds", "1", "--report", "b")
+    # A drop of 90% is within the noise where a run's own noise passes 30% (compare's threshold: 3 x
+    # the larger noise; a loaded 2-core host can spread CPU steps so): such a verdict, the noise's and
+    # not the gate's, gets one more run, as the fleet and Slurm tests rerun a pass the noise decided.
+    for attempt in range(2):
+        second = _suite(tmp_path, "--rounds", "1", "--report", f"b{attempt}")
+        if second.returncode != 0 or not _noise_decided(base):
+            break
     assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]
     assert "regression: model." in second.stdout and f"compared with baseline {base}" in second.stdout
+
+
+def _noise_decided(base: str) -> bool:
+    """Whether the latest suite run's model figures were all judged within the noise against `base`."""
+    from mgpu_bench.history import compare_runs
+
+    with History.open() as h:
+        latest = h.list(kind="suite")[0].run_id
+        changes = [c for c in compare_runs(h, base, latest, 0.05).changes if c.name.startswith("model.")]
+    return bool(changes) and all(c.status == "within noise" for c in changes)
 
 
 def _started_probe(proc, deadline_s: float) -> None:

@@ -346,6 +346,9 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
         out["peak_allocated"] = torch.cuda.max_memory_allocated(device) if on_gpu else None
     except InputError as exc:
         out["error"] = str(exc)
+    from mgpu_bench.launch import keep_result
+
+    keep_result(out)  # kept before the group's teardown: a stop signal during it does not lose the figures
     return _leave(out, owns_group)
 
 

@@ -227,7 +227,11 @@ def worker(cfg_dict: dict, sink: str | None = None) -> dict:
     if owns_group:
         dist.init_process_group("nccl" if on_gpu else "gloo", device_id=device if on_gpu else None)
     try:
-        return measure(cfg, rank, world, device, sink, capture)
+        from mgpu_bench.launch import keep_result
+
+        result = measure(cfg, rank, world, device, sink, capture)
+        keep_result(result)  # kept before the group's teardown: a stop signal during it does not lose the figures
+        return result
     finally:
         if owns_group and dist.is_initialized():
             with contextlib.suppress(Exception):  # teardown of a failed group must not hide the result
