@@ -11,9 +11,10 @@ set of 4 synthetic batches made before timing (ANCHORS, turn 4).
     overhead  ABBA pairs of blocks: the plain loop against the same loop inside mon.step() and
               mon.compute() (the hot path alone: warm-up 0, no count, no profile, no ceiling).
     noise     the same under DDP on this one GPU (NCCL, world 1): the plain DDP loop against it
-              with the monitor and noise_scale's hook and norms attached (the monitor attaches
-              them for 2+ ranks only, where the noise scale can be estimated; on one rank the
-              benchmark attaches them itself to time their cost).
+              with the monitor's default marks, with noise_scale's norms as the monitor takes
+              them (GradMarks), and in the communication hook (comm_hook=True; the monitor
+              attaches them for 2+ ranks only, where the noise scale can be estimated; on one
+              rank the benchmark attaches them itself to time their cost).
 
     python benchmarks/step_truth.py truth overhead noise --reps 5
 """
@@ -209,6 +210,47 @@ def main() -> None:
             return t
         blocks("the monitor with its default gradient marks (hooks on the model's tensors, DDP's all-reduce untouched)",
                plain, with_marks)
+
+        # noise_scale=True as the monitor attaches it (GradMarks: per-parameter hooks in the steps that take the
+        # norms only, one multi-tensor norm after DDP's end of backward; DDP's all-reduce untouched)
+        marked_noise = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        for i in range(3):
+            train(marked_noise, i)
+
+        def with_marks_noise(every: int):
+            def run_blocks():
+                gm = GradMarks(cuda, noise=True)
+                gm.attach(marked_noise)
+                mon = StepMonitor("noise-marks-overhead", tokens_per_sample=args.seq_len, model=marked_noise,
+                                  warmup=0, count_flops=False, profile=False, ceiling=False, store=False,
+                                  print=False, noise_scale=True, noise_every=every)
+                mon._sync = gm  # on one rank the monitor attaches nothing itself
+
+                def run():
+                    for i in range(args.block):
+                        if i == 1:
+                            for pool in (mon._pool, mon._other):
+                                if pool is not None:
+                                    pool.sync_read = gm.read
+                        with mon.step(samples=args.batch_size), mon.compute():
+                            train(marked_noise, i)
+                t = timed(run)
+                mon.finish()
+                for h in gm._handles:
+                    h.remove()
+                marks_noise.append(gm.noise)
+                return t
+            return run_blocks
+
+        marks_noise: list = []
+        for every in (8, 1):
+            blocks(f"noise_scale=True, noise_every={every} (the monitor's default: GradMarks' norms, DDP untouched)",
+                   plain, with_marks_noise(every))
+        got = [n for n in marks_noise if n.steps_total]
+        if got:
+            print(f"GradMarks' noise norms: {sum(n.steps_total for n in got)} norm steps, host time in its code "
+                  f"{1e6 * sum(n.host_s for n in got) / sum(n.steps_total for n in got):.0f} us per norm step; "
+                  f"{sum(len(n.windows()) for n in got)} windows read back", flush=True)
         if args.marks_only:
             dist.destroy_process_group()
             return

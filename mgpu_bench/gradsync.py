@@ -22,7 +22,10 @@ read on the hot path: the owner reads a step's slot when its events are long don
 With a Noise attached (noise_scale.py), the hook also takes each bucket's squared norm before the
 all-reduce (this rank's gradient) and after it (the whole batch's), on the device, summed per step
 into per-window sums that are copied to the host at window edges (no synchronisation): the gradient
-noise scale's two figures.
+noise scale's two figures. GradMarks takes the same two figures without a communication hook: in
+the steps that take them only, a post-accumulate-grad hook on every parameter (this rank's
+gradient, before DDP's own hook copies it into its bucket) and one multi-tensor norm of the
+all-reduced gradients after DDP's end of backward.
 """
 
 from __future__ import annotations
@@ -68,11 +71,24 @@ class Noise:
         self.steps_total = 0  # steps whose norms were taken
         self.seen = 0  # steps that ended (end_step), those without norms included
         self.active = True  # take the norms in this step (StepMonitor's noise_every picks 1 step in k)
+        self.error: str | None = None  # why the norms stopped, if they failed
         self._main = torch.cuda.current_stream() if cuda else None
 
     def local(self, tensor) -> None:
         t0 = time.perf_counter()
         self._local.append(self._torch.linalg.vector_norm(tensor, dtype=self._torch.float32))
+        self.host_s += time.perf_counter() - t0
+
+    def reduced_all(self, tensors: list) -> None:
+        """The all-reduced gradients' norms at once (one multi-tensor kernel), in the order of the
+        local ones: this backward's, replacing an earlier backward's of the same step."""
+        t0 = time.perf_counter()
+        torch = self._torch
+        self._global = list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
+        if self.cuda and torch.cuda.current_stream() != self._main:  # made on the backward's stream, read on the step's
+            self._main.wait_stream(torch.cuda.current_stream())
+            for norm in self._global:
+                norm.record_stream(self._main)
         self.host_s += time.perf_counter() - t0
 
     def reduced(self, tensor) -> None:
@@ -86,7 +102,7 @@ class Noise:
     def end_step(self, samples: int) -> None:
         """The step's sums into the window's (its buckets' norms squared and added)."""
         self.seen += 1
-        if not self._local or len(self._global) != len(self._local):
+        if self.error or not self._local or len(self._global) != len(self._local):
             self._local.clear()
             self._global.clear()
             return
@@ -184,6 +200,12 @@ class GradSync:
 
         self._all_reduce = dist.all_reduce
 
+    def arm(self) -> None:
+        """(The hook takes the norms of a step whose Noise is active: nothing to add.)"""
+
+    def disarm(self) -> None:
+        """(Nothing to remove.)"""
+
     @staticmethod
     def usable(model: Any) -> tuple[Any, str | None]:
         """(the DDP module to hook, None) or (None, why not): a DistributedDataParallel model (under
@@ -239,14 +261,20 @@ class GradMarks:
     are those of its last backward (the one that all-reduces, under gradient accumulation).
     Attached where no communication hook is asked for: DDP's all-reduce stays its own C++ path.
     On one H200 the hook path cost 2.4% of a 350m DDP step (57 buckets); these marks cost three
-    Python calls a step."""
+    Python calls a step. With noise=True, the noise scale's norms in the steps whose Noise is
+    active (arm() before its compute, disarm() after)."""
 
     FIRST = 3  # parameters from the end whose gradients mark the first bucket
-    noise = None  # (the noise scale needs the communication hook: GradSync)
 
-    def __init__(self, cuda: bool) -> None:
+    def __init__(self, cuda: bool, noise: bool = False) -> None:
         self.cuda = cuda
         self.slot: Slot | None = None
+        self.noise = Noise(cuda) if noise else None
+        self._params: list = []
+        self._norm_hooks: list = []  # the noise scale's, in a step that takes its norms
+        self._fired: list = []  # the parameters whose local norms this backward took
+        self._fresh = True  # the next local norm is the first of a backward
+        self.nbytes = 0  # the gradient bytes the last norms covered
         self._handles: list = []
         self._event = None
         if cuda:
@@ -264,6 +292,7 @@ class GradMarks:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params or not hasattr(params[0], "register_post_accumulate_grad_hook"):
             return False
+        self._params = params
         for p in params[-self.FIRST:]:
             self._handles.append(p.register_post_accumulate_grad_hook(self._first))
         self._handles.append(params[0].register_post_accumulate_grad_hook(self._last))
@@ -321,6 +350,55 @@ class GradMarks:
         if slot is not None and slot.k == 2:
             self._mark(slot, 2)
             slot.k = 3
+        if self._fired:  # the noise scale's step: the all-reduced gradients, DDP's wait behind them
+            try:
+                self.noise.reduced_all([p.grad for p in self._fired])
+            except Exception as exc:  # noqa: BLE001 - the noise scale is lost, never the training
+                self._fail(exc)
+            self._fresh = True
+
+    # -- the noise scale's norms, in the steps that take them (Noise.active) --------------------------
+
+    def arm(self) -> None:
+        """A step that takes the noise scale's norms: a post-accumulate-grad hook on every
+        parameter for this step alone (its other steps pay nothing)."""
+        noise = self.noise
+        if noise is None or not noise.active or self._norm_hooks or noise.error:
+            return
+        self._fired, self._fresh = [], True
+        self._norm_hooks = [p.register_post_accumulate_grad_hook(self._local) for p in self._params]
+
+    def disarm(self) -> None:
+        """The step ended: its hooks go."""
+        for h in self._norm_hooks:
+            h.remove()
+        self._norm_hooks = []
+        self._fired = []
+
+    def _local(self, param) -> None:
+        """This rank's gradient, accumulated over the step's micro-batches, before DDP's hook (run
+        after this one, as the parameter's accumulator's own) puts it in its bucket."""
+        if self.noise.error:
+            return
+        try:
+            if self._fresh:  # a backward's first: an earlier backward's (a micro-batch's under no_sync) go
+                self._fresh = False
+                self._fired = []
+                self.noise._local.clear()
+                self.nbytes = 0
+            grad = param.grad
+            self.noise.local(grad)
+            self._fired.append(param)
+            self.nbytes += grad.numel() * grad.element_size()
+        except Exception as exc:  # noqa: BLE001 - the noise scale is lost, never the training
+            self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        """The norms failed: no more are taken (the run says why; the training goes on)."""
+        self.noise.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        self._fired = []
+        self.noise._local.clear()
+        self.noise._global.clear()
 
 
 def read_marks(slot: Slot, start, between) -> dict | None:

@@ -103,6 +103,21 @@ def test_timed_counts_fit_the_budget_with_at_least_the_minimum():
     assert cs.timed_counts(0.5, T, budget_s=None)[0] == T.min_iters  # on GPUs: no budget
 
 
+def test_a_busy_hosts_estimate_is_slowed_by_the_share_of_the_cpus_its_ranks_get():
+    assert cs.slowdown_factor(0, 2, 2) == 1.0  # alone: the guess
+    assert cs.slowdown_factor(1, 1, 2) == 1.0  # a spare CPU for the other process
+    assert cs.slowdown_factor(1, 2, 2) == pytest.approx(1.5)  # 3 tasks on 2 CPUs
+    assert cs.slowdown_factor(9, 2, 2) == pytest.approx(5.5)  # 8 busy processes and a test beside 2 ranks
+    assert cs.slowdown_factor(0, 4, 2) == 1.0  # 4 ranks on 2 CPUs are the guess's own business: 2x either way
+    assert cs.slowdown_factor(4, 4, 2) == pytest.approx(2.0)
+    factor, others, cpus = cs.host_slowdown(2)
+    assert cs.host_slowdown(2) == (factor, others, cpus)  # read once: the estimate and the allotments agree
+    assert factor == cs.slowdown_factor(others, 2, cpus) and cpus >= 1
+    _, one = cs.guess_seconds(64 * MiB, T)
+    _, slow = cs.guess_seconds(64 * MiB, T, 3.0)
+    assert slow == pytest.approx(3 * one)  # the least work: every part of it three times as long
+
+
 def _comm(args: list[str], tmp_path) -> tuple[subprocess.CompletedProcess, float, int, dict]:
     """`mgpu-bench comm ARGS`: (the process, its wall seconds, the estimate it printed first in
     seconds, its result document)."""

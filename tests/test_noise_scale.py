@@ -115,6 +115,51 @@ def test_off_by_default_and_misuse_is_said_once_and_the_training_goes_on(tmp_pat
             assert "2+ DDP ranks" in said[0]
 
 
+def _marks_step(gm, model, micro: int = 1) -> None:
+    """One step as StepMonitor drives GradMarks: a slot, the norms' hooks armed, `micro` backwards
+    (gradient accumulation), the step's sums, the hooks gone."""
+    gm.slot = gm.slots(1)[0]
+    gm.noise.active = True
+    gm.arm()
+    for _ in range(micro):
+        model(torch.randn(8, 4)).square().mean().backward()
+    gm.noise.end_step(8 * micro)
+    gm.disarm()
+    gm.slot = None
+
+
+def test_the_norms_without_a_communication_hook_are_taken_per_parameter_in_the_steps_that_take_them():
+    """GradMarks' norms (the monitor's default for noise_scale=True): a post-accumulate-grad hook per
+    parameter in an armed step, the multi-tensor norm after the backward. With no DDP between them
+    the two are the same gradient; with accumulation, the step's accumulated one; unarmed steps
+    leave no hook behind; a failing norm stops the norms, never the backward."""
+    from mgpu_bench.gradsync import GradMarks
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+    gm = GradMarks(False, noise=True)
+    assert gm.attach(model)
+    _marks_step(gm, model)
+    local, big = gm.noise._acc.tolist()
+    want = sum(float(p.grad.square().sum()) for p in model.parameters())
+    assert local == pytest.approx(want, rel=1e-5) and big == pytest.approx(want, rel=1e-5)
+    assert gm.nbytes == sum(p.numel() * 4 for p in model.parameters()) and not gm._norm_hooks
+    model.zero_grad()
+    _marks_step(gm, model, micro=3)  # three micro-batches: the norms of the gradient they accumulated
+    want += sum(float(p.grad.square().sum()) for p in model.parameters())
+    assert gm.noise._acc.tolist() == pytest.approx([want, want], rel=1e-5) and gm.noise.steps_total == 2
+    model.zero_grad()
+    model(torch.randn(8, 4)).sum().backward()  # a step that takes no norms: no hook of the noise scale fires
+    assert not gm._fired and gm.noise.steps_total == 2
+
+    def broken(_tensor):
+        raise RuntimeError("no norm today")
+
+    gm.noise.local = broken
+    _marks_step(gm, model)  # the backward completes
+    assert gm.noise.error == "RuntimeError: no norm today" and gm.noise.steps_total == 2
+    assert all(p.grad is not None for p in model.parameters())
+
+
 def test_the_rule_in_words():
     assert noise_scale.fewer_steps(batch=512, noise=1280) == pytest.approx((1 + 2.5) / (1 + 1.25))
     near = {"b_simple": 1280.0, "stderr": 90.0, "b_big": 512.0, "steps": 100, "windows": 4}

@@ -216,10 +216,10 @@ def test_one_rank_in_process_complete_and_stopped_after_its_first_phase(tmp_path
         while not done.is_set() and time.monotonic() < deadline:
             for f in tmp_path.glob("mgpu-bench-overlap-*/rank0.json"):
                 try:
-                    if "comm_alone" in json.loads(f.read_text())["phases"]:
+                    if "comm_alone" in (json.loads(f.read_text()).get("phases") or {}):
                         _thread.interrupt_main()
                         return
-                except (OSError, ValueError):
+                except (OSError, ValueError, AttributeError):  # not there yet, half written, an early form
                     pass
             time.sleep(0.01)
 

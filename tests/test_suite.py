@@ -109,8 +109,8 @@ def test_a_baseline_that_was_faster_makes_the_suite_exit_1(tmp_path):
         h.set_baseline(base)
     # A drop of 90% is within the noise where a run's own noise passes 30% (compare's threshold: 3 x
     # the larger noise; a loaded 2-core host can spread CPU steps so): such a verdict, the noise's and
-    # not the gate's, gets one more run, as the fleet and Slurm tests rerun a pass the noise decided.
-    for attempt in range(2):
+    # not the gate's, gets another run, as the fleet and Slurm tests rerun a pass the noise decided.
+    for attempt in range(3):
         second = _suite(tmp_path, "--rounds", "1", "--report", f"b{attempt}")
         if second.returncode != 0 or not _noise_decided(base):
             break
@@ -119,13 +119,14 @@ def test_a_baseline_that_was_faster_makes_the_suite_exit_1(tmp_path):
 
 
 def _noise_decided(base: str) -> bool:
-    """Whether the latest suite run's model figures were all judged within the noise against `base`."""
+    """Whether the latest suite run's model figures were all judged by the noise against `base`:
+    within it, or too close to it to call ("cannot tell": a busy host's floor)."""
     from mgpu_bench.history import compare_runs
 
     with History.open() as h:
         latest = h.list(kind="suite")[0].run_id
         changes = [c for c in compare_runs(h, base, latest, 0.05).changes if c.name.startswith("model.")]
-    return bool(changes) and all(c.status == "within noise" for c in changes)
+    return bool(changes) and all(c.status in ("within noise", "cannot tell") for c in changes)
 
 
 def _started_probe(proc, deadline_s: float) -> None:

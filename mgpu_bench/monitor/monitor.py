@@ -167,14 +167,18 @@ class StepMonitor(Ending):
         DDP `model` on 2+ ranks, three marks a step from hooks on its own tensors (GradMarks: DDP's
         all-reduce untouched); True: the all-reduce run through torch's default communication hook
         with marks (GradSync), which also gives its time and bus bandwidth, at a cost (on one H200,
-        2.4% of a 350m DDP step with DDP's 25 MB buckets); False: neither.
+        2.4% of a 350m DDP step with DDP's 25 MB buckets); False: neither (but for the noise
+        scale's hooks, with noise_scale=True).
     noise_scale: estimate the gradient noise scale B_simple from each rank's gradient and the
-        all-reduced one in that hook (mgpu_bench.noise_scale: McCandlish et al. 2018, appendix A),
-        per window, and what more GPUs buy against it; its cost is measured and said. Off by
-        default; needs a DDP model on 2+ ranks (said once otherwise, the training goes on).
+        all-reduced one (mgpu_bench.noise_scale: McCandlish et al. 2018, appendix A), per window,
+        and what more GPUs buy against it; its cost is measured and said. The norms: in the steps
+        that take them, a post-accumulate-grad hook on every parameter (this rank's gradient,
+        before DDP's all-reduce) and one multi-tensor norm after DDP's end of backward; no
+        collective of its own, DDP's all-reduce untouched (in the communication hook instead with
+        comm_hook=True). Off by default; needs a DDP model on 2+ ranks (said once otherwise, the
+        training goes on).
     noise_every: the noise scale's norms are taken in one timed step in this many (its cost
-        shrinks with it: on one H200 the 350m step's norms cost 3% of the steps that take them;
-        the estimate averages over the steps that do, so it stays unbiased).
+        shrinks with it; the estimate averages over the steps that do, so it stays unbiased).
     store, db, prometheus: keep the run in the history database (the default one unless `db`);
         also write a Prometheus textfile.
     json, report: also write the result document / the model report folder.
@@ -215,9 +219,6 @@ class StepMonitor(Ending):
         self.comm_hook = comm_hook
         if noise_scale not in (True, False):
             raise MonitorError(f"StepMonitor(noise_scale={noise_scale!r}): give True or False")
-        if noise_scale and comm_hook is False:
-            raise MonitorError("StepMonitor(noise_scale=True, comm_hook=False): the noise scale is taken in the "
-                               "communication hook; drop comm_hook=False")
         self.noise_scale = noise_scale
         self.noise_every = _positive_int(noise_every, "noise_every", 1, 100_000)
         from mgpu_bench import hardware
@@ -453,6 +454,7 @@ class StepMonitor(Ending):
                         self._sync.slot = pool.sync_slot()
                         if self._sync.noise is not None:
                             self._sync.noise.active = self._seen % self.noise_every == 0
+                            self._sync.arm()
             if self._count_pending and self._profiling is None:
                 self._count_pending = False
                 self._discard = True  # a counted step runs slower: never timed
@@ -474,6 +476,7 @@ class StepMonitor(Ending):
             if self._sync is not None:
                 if self._sync.noise is not None and self._sync.slot is not None:
                     self._sync.noise.end_step(self._samples)
+                    self._sync.disarm()
                 self._sync.slot = None
             if self._counter is not None:
                 counter, self._counter = self._counter, None
@@ -573,11 +576,11 @@ class StepMonitor(Ending):
     def _attach_sync(self, cuda: bool) -> None:
         """When each rank reaches the gradient all-reduce and the communication the backward could
         not hide: by default three marks a step from hooks on the model's own tensors (GradMarks:
-        DDP's all-reduce stays its C++ path); with comm_hook=True or noise_scale=True the
-        all-reduce runs through the communication hook with marks (GradSync: its bandwidth too,
-        and the noise scale's norms)."""
+        DDP's all-reduce stays its C++ path, and noise_scale=True adds the norms' hooks in the
+        steps that take them); with comm_hook=True the all-reduce runs through the communication
+        hook with marks (GradSync: its bandwidth too, and there the noise scale's norms)."""
         wanted = self.comm_hook or self.noise_scale
-        if self.comm_hook is False or self.world < 2:
+        if (self.comm_hook is False and not self.noise_scale) or self.world < 2:
             if wanted and self.world < 2:
                 self._notes.append(f"{'noise_scale' if self.noise_scale else 'comm_hook'}=True: one rank, no "
                                    "gradient all-reduce (the noise scale needs two batch sizes: 2+ DDP ranks)")
@@ -591,12 +594,15 @@ class StepMonitor(Ending):
                 self._notes.append(f"{'noise_scale' if self.noise_scale else 'comm_hook'}=True: {what}: {why} "
                                    "(give model=, the DDP model)")
             return
-        if wanted:
+        if self.comm_hook:
             sync = GradSync(cuda, noise=self.noise_scale)
             sync.attach(ddp)
         else:
-            sync = GradMarks(cuda)
+            sync = GradMarks(cuda, noise=self.noise_scale)
             if not sync.attach(ddp):
+                if self.noise_scale:
+                    self._notes.append("noise_scale=True: the noise scale not estimated: the model has no parameter "
+                                       "with gradients, or this torch lacks post-accumulate-grad hooks")
                 return
         self._sync = sync
         for pool in (self._pool, self._other):

@@ -36,9 +36,13 @@ def record(mon) -> dict:
                            "matmul_ceiling": None, "totals": dict(mon.totals), "stall_events": list(mon._stall_events),
                            "stall_sums": mon.stall_sums, "noise": None}
     noise = mon._sync.noise if mon._sync is not None else None
-    if noise is not None:
+    if noise is not None and noise.error:
+        rec["notes"].append(f"noise_scale=True: its gradient norms failed ({noise.error}): the noise scale not "
+                            "estimated (the training went on)")
+    elif noise is not None:
         try:
             nbytes = max((s.nbytes for pool in (mon._pool, mon._other) for s in (pool.sync or [])), default=0)
+            nbytes = nbytes or getattr(mon._sync, "nbytes", 0)  # GradMarks: the bytes its norms covered
             rec["noise"] = noise.figures(nbytes, mon.device)
         except Exception as exc:  # noqa: BLE001 - the noise scale is lost, the run is not
             rec["notes"].append(f"the noise scale's figures could not be read ({type(exc).__name__})")

@@ -8,7 +8,8 @@ says the revisions):
 
 - Every request gets an allotment, guessed from its size (the GUESS_* rates): its fixed part
   (buffers, the data pattern written and checked), its warm-up, its timed iterations and the
-  check. The first estimate is their sum plus the processes' start-up.
+  check. The first estimate is their sum plus the processes' start-up, slowed by what else the
+  host runs when it is made (host_slowdown: a busy host's ranks get a share of its CPUs).
 - A size's timed iterations, burst and samples together, fit in TIMED_S (or twice --min-time
   when that is longer), with at least MIN_ITERS in each pass.
 - Before a size, its least work (fixed part, 2 warm-up iterations, MIN_ITERS twice, the check)
@@ -65,6 +66,60 @@ GUESS_CHECK_RATE = 0.2e9  # bytes/s of the size: the pattern written and the res
 GUESS_FIXED_S = 0.3  # 16 requests of 1-64 KiB: 7.6 s of sweep, about 3 s of it the processes' set-up
 GUESS_STARTUP_S = 5.0  # Python, torch and the processes' start-up and rendezvous
 
+# The guess is an idle host's. Beside other running processes the ranks get a share of the CPUs:
+# the first estimate is slowed by what the host runs when it is made (see host_slowdown), read from
+# /proc/loadavg's count of runnable tasks (proc(5)), sampled SLOWDOWN_SAMPLES times over about
+# 0.1 s (a single reading catches a moment). Under SLOWDOWN_SAY the estimate says nothing of it.
+SLOWDOWN_SAMPLES = 9
+SLOWDOWN_SAY = 1.2
+_slowdown: dict[int, tuple[float, int, int]] = {}
+
+
+def host_slowdown(nranks: int) -> tuple[float, int, int]:
+    """(factor, other processes running, CPUs): how many times slower than on an idle host
+    `nranks` CPU ranks run beside the processes running now, each runnable task taking an equal
+    share of the CPUs this process may use: max(1, (others + nranks) / cpus) / max(1, nranks / cpus).
+    Read once per process, so that the estimate said and the allotments the sweep keeps to agree;
+    (1.0, 0, cpus) where /proc/loadavg cannot be read."""
+    if nranks in _slowdown:
+        return _slowdown[nranks]
+    import os
+    import statistics
+    import time
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    seen = []
+    try:
+        for i in range(SLOWDOWN_SAMPLES):
+            if i:
+                time.sleep(0.012)
+            with open("/proc/loadavg") as f:  # "0.52 0.58 0.59 3/913 12345": runnable / all tasks
+                seen.append(int(f.read().split()[3].split("/")[0]) - 1)  # less this process, running to read it
+    except (OSError, ValueError, IndexError):
+        seen = []
+    others = max(0, round(statistics.median(seen))) if seen else 0
+    _slowdown[nranks] = (slowdown_factor(others, nranks, cpus), others, cpus)
+    return _slowdown[nranks]
+
+
+def slowdown_factor(others: int, nranks: int, cpus: int) -> float:
+    """How many times slower `nranks` ranks run beside `others` running processes than alone, each
+    runnable task taking an equal share of `cpus` CPUs."""
+    return max(1.0, (others + nranks) / cpus) / max(1.0, nranks / cpus)
+
+
+def slowdown_text(nranks: int) -> str:
+    """', slowed 5.5x by the 9 other processes running on 2 CPUs' where the host is busy, else ''."""
+    factor, others, cpus = host_slowdown(nranks)
+    if factor < SLOWDOWN_SAY:
+        return ""
+    return f", {factor:.1f}x slower for the {others} other process(es) running on {cpus} CPU(s)"
+
+
+def startup_seconds(nranks: int) -> float:
+    """The processes' start-up as the first estimate counts it, on this host now."""
+    return GUESS_STARTUP_S * host_slowdown(nranks)[0]
+
 
 def timed_cap(timing: TimingOptions) -> float:
     """Seconds a size's timed iterations (burst and samples) may take on CPU processes."""
@@ -103,10 +158,11 @@ def least_work(seconds_per_iter: float, fixed_s: float, timing: TimingOptions) -
     return fixed_s + (2 + 2 * timed + (1 if timing.check else 0)) * seconds_per_iter
 
 
-def guess_seconds(nbytes: int, timing: TimingOptions) -> tuple[float, float]:
-    """(the guessed seconds of one request of `nbytes`, its guessed least work)."""
-    t = GUESS_LATENCY_S + nbytes / GUESS_RATE
-    fixed = GUESS_FIXED_S + (nbytes / GUESS_CHECK_RATE if timing.check else 0.0)
+def guess_seconds(nbytes: int, timing: TimingOptions, slowdown: float = 1.0) -> tuple[float, float]:
+    """(the guessed seconds of one request of `nbytes`, its guessed least work), on a host
+    `slowdown` times slower than an idle one."""
+    t = (GUESS_LATENCY_S + nbytes / GUESS_RATE) * slowdown
+    fixed = (GUESS_FIXED_S + (nbytes / GUESS_CHECK_RATE if timing.check else 0.0)) * slowdown
     budget = timed_cap(timing)
     warm = warmup_count(timing, t, budget)
     iters, batch, nsamples = timed_counts(t, timing, budget)
@@ -114,13 +170,13 @@ def guess_seconds(nbytes: int, timing: TimingOptions) -> tuple[float, float]:
     return fixed + calls * t, least_work(t, fixed, timing)
 
 
-def allotments(nbytes: list[int], timing: TimingOptions, timeout_s: float) -> list[float]:
-    """Each request's share of the first estimate: its guessed seconds, or 0 where even its
-    guessed least work would pass half of --timeout (the estimate expects it left out; it runs
-    only if the sizes before it leave it room)."""
+def allotments(nbytes: list[int], timing: TimingOptions, timeout_s: float, slowdown: float = 1.0) -> list[float]:
+    """Each request's share of the first estimate: its guessed seconds (on a host `slowdown`
+    times slower than an idle one), or 0 where even its guessed least work would pass half of
+    --timeout (the estimate expects it left out; it runs only if the sizes before it leave it room)."""
     out = []
     for n in nbytes:
-        seconds, least = guess_seconds(n, timing)
+        seconds, least = guess_seconds(n, timing, slowdown)
         out.append(seconds if least <= SKIP_SHARE * timeout_s else 0.0)
     return out
 

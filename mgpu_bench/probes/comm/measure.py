@@ -141,7 +141,7 @@ def _run_torch(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progres
 
     device = "cuda" if run.backend == "torch-nccl" else "cpu"
     allot = cpu_allotments(run.requests, run.nranks, cfg.timing, cfg.timeout_s) if device == "cpu" else None
-    revision = _Revision(allot) if allot is not None else None
+    revision = _Revision(allot, run.nranks) if allot is not None else None
 
     def advance(i: int) -> None:
         note = revision.after(i) if revision is not None else None
@@ -173,11 +173,11 @@ class _Revision:
     progress note when it moves by more than a fifth (and 5 s) from the figure last said, and
     once when the rate is well below the guess, that sizes will be left out."""
 
-    def __init__(self, allot: list[float]) -> None:
-        from .cpu_sizing import GUESS_STARTUP_S
+    def __init__(self, allot: list[float], nranks: int) -> None:
+        from .cpu_sizing import startup_seconds
 
         self.allot = allot
-        self.said = GUESS_STARTUP_S + sum(allot)  # the first estimate
+        self.said = startup_seconds(nranks) + sum(allot)  # the first estimate
         self.started: float | None = None
         self.startup = 0.0
         self.slow_said = False

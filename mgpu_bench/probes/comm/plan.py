@@ -190,13 +190,13 @@ def _cpu_estimate(cfg: CommConfig, shape: str) -> str | None:
     except InputError:
         return None  # the run says what is wrong
     nbytes = [op_counts(r.op, r.size, r.dtype, nranks)["bytes"] for r in requests]
-    allot = cpu_sizing.allotments(nbytes, cfg.timing, cfg.timeout_s)
-    total = cpu_sizing.GUESS_STARTUP_S + sum(allot)
+    allot = cpu_sizing.allotments(nbytes, cfg.timing, cfg.timeout_s, cpu_sizing.host_slowdown(nranks)[0])
+    total = cpu_sizing.startup_seconds(nranks) + sum(allot)
     out = sorted({r.size for r, a in zip(requests, allot, strict=True) if a == 0})
     left = (f"; at that rate {', '.join(format_bytes(s) for s in out)} would pass half of --timeout and "
             "run only if the sizes before leave room" if out else "")
     return (f"{cpu_sizing.format_seconds(total)} for {shape} (a guess at {cpu_sizing.GUESS_RATE / 1e9:g} GB/s on CPU "
-            f"processes; the sweep keeps within it, leaving out sizes the measured rate cannot fit{left})")
+            f"processes{cpu_sizing.slowdown_text(nranks)}; the sweep keeps within it, leaving out sizes the measured rate cannot fit{left})")
 
 
 def plan(cfg: CommConfig, nranks: int) -> tuple[list[CommRequest], list[str]]:

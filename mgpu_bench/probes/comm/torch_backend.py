@@ -557,9 +557,9 @@ def _plan(req: CommRequest, nproc: int, device: str) -> dict:
 
 def cpu_allotments(requests: list[CommRequest], nproc: int, timing: TimingOptions, timeout_s: float) -> list[float]:
     """Each request's share of the first estimate on CPU processes (cpu_sizing.allotments), at
-    the bytes the op's rounding gives."""
+    the bytes the op's rounding gives, on this host as busy as it is (cpu_sizing.host_slowdown)."""
     return cpu_sizing.allotments([op_counts(r.op, r.size, r.dtype, nproc)["bytes"] for r in requests], timing,
-                                 timeout_s)
+                                 timeout_s, cpu_sizing.host_slowdown(nproc)[0])
 
 
 def _stop(procs: list, graceful: bool) -> None:
