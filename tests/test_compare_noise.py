@@ -17,7 +17,7 @@ import pytest
 from mgpu_bench.history.compare import NOISE_K, compare
 from mgpu_bench.metrics import Metric
 
-pytestmark = pytest.mark.timing  # judges measured speed: CI runs these alone (.ci/run)
+pytestmark = pytest.mark.timing  # judges measured speed (against what the same run measured)
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timing  # judges measured speed: CI runs it alone (.ci/run)
+pytestmark = pytest.mark.timing  # judges measured speed (against what the same run measured)
 
 torch = pytest.importorskip("torch")
 

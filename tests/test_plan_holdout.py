@@ -19,7 +19,7 @@ import pytest
 
 from mgpu_bench.history.compare import BUSY_LOAD
 
-pytestmark = pytest.mark.timing  # judges measured speed: CI runs it alone (.ci/run)
+pytestmark = pytest.mark.timing  # judges measured speed (against what the same run measured)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "plan_holdout.py"
 

@@ -85,7 +85,7 @@ def _fleet_with_node3_slowed(c, tmp_path, attempt: int) -> tuple[int, str, float
     return job.returncode, said, time.monotonic() - t0, json.loads(out.read_text()), drain.read_text()
 
 
-@pytest.mark.timing  # judges measured speed: CI runs it alone (.ci/run)
+@pytest.mark.timing  # judges measured speed (against what the same run measured)
 def test_srun_fleet_drain_drains_exactly_the_slowed_node_and_a_job_excluding_it_avoids_it(idle, tmp_path):
     """node3 (and only it) is drained with mgpu-bench's reason; the exclude file names it, and a job
     submitted with --exclude from it runs on the three others. Four emulated nodes share two cores
@@ -139,7 +139,7 @@ def _check_script(c, node_db: str, out: str, log: str, *args: str) -> str:
             f"exec {' '.join(CLI)} check {' '.join(args)} --db {node_db} --json {out} > {log} 2>&1\n")
 
 
-@pytest.mark.timing  # judges measured speed: CI runs it alone (.ci/run)
+@pytest.mark.timing  # judges measured speed (against what the same run measured)
 def test_check_as_health_check_program_drains_a_node_below_its_baseline_and_resume_brings_it_back(idle, tmp_path):
     """node2 gets a baseline from a check run as it; then slurmd's HealthCheckProgram runs `check
     --drain` on node2 while its CPU ranks are stopped 3/4 of the time once they run: node2 is

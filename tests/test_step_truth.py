@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.timing  # judges measured speed: CI runs these alone (.ci/run)
+pytestmark = pytest.mark.timing  # judges measured speed (against what the same run measured)
 
 torch = pytest.importorskip("torch")
 
