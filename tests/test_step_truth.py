@@ -81,7 +81,8 @@ def test_periodic_stalls_the_headline_is_the_wall_clock_and_the_stall_is_named(w
     assert d["measured_steps"] == STEPS - WARMUP
     assert d["steady_samples_per_s"] > 1.3 * d["samples_per_s"]  # the median step hides the pauses
     s = run["stalls"]
-    assert s["period"] == EVERY and s["on_period"] == (STEPS - WARMUP) // EVERY
+    # every pause on the period (one may be missed beside a busy neighbour: a step of its own slowed as much)
+    assert s["period"] == EVERY and (STEPS - WARMUP) // EVERY - 1 <= s["on_period"] <= (STEPS - WARMUP) // EVERY
     assert s["period_excess_s"] == pytest.approx(pause, rel=0.25)
     assert s["main"] == place
     elapsed = d["elapsed_s"]
@@ -116,7 +117,7 @@ def test_a_healthy_loop_has_no_false_finding():
     own_gap = 1 - statistics.median(steps) / statistics.fmean(steps)  # the loop's own wall clock against its median
     text = " ".join(doc["findings"])
     assert "straggler:" not in text
-    if own_gap < 0.02:  # the loop's own clock sees no gap: nor may the monitor (its finding starts at 5%)
+    if abs(own_gap) < 0.02:  # the loop's own clock sees no gap: nor may the monitor (its finding starts at 5%)
         assert "below the steady-state rate" not in text and "stall-bound" not in text
         assert d["stall_share"] < 0.05
         assert any(f.startswith("1 process(es): compute-bound") for f in doc["findings"]), doc["findings"]
