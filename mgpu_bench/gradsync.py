@@ -271,6 +271,7 @@ class GradMarks:
         self.slot: Slot | None = None
         self.noise = Noise(cuda) if noise else None
         self._params: list = []
+        self._model = None  # the DDP module: its require_backward_grad_sync says whether a backward reduces
         self._norm_hooks: list = []  # the noise scale's, in a step that takes its norms
         self._fired: list = []  # the parameters whose local norms this backward took
         self._fresh = True  # the next local norm is the first of a backward
@@ -292,7 +293,7 @@ class GradMarks:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params or not hasattr(params[0], "register_post_accumulate_grad_hook"):
             return False
-        self._params = params
+        self._params, self._model = params, model
         for p in params[-self.FIRST:]:
             self._handles.append(p.register_post_accumulate_grad_hook(self._first))
         self._handles.append(params[0].register_post_accumulate_grad_hook(self._last))
@@ -351,10 +352,13 @@ class GradMarks:
             self._mark(slot, 2)
             slot.k = 3
         if self._fired:  # the noise scale's step: the all-reduced gradients, DDP's wait behind them
-            try:
-                self.noise.reduced_all([p.grad for p in self._fired])
-            except Exception as exc:  # noqa: BLE001 - the noise scale is lost, never the training
-                self._fail(exc)
+            if getattr(self._model, "require_backward_grad_sync", True):
+                try:
+                    self.noise.reduced_all([p.grad for p in self._fired])
+                except Exception as exc:  # noqa: BLE001 - the noise scale is lost, never the training
+                    self._fail(exc)
+            else:  # a backward under no_sync(): nothing reduced, no whole-batch gradient to take
+                self.noise._global.clear()
             self._fresh = True
 
     # -- the noise scale's norms, in the steps that take them (Noise.active) --------------------------

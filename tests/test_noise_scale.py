@@ -150,6 +150,10 @@ def test_the_norms_without_a_communication_hook_are_taken_per_parameter_in_the_s
     model.zero_grad()
     model(torch.randn(8, 4)).sum().backward()  # a step that takes no norms: no hook of the noise scale fires
     assert not gm._fired and gm.noise.steps_total == 2
+    model.require_backward_grad_sync = False  # as DDP under no_sync(): a backward that reduces nothing
+    _marks_step(gm, model)
+    assert gm.noise.steps_total == 2 and gm.noise.seen == 3  # no whole-batch gradient: the step gives no sums
+    del model.require_backward_grad_sync
 
     def broken(_tensor):
         raise RuntimeError("no norm today")
