@@ -6,6 +6,7 @@
 # (two GPUs: prepared for a session that is lent the two-GPU kind; not run yet).
 # Session 15 (one GPU, issues 23-29): smoke pytestgpu work26 check27 monitor28 plan29; then bert26 pytestnew.
 # Session 16 (one GPU, issues 32-36): build16 truth32 bert32 old32 vision32; then build16 smoke; then noise32 pytestgpu.
+# Session 17 had no device time; waiting for the next: build16 noise32 (issue 36: GradMarks' norms, ABBA), then build16 smoke.
 set -u
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the tree this script runs in (build16 copies its native module beside it)
@@ -56,7 +57,7 @@ truth32() {  # issues 32 and 36: the monitor's headline against the loop's wall 
 }
 
 noise32() {  # issues 32 and 36: the hook alone and the noise scale at noise_every 1 and 8 against plain DDP, ABBA
-  run step-noise 200 $PY benchmarks/step_truth.py noise --reps 5
+  run step-noise 300 $PY benchmarks/step_truth.py noise --reps 5
 }
 
 bert32() {  # issue 32: model hf:bert-large against a plain loop over one fixed batch, A B B A
