@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import scaled
 
 from mgpu_bench.cli import cli
 from mgpu_bench.probes.overlap import PROBE, parse_shape
@@ -226,7 +227,10 @@ def test_one_rank_in_process_complete_and_stopped_after_its_first_phase(tmp_path
     watcher = threading.Thread(target=stop_after_first_phase, daemon=True)
     watcher.start()
     try:
-        long = run_overlap(ov.OverlapConfig(size=1 << 20, m=128, n=128, k=128, duration_s=1.0, device="cpu"), 1, ())
+        # phases of a second on an idle host, as much longer as the host is slower now: beside 8 busy
+        # processes the watcher (a thread polling every 10 ms) once saw the first phase only after the last
+        long = run_overlap(ov.OverlapConfig(size=1 << 20, m=128, n=128, k=128, duration_s=max(1.0, scaled(1.0)),
+                                            device="cpu"), 1, ())
     finally:
         done.set()
     assert long.stopped == "interrupted", long.stop_message
