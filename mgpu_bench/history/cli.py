@@ -18,6 +18,7 @@ import click
 from mgpu_bench.errors import InputError
 from mgpu_bench.numbers import AsciiIntRange, ascii_float, foreign_digit
 from mgpu_bench.output.console import safe_text
+from mgpu_bench.output.tables import format_value
 from mgpu_bench.paths import check_distinct, check_writable
 
 EXIT_REGRESSION = 1
@@ -78,44 +79,6 @@ def _notes(h) -> None:
 
 
 # -- rendering --------------------------------------------------------------------------------
-
-
-def format_value(value: float | None, unit: str) -> str:
-    """A base-unit value as a person reads it: GB/s or TB/s, TFLOP/s or GFLOP/s, s/ms/us, %
-    for fractions, GiB for bytes."""
-    if value is None:
-        return "-"
-    if not math.isfinite(value):
-        return str(value)
-    if unit == "B/s":
-        return (
-            f"{value / 1e12:.2f} TB/s"
-            if abs(value) >= 1e12
-            else f"{value / 1e9:.2f} GB/s"
-        )
-    if unit == "FLOP/s":
-        return (
-            f"{value / 1e12:.1f} TFLOP/s"
-            if abs(value) >= 1e11
-            else f"{value / 1e9:.2f} GFLOP/s"
-        )
-    if unit == "s":
-        if abs(value) >= 1:
-            return f"{value:.3f} s"
-        return (
-            f"{value * 1e3:.3f} ms" if abs(value) >= 1e-3 else f"{value * 1e6:.2f} us"
-        )
-    if unit == "fraction":
-        return f"{100 * value:.1f}%"
-    if unit == "B":
-        return f"{value / 2**30:.2f} GiB"
-    if unit == "tokens/s":
-        return f"{value:,.0f} tok/s"
-    if unit == "samples/s":
-        return f"{value:,.0f} samples/s"
-    if unit == "samples":
-        return f"{value:.0f}"
-    return f"{value:.4g} {unit}"
 
 
 def format_change(change: float | None, absolute: bool) -> str:

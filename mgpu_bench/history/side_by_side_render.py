@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import click
 
 from mgpu_bench.output import html_page
 from mgpu_bench.output.console import safe_text
+from mgpu_bench.output.tables import format_value
 
 from .side_by_side import Cell, SideBySide, build
 
@@ -29,27 +29,9 @@ MISSING = "missing"
 
 
 def value_text(value: float | None, unit: str) -> str:
-    """A base-unit value per GPU as a person reads it, with its unit."""
-    if value is None:
-        return MISSING
-    if not math.isfinite(value):
-        return str(value)
-    if unit == "B/s":
-        return f"{value / 1e12:.2f} TB/s" if abs(value) >= 1e12 else f"{value / 1e9:.2f} GB/s" \
-            if abs(value) >= 1e9 else f"{value / 1e9:.3g} GB/s"
-    if unit == "FLOP/s":
-        return f"{value / 1e12:.1f} TFLOP/s" if abs(value) >= 1e11 else f"{value / 1e9:.2f} GFLOP/s"
-    if unit == "s":
-        return f"{value * 1e3:.3f} ms" if abs(value) >= 1e-3 else f"{value * 1e6:.2f} us"
-    if unit == "fraction":
-        return f"{100 * value:.1f}%"
-    if unit == "B":
-        return f"{value / 2**30:.2f} GiB"
-    if unit == "tokens/s":
-        return f"{value:,.0f} tok/s"
-    if unit == "samples/s":
-        return f"{value:,.1f} samples/s"
-    return f"{value:.4g} {unit}"
+    """A base-unit value per GPU as a person reads it, with its unit (as history and compare print
+    it: output.tables.format_value); a figure the run lacks is "missing"."""
+    return MISSING if value is None else format_value(value, unit)
 
 
 def per_watt_text(value: float | None, unit: str) -> str | None:

@@ -19,6 +19,7 @@ Only rich is imported: any layer above the shared facts may use it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 FIGURE_CELLS = 20  # a figure and its unit, a shape, a date and time: kept on one line up to this width
@@ -121,3 +122,41 @@ class _AtWidth:
 
     def __rich_console__(self, console, options):
         yield from console.render(self.table, options.update_width(self.width))
+
+
+def format_value(value: float | None, unit: str) -> str:
+    """A base-unit value as a person reads it: GB/s or TB/s, TFLOP/s or GFLOP/s, s/ms/us, %
+    for fractions, GiB for bytes."""
+    if value is None:
+        return "-"
+    if not math.isfinite(value):
+        return str(value)
+    if unit == "B/s":
+        return (
+            f"{value / 1e12:.2f} TB/s"
+            if abs(value) >= 1e12
+            else f"{value / 1e9:.2f} GB/s"
+        )
+    if unit == "FLOP/s":
+        return (
+            f"{value / 1e12:.1f} TFLOP/s"
+            if abs(value) >= 1e11
+            else f"{value / 1e9:.2f} GFLOP/s"
+        )
+    if unit == "s":
+        if abs(value) >= 1:
+            return f"{value:.3f} s"
+        return (
+            f"{value * 1e3:.3f} ms" if abs(value) >= 1e-3 else f"{value * 1e6:.2f} us"
+        )
+    if unit == "fraction":
+        return f"{100 * value:.1f}%"
+    if unit == "B":
+        return f"{value / 2**30:.2f} GiB"
+    if unit == "tokens/s":
+        return f"{value:,.0f} tok/s"
+    if unit == "samples/s":
+        return f"{value:,.0f} samples/s"
+    if unit == "samples":
+        return f"{value:.0f}"
+    return f"{value:.4g} {unit}"
