@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--pause", type=float, default=0.5)
     ap.add_argument("--db", default=None, help="history for the truth runs [default: the user's]")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run of the script")
-    ap.add_argument("--marks-only", action="store_true", help="noise: only the default marks against plain DDP")
+    ap.add_argument("--marks-only", action="store_true", help="noise: only the monitor's default paths (its marks, with and without the noise norms) against plain DDP")
     args = ap.parse_args()
 
     import torch
@@ -186,66 +186,45 @@ def main() -> None:
         noise_obj = sync.noise
         from mgpu_bench.gradsync import GradMarks
 
+        # The monitor's default for a DDP model: GradMarks (three marks a step from hooks on the model's tensors),
+        # and with noise_scale=True its norms (per-parameter hooks in the steps that take them, one multi-tensor
+        # norm after DDP's end of backward); DDP's all-reduce untouched either way. The hooks are attached for
+        # the monitored block only, so the plain loop carries none.
         marked = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
-        grad_marks = GradMarks(cuda)
-        grad_marks.attach(marked)  # hooks on the parameters: they fire (and return at once) in the plain loop too
         for i in range(3):
             train(marked, i)
+        marks_noise: list = []
 
-        def with_marks():
-            mon = StepMonitor("marks-overhead", tokens_per_sample=args.seq_len, model=marked, warmup=0,
-                              count_flops=False, profile=False, ceiling=False, store=False, print=False)
-            mon._sync = grad_marks  # on one rank the monitor attaches nothing itself
-
-            def run():
-                for i in range(args.block):
-                    if i == 1:  # the pools are made at the first step
-                        for pool in (mon._pool, mon._other):
-                            if pool is not None:
-                                pool.sync_read = grad_marks.read
-                    with mon.step(samples=args.batch_size), mon.compute():
-                        train(marked, i)
-            t = timed(run)
-            mon.finish()
-            return t
-        blocks("the monitor with its default gradient marks (hooks on the model's tensors, DDP's all-reduce untouched)",
-               plain, with_marks)
-
-        # noise_scale=True as the monitor attaches it (GradMarks: per-parameter hooks in the steps that take the
-        # norms only, one multi-tensor norm after DDP's end of backward; DDP's all-reduce untouched)
-        marked_noise = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
-        for i in range(3):
-            train(marked_noise, i)
-
-        def with_marks_noise(every: int):
+        def with_marks(every: int | None = None):
             def run_blocks():
-                gm = GradMarks(cuda, noise=True)
-                gm.attach(marked_noise)
-                mon = StepMonitor("noise-marks-overhead", tokens_per_sample=args.seq_len, model=marked_noise,
-                                  warmup=0, count_flops=False, profile=False, ceiling=False, store=False,
-                                  print=False, noise_scale=True, noise_every=every)
+                gm = GradMarks(cuda, noise=every is not None)
+                gm.attach(marked)
+                mon = StepMonitor("marks-overhead", tokens_per_sample=args.seq_len, model=marked, warmup=0,
+                                  count_flops=False, profile=False, ceiling=False, store=False, print=False,
+                                  noise_scale=every is not None, noise_every=every or 8)
                 mon._sync = gm  # on one rank the monitor attaches nothing itself
 
                 def run():
                     for i in range(args.block):
-                        if i == 1:
+                        if i == 1:  # the pools are made at the first step
                             for pool in (mon._pool, mon._other):
                                 if pool is not None:
                                     pool.sync_read = gm.read
                         with mon.step(samples=args.batch_size), mon.compute():
-                            train(marked_noise, i)
+                            train(marked, i)
                 t = timed(run)
                 mon.finish()
-                for h in gm._handles:
-                    h.remove()
-                marks_noise.append(gm.noise)
+                gm.detach()
+                if gm.noise is not None:
+                    marks_noise.append(gm.noise)
                 return t
             return run_blocks
 
-        marks_noise: list = []
+        blocks("the monitor with its default gradient marks (hooks on the model's tensors, DDP's all-reduce untouched)",
+               plain, with_marks())
         for every in (8, 1):
             blocks(f"noise_scale=True, noise_every={every} (the monitor's default: GradMarks' norms, DDP untouched)",
-                   plain, with_marks_noise(every))
+                   plain, with_marks(every))
         got = [n for n in marks_noise if n.steps_total]
         if got:
             print(f"GradMarks' noise norms: {sum(n.steps_total for n in got)} norm steps, host time in its code "

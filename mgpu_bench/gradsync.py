@@ -300,6 +300,13 @@ class GradMarks:
         self._queue = torch.autograd.Variable._execution_engine.queue_callback
         return True
 
+    def detach(self) -> None:
+        """Every hook this attached goes (the marks' and, in an armed step, the norms')."""
+        self.disarm()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
     def slots(self, n: int, _buckets: int = 0) -> list[Slot]:
         """n slots with their three marks made ahead."""
         out = []
