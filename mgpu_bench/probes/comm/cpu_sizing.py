@@ -33,6 +33,9 @@ to be projected from and always runs. Every rank decides from the same agreed fi
 from __future__ import annotations
 
 import math
+import os
+import statistics
+import time
 from dataclasses import dataclass
 
 from mgpu_bench.measurement import TimingOptions
@@ -83,10 +86,6 @@ def host_slowdown(nranks: int) -> tuple[float, int, int]:
     (1.0, 0, cpus) where /proc/loadavg cannot be read."""
     if nranks in _slowdown:
         return _slowdown[nranks]
-    import os
-    import statistics
-    import time
-
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     seen = []
     try:
