@@ -22,6 +22,16 @@ the CLI for the processes it starts): a run stored by a child (a suite's probe, 
 process, a rank of `comm --launch processes`) records what the user typed, not the child's own
 `cli.py check --json /tmp/...` (user_command()).
 
+Every Python child imports the package its parent runs, never another copy (import_env()):
+Python puts a `-m` child's working folder first on sys.path, so a child started from inside a
+source checkout (after a non-editable `pip install .`) imported the checkout's uninstalled tree,
+which has no native module. child_env() and spawning() (every place the tool starts a process
+goes through one of them) set PYTHONSAFEPATH, so that no working folder or script folder is
+put first, and put this process's package folder first on PYTHONPATH where it is not on the
+path otherwise (a source tree run with `python -m` from its root). The child puts the user's
+own PYTHONSAFEPATH and PYTHONPATH back when it imports mgpu_bench (adopt()), so that a program
+it starts in turn (a user model's own subprocess) sees the user's environment.
+
 Temporary folders and files are named with their owner's pid (temp_folder, temp_name); a run
 that makes one first removes those of its prefix whose owner is dead and that have not changed
 for STALE_S seconds (older names without a pid: STALE_UNNAMED_S), never a live run's.
@@ -42,6 +52,9 @@ from collections.abc import Iterator
 
 ENV = "MGPU_BENCH_PARENT"
 COMMAND_ENV = "MGPU_BENCH_COMMAND"  # the command the user typed, JSON: a list of strings (user_command)
+# The user's own values of the variables import_env() sets, JSON {name: value or null}: put back by adopt().
+PYTHON_ENV = "MGPU_BENCH_PYTHON_ENV"
+_IMPORT_VARS = ("PYTHONSAFEPATH", "PYTHONPATH")
 # What a child does with SIGINT (a terminal sends it to the whole foreground process group):
 # "keep": its own handling (a CLI child that its parent stops with SIGINT: the suite's probes);
 # "ignore": nothing (its parent stops it: comm's gloo ranks);
@@ -55,6 +68,7 @@ STALE_UNNAMED_S = 86400.0  # names from before the pid was in them: no owner to 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _folders: set[str] = set()  # this process's temporary folders, removed on abandon()
 _parent_command: list[str] | None = None  # the user's command, when a tool run started this process
+_path_handed = False  # this process found its package through the PYTHONPATH import_env() gave it
 
 
 # -- the child side -------------------------------------------------------------------------------
@@ -67,6 +81,7 @@ def adopt(environ=None) -> str | None:
     "watchdog"), or None when it was not started by the tool (nothing is done)."""
     global _parent_command
     environ = os.environ if environ is None else environ
+    _restore_import_vars(environ)
     mark = environ.pop(ENV, None)
     command = environ.pop(COMMAND_ENV, None)
     if not mark:
@@ -93,6 +108,28 @@ def adopt(environ=None) -> str | None:
     if how == "watchdog":
         threading.Thread(target=_watch, args=(parent,), name="mgpu-bench-parent-watchdog", daemon=True).start()
     return how
+
+
+def _restore_import_vars(environ) -> None:
+    """PYTHONSAFEPATH and PYTHONPATH as the user had them before import_env() set them for this
+    process's start (nothing when it did not)."""
+    import json
+
+    global _path_handed
+    text = environ.pop(PYTHON_ENV, None)
+    try:
+        saved = json.loads(text) if text else None
+    except ValueError:
+        return
+    if not isinstance(saved, dict):
+        return
+    _path_handed = environ.get("PYTHONPATH") != saved.get("PYTHONPATH")  # its own children need it too
+    for name in _IMPORT_VARS:
+        value = saved.get(name)
+        if isinstance(value, str):
+            environ[name] = value
+        elif name in saved:
+            environ.pop(name, None)
 
 
 def _forked_by_main_thread(parent: int) -> bool:
@@ -147,7 +184,45 @@ def child_env(env: dict[str, str] | None = None, mode: str = "keep") -> dict[str
     it), so it is also given preexec_fn=die_with_parent."""
     import json
 
-    return {**(os.environ if env is None else env), ENV: mark(mode), COMMAND_ENV: json.dumps(user_command())}
+    base = import_env(os.environ if env is None else env)
+    return {**base, ENV: mark(mode), COMMAND_ENV: json.dumps(user_command())}
+
+
+def package_folder() -> str:
+    """The folder holding the mgpu_bench package this process runs (site-packages for an
+    installed one, the checkout for a source tree): os.path.dirname of the package's folder."""
+    import mgpu_bench
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(mgpu_bench.__file__)))
+
+
+def _on_path(folder: str) -> bool:
+    """Whether a Python child started with PYTHONSAFEPATH finds `folder` on its sys.path as this
+    process does: on sys.path other than as the first entry Python put there for the script or
+    the working folder (none with safe_path). Its PYTHONPATH, .pth files and the site folders
+    are the same in the child."""
+    entries = sys.path if sys.flags.safe_path else sys.path[1:]
+    real = os.path.realpath(folder)
+    return any(os.path.realpath(e or os.curdir) == real for e in entries if isinstance(e, str))
+
+
+def import_env(env) -> dict[str, str]:
+    """`env` for a Python child that must import this process's mgpu_bench, whatever its working
+    folder holds: PYTHONSAFEPATH=1 (Python 3.11+: no working or script folder first on sys.path),
+    and package_folder() first on PYTHONPATH where the child would not find it otherwise. The
+    user's own values travel in PYTHON_ENV; the child puts them back (adopt())."""
+    import json
+
+    out = dict(env)
+    if PYTHON_ENV not in out:  # once: an environment made from one of these keeps the user's values
+        out[PYTHON_ENV] = json.dumps({name: env.get(name) for name in _IMPORT_VARS})
+    out["PYTHONSAFEPATH"] = "1"
+    folder = package_folder()
+    if _path_handed or not _on_path(folder):
+        before = env.get("PYTHONPATH")
+        if folder not in (before or "").split(os.pathsep):
+            out["PYTHONPATH"] = folder + (os.pathsep + before if before else "")
+    return out
 
 
 def _command_list(text: str | None) -> list[str] | None:
@@ -215,25 +290,28 @@ _PRCTL = _resolve_prctl()  # resolved here, not in a forked child (no dynamic lo
 @contextlib.contextmanager
 def spawning(mode: str = "keep", block_sigint: bool = False) -> Iterator[None]:
     """Around code that starts children from this process's environment (multiprocessing,
-    torch's elastic agent): they carry the mark. With `block_sigint`, for a short start loop in
+    torch's elastic agent): they carry the mark, and import this process's package
+    (import_env()). With `block_sigint`, for a short start loop in
     the main thread, SIGINT is blocked meanwhile, so that the children start with it blocked (a
     signal mask survives fork and exec) until adopt() has set what they do with it; a SIGINT for
     this process waits until the block ends, and is not lost. (Not around a whole elastic agent
     run: the threads it starts would keep the block.)"""
     value = mark(mode)
-    before = os.environ.get(ENV)
+    names = (ENV, PYTHON_ENV, *_IMPORT_VARS)
+    before = {name: os.environ.get(name) for name in names}
     blocked = False
     if block_sigint and threading.current_thread() is threading.main_thread():
         with contextlib.suppress(AttributeError, ValueError, OSError):
             blocked = signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    os.environ[ENV] = value
+    os.environ.update({**import_env(os.environ), ENV: value})
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before
+        for name, old in before.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
         if blocked:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
