@@ -225,6 +225,92 @@ def test_memory_and_suite_refuse_a_bad_workload_before_running(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def _fake_package(root: Path, name: str, version: str, body: str) -> None:
+    """A package `name` of `version` (its own dist-info, which importlib.metadata finds first on
+    the path) whose import runs `body`: what a torchvision or transformers built for another
+    torch does at import."""
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text(body)
+    info = root / f"{name}-{version}.dist-info"
+    info.mkdir()
+    info.joinpath("METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def _model_with(fake: Path, model: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`mgpu-bench model --model MODEL` in a process of its own with `fake` first on the path."""
+    import os
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), str(root)]), "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "model", "--model", model, "--no-store",
+                           "--json", str(tmp_path / "m.json")], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=280, check=False)
+
+
+def test_a_torchvision_built_for_another_torch_is_one_line_naming_the_matching_release(tmp_path):
+    """A torchvision of another torch fails at import with torchvision's own RuntimeError
+    ("operator torchvision::nms does not exist"): one line, exit 2, naming the torchvision of the
+    torch installed here (0.N for torch 2.(N-15)) and the torch of the torchvision found, never
+    the bare extra (`mgpu-bench[models]`), which would replace a CPU torch with a CUDA one."""
+    from mgpu_bench.workloads.extras import installed
+
+    torch = installed("torch")
+    minor = int(re.match(r"2\.(\d+)", torch).group(1))
+    fake = tmp_path / "site"
+    _fake_package(fake, "torchvision", f"0.{minor + 16}.0",
+                  'raise RuntimeError("operator torchvision::nms does not exist")\n')
+    r = _model_with(fake, "torchvision:resnet18", tmp_path)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    line = lines[0]
+    assert f"torchvision 0.{minor + 16}.0 does not match torch {torch}" in line, line
+    assert "operator torchvision::nms does not exist" in line and f"built for torch 2.{minor + 1}" in line, line
+    assert f"pip install 'torchvision==0.{minor + 15}.*'" in line, line
+    assert f"or torch 2.{minor + 1} for this torchvision" in line and "mgpu-bench[models]" not in line, line
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_a_missing_torchvision_names_the_release_of_this_torch_not_the_bare_extra(tmp_path):
+    from mgpu_bench.workloads.extras import installed
+
+    torch = installed("torch")
+    minor = int(re.match(r"2\.(\d+)", torch).group(1))
+    fake = tmp_path / "site"
+    _fake_package(fake, "torchvision", "0.0.0",
+                  "raise ModuleNotFoundError(\"No module named 'torchvision'\", name='torchvision')\n")
+    r = _model_with(fake, "torchvision:resnet18", tmp_path)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert "torchvision workloads need torchvision" in lines[0]  # the words tests/conftest.py skips on
+    assert f"pip install 'torchvision==0.{minor + 15}.*'" in lines[0] and "mgpu-bench[models]" not in lines[0]
+
+
+def test_a_transformers_that_does_not_import_beside_this_torch_is_one_line(tmp_path):
+    from mgpu_bench.workloads.extras import installed
+
+    fake = tmp_path / "site"
+    _fake_package(fake, "transformers", "9.0.0",
+                  "raise ImportError(\"cannot import name 'no_such_thing' from 'torch.utils'\")\n")
+    r = _model_with(fake, "hf:gpt2", tmp_path)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"transformers 9.0.0 does not work with torch {installed('torch')}" in lines[0], lines[0]
+    assert "cannot import name 'no_such_thing'" in lines[0] and "pip install -U 'transformers>=" in lines[0]
+
+
+@pytest.mark.parametrize("torch,line", [
+    ("2.13.0+cpu", "pip install 'torchvision==0.28.*' --index-url https://download.pytorch.org/whl/cpu"),
+    ("2.14.1", "pip install 'torchvision==0.29.*'"),
+    ("3.0.0", "pip install torch==2.14.1 torchvision==0.29.1"),  # no rule known: a pair known to load
+    (None, "pip install torch==2.14.1 torchvision==0.29.1"),
+])
+def test_the_torchvision_named_is_the_release_of_the_torch_installed(torch, line):
+    from mgpu_bench.workloads.extras import torch_release, vision_install
+
+    assert vision_install(torch) == line
+    assert torch_release("0.28.1") == "2.13" and torch_release("0.3.0") is None
+
+
 def test_a_module_without_a_loader_cannot_run_on_loader_data():
     res = CliRunner().invoke(cli, ["model", "--model", f"{STEP}:bad_loss", "--data", "both"])
     assert res.exit_code == 2 and "module:small_step:bad_loss has no DataLoader" in res.output

@@ -8,8 +8,8 @@ The forms (`resolve(text)`):
     hf:NAME | hf:path/config.json     a transformers model from a preset or config file (hf.py)
     module:function | file.py:function  the user's own step (user.py: the protocol)
 
-torchvision and transformers are the optional extra `pip install "mgpu-bench[models]"`, imported
-only when a form asks for them.
+torchvision and transformers are the optional extra `[models]`, imported only when a form asks for
+them (extras.py: missing, or built for another torch, one line naming the release to install).
 
 The API (stable: later commands build on it):
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from mgpu_bench.errors import InputError
 
 from .base import Workload, safe_key
+from .extras import auto_class, transformers_mismatch
 
 # name -> (config class, loss, dimensions, default sequence length on GPUs)
 PRESETS: dict[str, tuple[str, str, dict, int]] = {
@@ -51,19 +52,20 @@ PRESETS: dict[str, tuple[str, str, dict, int]] = {
 
 
 def _transformers():
+    """transformers with its torch models usable, or one line naming the fix (extras.py)."""
+    from .extras import transformers
+
     os.environ["HF_HUB_OFFLINE"] = "1"  # the configs are built here; nothing is fetched from the hub
-    try:
-        import transformers
-    except ImportError as exc:
-        raise InputError(f"hf: workloads need transformers ({str(exc).splitlines()[0]}): "
-                         "pip install 'mgpu-bench[models]'") from None
-    return transformers
+    return transformers()
 
 
 def _task_of(config, transformers) -> str:
     """"masked" or "causal": the head the config's architectures name, else the one transformers
     has for its model type (masked first: an encoder such as BERT has both)."""
-    from transformers.models.auto import modeling_auto
+    try:
+        from transformers.models.auto import modeling_auto
+    except Exception as exc:  # noqa: BLE001 - a transformers that does not fit this torch
+        raise transformers_mismatch(exc) from None
 
     for arch in getattr(config, "architectures", None) or []:
         if arch.endswith("ForMaskedLM"):
@@ -138,7 +140,7 @@ class HfWorkload(Workload):
         import torch
 
         tf = _transformers()
-        auto = tf.AutoModelForMaskedLM if self.task == "masked" else tf.AutoModelForCausalLM
+        auto = auto_class(tf, "AutoModelForMaskedLM" if self.task == "masked" else "AutoModelForCausalLM")
         with torch.device(device):
             try:
                 model = auto.from_config(self.config, attn_implementation="sdpa")

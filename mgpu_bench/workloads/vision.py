@@ -18,12 +18,10 @@ SGD = {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}
 
 
 def _torchvision():
-    try:
-        import torchvision
-    except ImportError as exc:
-        raise InputError(f"torchvision workloads need torchvision ({str(exc).splitlines()[0]}): "
-                         "pip install 'mgpu-bench[models]'") from None
-    return torchvision
+    """torchvision, or one line naming the release of this torch to install (extras.py)."""
+    from .extras import torchvision
+
+    return torchvision()
 
 
 def names() -> list[str]:

@@ -34,7 +34,8 @@ HELP = """Full training steps of a workload: throughput, MFU, where the step tim
 (resnet50, vit_b_16, ...: weights=None, --image-size images, channels-last, SGD with momentum),
 hf:NAME (bert-base, bert-large, gpt2, llama-1b: published dimensions, random weights) or
 hf:path/config.json, and your own module:function or path/file.py:function (README: "Your
-model"). torchvision and transformers: pip install "mgpu-bench[models]".
+model"). torchvision and transformers: the [models] extra, torchvision the release of your
+torch (0.N for torch 2.(N-15): pip install "torchvision==0.29.*" beside torch 2.14).
 
 \b
 One process per GPU (gloo processes on a machine without GPUs, --nproc of them), started
