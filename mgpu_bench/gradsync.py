@@ -26,27 +26,58 @@ noise scale's two figures. GradMarks takes the same two figures without a commun
 the steps that take them only, a post-accumulate-grad hook on every parameter (this rank's
 gradient, before DDP's own hook copies it into its bucket) and one multi-tensor norm of the
 all-reduced gradients after DDP's end of backward.
+
+Nothing here may stop the training. Every hook and callback keeps its own bookkeeping in a
+try/except: a fault becomes one line, once (GradSync.fault and GradMarks.fault for the marks,
+Noise.error for the norms), the part that failed stops (the marks, or the norms) and the rest goes
+on; the communication hook's all-reduce runs and returns DDP's value whatever its marks did. A step
+whose marks are incomplete (a fault inside it, a callback that never ran) reads as None, never as a
+figure made of another step's marks. Gradient buckets' all-reduces may finish in any order (gloo
+completes its futures on its own threads): the done marks are kept by bucket index, not by arrival.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 
-class Slot:
-    """One step's marks: k buckets seen, their ready and done marks (events or host seconds,
-    reused from step to step), the bytes all-reduced."""
+def _why(exc: BaseException) -> str:
+    """A fault in one line: its type and the first line of its message (200 characters at most)."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose message itself fails
+        text = ""
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
-    __slots__ = ("done", "k", "nbytes", "ready")
+
+def _norm_dtype(torch, dtypes) -> Any:
+    """The dtype a gradient norm is taken in: float32 for 16- and 32-bit gradients, float64 for
+    float64 ones (torch's norms refuse a dtype narrower than their input)."""
+    out = torch.float32
+    for dtype in dtypes:
+        out = torch.promote_types(out, dtype)
+    return out
+
+
+class Slot:
+    """One step's marks: k buckets seen (GradMarks: its three marks reached), their ready and done
+    marks (events or host seconds, reused from step to step: a mark not set in this step holds an
+    earlier step's), `ndone` the done marks set in this step (GradSync: the step is whole when it is
+    k), the bytes all-reduced, `backwards` the backward passes of this step that reached its last
+    gradient (GradMarks: more than one under gradient accumulation)."""
+
+    __slots__ = ("backwards", "done", "k", "nbytes", "ndone", "ready")
 
     def __init__(self) -> None:
-        self.k, self.nbytes = 0, 0
+        self.k, self.nbytes, self.ndone, self.backwards = 0, 0, 0, 0
         self.ready: list = []
         self.done: list = []
 
     def reset(self) -> None:
-        self.k, self.nbytes = 0, 0
+        self.k, self.nbytes, self.ndone, self.backwards = 0, 0, 0, 0
 
 
 class Noise:
@@ -55,7 +86,9 @@ class Noise:
     CPU), summed per step by end_step() into the current window's sums; rotate() at a window edge
     starts the next window and copies the last one's sums to the host without waiting; windows()
     gives the sums read back so far ({small_sq, big_sq, steps, b_small}). `host_s`: host seconds
-    spent on all this, for its cost."""
+    spent on all this, for its cost. Norms are taken in float32 (float64 for float64 gradients) and
+    summed in float64. A fault in any of these sets `error` (its first, once) and stops the norms:
+    the noise scale is lost, never the training."""
 
     def __init__(self, cuda: bool) -> None:
         import torch
@@ -74,33 +107,60 @@ class Noise:
         self.error: str | None = None  # why the norms stopped, if they failed
         self._main = torch.cuda.current_stream() if cuda else None
 
+    def fail(self, exc: BaseException) -> None:
+        """The norms failed: none are taken from here on (`error` says why: the first fault only)."""
+        if self.error is None:
+            self.error = _why(exc)
+        self._local.clear()
+        self._global.clear()
+
+    def _norm(self, tensor):
+        torch = self._torch
+        return torch.linalg.vector_norm(tensor, dtype=_norm_dtype(torch, (tensor.dtype,)))
+
     def local(self, tensor) -> None:
+        if self.error:
+            return
         t0 = time.perf_counter()
-        self._local.append(self._torch.linalg.vector_norm(tensor, dtype=self._torch.float32))
+        try:
+            self._local.append(self._norm(tensor))
+        except Exception as exc:  # noqa: BLE001 - the noise scale is lost, never the training
+            self.fail(exc)
         self.host_s += time.perf_counter() - t0
 
     def reduced_all(self, tensors: list) -> None:
         """The all-reduced gradients' norms at once (one multi-tensor kernel), in the order of the
         local ones: this backward's, replacing an earlier backward's of the same step."""
+        if self.error:
+            return
         t0 = time.perf_counter()
         torch = self._torch
-        self._global = list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
-        if self.cuda and torch.cuda.current_stream() != self._main:  # made on the backward's stream, read on the step's
-            self._main.wait_stream(torch.cuda.current_stream())
-            for norm in self._global:
-                norm.record_stream(self._main)
+        try:
+            dtype = _norm_dtype(torch, {t.dtype for t in tensors})
+            self._global = list(torch._foreach_norm(tensors, 2, dtype=dtype))
+            if self.cuda and torch.cuda.current_stream() != self._main:  # made on the backward's stream, read on the step's
+                self._main.wait_stream(torch.cuda.current_stream())
+                for norm in self._global:
+                    norm.record_stream(self._main)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
         self.host_s += time.perf_counter() - t0
 
     def reduced(self, tensor) -> None:
+        if self.error:
+            return
         t0 = time.perf_counter()
-        norm = self._torch.linalg.vector_norm(tensor, dtype=self._torch.float32)
-        if self.cuda:  # made on the callback's stream, read on the step's: kept until that stream is done with it
-            norm.record_stream(self._main)
-        self._global.append(norm)
+        try:
+            norm = self._norm(tensor)
+            if self.cuda:  # made on the callback's stream, read on the step's: kept until that stream is done with it
+                norm.record_stream(self._main)
+            self._global.append(norm)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
         self.host_s += time.perf_counter() - t0
 
     def end_step(self, samples: int) -> None:
-        """The step's sums into the window's (its buckets' norms squared and added)."""
+        """The step's sums into the window's (its buckets' norms squared and added, in float64)."""
         self.seen += 1
         if self.error or not self._local or len(self._global) != len(self._local):
             self._local.clear()
@@ -108,29 +168,37 @@ class Noise:
             return
         t0 = time.perf_counter()
         torch = self._torch
-        both = torch.stack([torch.stack(self._local).square().sum(), torch.stack(self._global).square().sum()])
-        self._acc = both.double() if self._acc is None else self._acc.add_(both)
+        try:
+            both = torch.stack([torch.stack(self._local).double().square().sum(),
+                                torch.stack(self._global).double().square().sum()])
+            self._acc = both if self._acc is None else self._acc.add_(both)
+            self._steps += 1
+            self._samples += samples
+            self.steps_total += 1
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
         self._local.clear()
         self._global.clear()
-        self._steps += 1
-        self._samples += samples
-        self.steps_total += 1
         self.host_s += time.perf_counter() - t0
 
     def rotate(self) -> None:
         """A window edge: the window's sums go to the host without waiting (read when done)."""
         t0 = time.perf_counter()
-        if self._acc is not None and self._steps:
-            torch = self._torch
-            host = torch.empty(2, dtype=torch.float64, pin_memory=self.cuda)
-            host.copy_(self._acc, non_blocking=self.cuda)
-            event = None
-            if self.cuda:
-                event = torch.cuda.Event()
-                event.record()
-            self._pending.append((event, host, self._steps, self._samples / self._steps))
-        self._acc, self._steps, self._samples = None, 0, 0
-        self._collect(False)
+        try:
+            if self._acc is not None and self._steps and not self.error:
+                torch = self._torch
+                host = torch.empty(2, dtype=torch.float64, pin_memory=self.cuda)
+                host.copy_(self._acc, non_blocking=self.cuda)
+                event = None
+                if self.cuda:
+                    event = torch.cuda.Event()
+                    event.record()
+                self._pending.append((event, host, self._steps, self._samples / self._steps))
+            self._acc, self._steps, self._samples = None, 0, 0
+            self._collect(False)
+        except Exception as exc:  # noqa: BLE001
+            self._acc, self._steps, self._samples = None, 0, 0
+            self.fail(exc)
         self.host_s += time.perf_counter() - t0
 
     def _collect(self, wait: bool) -> None:
@@ -182,14 +250,18 @@ def norm_cost(nbytes: int, device) -> float:
 class GradSync:
     """Registered on a DDP model with attach(); `slot` is the step's Slot while compute() runs
     (None outside: a bucket then is counted in `unmarked` and all-reduced all the same); `noise`:
-    a Noise taking the buckets' squared norms, or None."""
+    a Noise taking the buckets' squared norms, or None. `fault`: the first fault of the marks' own
+    code ("Type: message"), None while there is none; from it on no step is marked (each reads
+    None, the step it struck included) and the all-reduce goes on as DDP's own."""
 
     def __init__(self, cuda: bool, noise: bool = False) -> None:
         self.cuda = cuda
         self.slot: Slot | None = None
         self.unmarked = 0
         self.world = 1
+        self.fault: str | None = None
         self._group = None
+        self._lock = threading.Lock()  # done callbacks may run at once on gloo's threads
         self.noise = Noise(cuda) if noise else None
         if cuda:
             import torch
@@ -239,14 +311,60 @@ class GradSync:
         return out
 
     def _mark(self, marks: list, k: int) -> None:
+        """Mark k of `marks`, the list grown to hold it: a later bucket's all-reduce may finish
+        before an earlier one's (its done mark comes first)."""
+        while len(marks) <= k:
+            marks.append(self._event() if self.cuda else 0.0)
         if self.cuda:
-            if k == len(marks):
-                marks.append(self._event())
             marks[k].record(self._stream())
-        elif k == len(marks):
-            marks.append(time.perf_counter())
         else:
             marks[k] = time.perf_counter()
+
+    def _fail(self, exc: BaseException, slot: Slot | None) -> None:
+        """The marks' own fault: said once (`fault`), no more marks; the step it struck reads None."""
+        if self.fault is None:
+            self.fault = _why(exc)
+        if slot is not None:
+            slot.k = 0  # read() gives None for a step with no bucket marked
+
+    def _begin(self, bucket_bytes: int) -> tuple[Slot | None, int, Noise | None]:
+        """A bucket ready: (the slot it is marked in or None, its index, the Noise taking its norms
+        or None). The slot is None outside compute() and after a fault of the marks."""
+        slot = self.slot
+        noise = self.noise
+        if slot is None or noise is None or not noise.active or noise.error:
+            noise = None
+        if slot is None:
+            self.unmarked += 1
+            return None, -1, noise
+        if self.fault is not None:
+            return None, -1, noise
+        k = -1
+        try:
+            k = slot.k
+            slot.k = k + 1
+            slot.nbytes += bucket_bytes
+            self._mark(slot.ready, k)
+        except Exception as exc:  # noqa: BLE001 - the marks are lost, never the all-reduce
+            self._fail(exc, slot)
+            return None, -1, noise
+        return slot, k, noise
+
+    def _settled(self, slot: Slot | None, k: int, noise: Noise | None, value) -> None:
+        """A bucket's all-reduce done (in its future's callback): its done mark, the whole batch's
+        norm."""
+        if slot is not None and self.fault is None:
+            try:
+                with self._lock:
+                    self._mark(slot.done, k)
+                    slot.ndone += 1
+            except Exception as exc:  # noqa: BLE001
+                self._fail(exc, slot)
+        if noise is not None:
+            try:
+                noise.reduced(value)
+            except Exception as exc:  # noqa: BLE001 - the noise scale is lost, never the training
+                noise.fail(exc)
 
 
 class GradMarks:
@@ -262,13 +380,27 @@ class GradMarks:
     Attached where no communication hook is asked for: DDP's all-reduce stays its own C++ path.
     On one H200 the hook path cost 2.4% of a 350m DDP step (57 buckets); these marks cost three
     Python calls a step. With noise=True, the noise scale's norms in the steps whose Noise is
-    active (arm() before its compute, disarm() after)."""
+    active (arm() before its compute, disarm() after).
+
+    Each backward of a marked step (one with a slot, while the marks run) counts in its slot's
+    `backwards` (at its last gradient) and, once its backward-done mark is set, calls
+    `after_backward` if one is set (a callable of no arguments; None by default).
+
+    Every hook is guarded: `fault` holds the first fault of this object's own code ("Type:
+    message", None while there is none), said once. A fault of the marks stops them (no step is
+    marked from there on; the step it struck reads None); a fault in `after_backward` clears it
+    and is noted as "after_backward: Type: message" (the marks go on); a fault of the norms stops
+    the norms (Noise.error)."""
 
     FIRST = 3  # parameters from the end whose gradients mark the first bucket
+    after_backward: Callable[[], None] | None = None  # called at the end of each backward of a marked step
 
     def __init__(self, cuda: bool, noise: bool = False) -> None:
         self.cuda = cuda
         self.slot: Slot | None = None
+        self.fault: str | None = None
+        self.after_backward = None
+        self._stopped = False  # the marks stopped after a fault of their own
         self.noise = Noise(cuda) if noise else None
         self._params: list = []
         self._model = None  # the DDP module: its require_backward_grad_sync says whether a backward reduces
@@ -329,44 +461,89 @@ class GradMarks:
         else:
             marks[k] = time.perf_counter()
 
+    def _note(self, exc: BaseException, where: str = "") -> None:
+        if self.fault is None:
+            self.fault = where + _why(exc)
+
+    def _stop(self, exc: BaseException, slot: Slot | None) -> None:
+        """The marks' own fault: said once, no more marks; the step it struck reads None."""
+        self._note(exc)
+        self._stopped = True
+        if slot is not None:
+            slot.k = 0  # read_marks gives None unless all three marks were set
+
     def _first(self, _param) -> None:
         slot = self.slot
-        if slot is not None and slot.k != 1:  # the first of these hooks in this backward
-            self._mark(slot, 0)
-            slot.k = 1
+        if slot is None or self._stopped:
+            return
+        try:
+            if slot.k != 1:  # the first of these hooks in this backward
+                self._mark(slot, 0)
+                slot.k = 1
+        except Exception as exc:  # noqa: BLE001 - the marks are lost, never the training
+            self._stop(exc, slot)
 
     def _last(self, _param) -> None:
         slot = self.slot
         if slot is None:
             return
-        self._mark(slot, 1)
-        slot.k = 2
-        if not self._pending:
-            self._pending = True
-            self._queue(self._behind)
+        if not self._stopped:
+            try:
+                slot.backwards += 1
+                self._mark(slot, 1)
+                slot.k = 2
+            except Exception as exc:  # noqa: BLE001
+                self._stop(exc, slot)
+        if not self._pending and (not self._stopped or self._fired):  # (the norms need it too, marks or not)
+            try:
+                self._queue(self._behind)
+                self._pending = True
+            except Exception as exc:  # noqa: BLE001
+                self._stop(exc, slot)
+                if self._fired:
+                    self._fail(exc)  # no end of backward: no whole-batch norm
 
     def _behind(self) -> None:
         """Queued once more from inside the engine's final callbacks, so that it runs after the ones
         queued after it: DDP's end of backward, queued at its last bucket, which waits for the
         all-reduces (measured on gloo: a first callback ran 1-10 ms after the last gradient, before
         that wait; the second with the backward's return)."""
-        self._queue(self._done)
+        try:
+            self._queue(self._done)
+        except Exception as exc:  # noqa: BLE001
+            self._pending = False
+            self._stop(exc, self.slot)
+            if self._fired:
+                self._fail(exc)
 
     def _done(self) -> None:
         self._pending = False
         slot = self.slot
-        if slot is not None and slot.k == 2:
-            self._mark(slot, 2)
-            slot.k = 3
+        marked = slot is not None and not self._stopped
+        if marked:
+            try:
+                if slot.k == 2:
+                    self._mark(slot, 2)
+                    slot.k = 3
+            except Exception as exc:  # noqa: BLE001 - the marks are lost, never the training
+                self._stop(exc, slot)
+                marked = False
         if self._fired:  # the noise scale's step: the all-reduced gradients, DDP's wait behind them
-            if getattr(self._model, "require_backward_grad_sync", True):
-                try:
+            try:
+                if getattr(self._model, "require_backward_grad_sync", True):
                     self.noise.reduced_all([p.grad for p in self._fired])
-                except Exception as exc:  # noqa: BLE001 - the noise scale is lost, never the training
-                    self._fail(exc)
-            else:  # a backward under no_sync(): nothing reduced, no whole-batch gradient to take
-                self.noise._global.clear()
+                else:  # a backward under no_sync(): nothing reduced, no whole-batch gradient to take
+                    self.noise._global.clear()
+            except Exception as exc:  # noqa: BLE001 - the noise scale is lost, never the training
+                self._fail(exc)
             self._fresh = True
+        callback = self.after_backward
+        if marked and callback is not None:
+            try:
+                callback()
+            except Exception as exc:  # noqa: BLE001 - the owner's callback is dropped, never the training
+                self.after_backward = None
+                self._note(exc, "after_backward: ")
 
     # -- the noise scale's norms, in the steps that take them (Noise.active) --------------------------
 
@@ -404,12 +581,10 @@ class GradMarks:
         except Exception as exc:  # noqa: BLE001 - the noise scale is lost, never the training
             self._fail(exc)
 
-    def _fail(self, exc: Exception) -> None:
+    def _fail(self, exc: BaseException) -> None:
         """The norms failed: no more are taken (the run says why; the training goes on)."""
-        self.noise.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         self._fired = []
-        self.noise._local.clear()
-        self.noise._global.clear()
+        self.noise.fail(exc)
 
 
 def read_marks(slot: Slot, start, between) -> dict | None:
@@ -423,29 +598,33 @@ def read_marks(slot: Slot, start, between) -> dict | None:
 
 
 def _hook(state: GradSync, bucket):
-    """DDP's default all-reduce (default_hooks.allreduce_hook), with marks."""
+    """DDP's default all-reduce (default_hooks.allreduce_hook), with marks. The marks and norms
+    are kept apart from the all-reduce: a fault in them is noted (GradSync.fault, Noise.error) and
+    the bucket is all-reduced and its value returned all the same."""
     tensor = bucket.buffer()
-    slot = state.slot
-    noise = state.noise if slot is not None and state.noise is not None and state.noise.active else None
-    if slot is None:
-        state.unmarked += 1
-    else:
-        k = slot.k
-        slot.k = k + 1
-        slot.nbytes += tensor.numel() * tensor.element_size()
-        state._mark(slot.ready, k)
+    slot, k, noise = None, -1, None
+    try:
+        slot, k, noise = state._begin(tensor.numel() * tensor.element_size())
         if noise is not None:
-            noise.local(tensor)  # this rank's own gradient, before the all-reduce
+            try:
+                noise.local(tensor)  # this rank's own gradient, before the all-reduce
+            except Exception as exc:  # noqa: BLE001 - the noise scale is lost, never the training
+                noise.fail(exc)
+                noise = None
+    except Exception as exc:  # noqa: BLE001 - the marks are lost, never the all-reduce
+        state._fail(exc, state.slot)
+        slot, noise = None, None
     tensor.div_(state.world)
     fut = state._all_reduce(tensor, group=state._group, async_op=True).get_future()
-    if slot is None:
+    if slot is None and noise is None:
         return fut.then(_value)
 
-    def done(f, slot=slot, k=k):
-        state._mark(slot.done, k)
-        value = f.value()[0]
-        if noise is not None:
-            noise.reduced(value)  # the whole batch's
+    def done(f):
+        value = f.value()[0]  # the all-reduce's own failure is the training's: raised as DDP's would be
+        try:
+            state._settled(slot, k, noise, value)  # the done mark, the whole batch's norm
+        except Exception as exc:  # noqa: BLE001
+            state._fail(exc, slot)
         return value
 
     return fut.then(done)
@@ -457,9 +636,10 @@ def _value(f):
 
 def read(slot: Slot, start, between) -> dict | None:
     """A finished step's figures (seconds; see the module docs) against `start`, its compute()
-    start mark, with `between(a, b)` the owner's clock difference; None when no bucket was marked."""
+    start mark, with `between(a, b)` the owner's clock difference; None when no bucket was marked
+    or a marked bucket has no done mark of this step (its callback never ran, or failed)."""
     n = slot.k
-    if not n or len(slot.done) < n:
+    if not n or slot.ndone != n or len(slot.done) < n:
         return None
     ready = [between(start, slot.ready[j]) for j in range(n)]
     done = [between(start, slot.done[j]) for j in range(n)]

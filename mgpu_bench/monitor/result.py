@@ -228,7 +228,8 @@ def build(mon, present: list[dict], missing: list[int], steps: list[int], cols: 
         found = st.noise if st is not None else None
         if found is not None:
             job["noise_scale"] = found
-        else:
+        elif not any("its gradient norms failed" in n or "the noise scale's figures could not be read" in n
+                     for r in present for n in r.get("notes") or []):  # (a rank's own note says why)
             run.notes.append("noise_scale=True: no gradient all-reduce was seen in compute() on every rank (a DDP "
                              "model of 2+ ranks whose parameters have gradients): no noise scale")
     return run, job
