@@ -260,3 +260,61 @@ def test_every_header_word_stays_whole(name, doc, width, terminal, monkeypatch):
     words = set(console.file.getvalue().split())
     broken = {w for h in heads for w in h.split() if w not in words}
     assert not broken, f"header words broken at {width} columns: {sorted(broken)}\n{console.file.getvalue()}"
+
+
+@pytest.mark.parametrize("name,doc", HEADED, ids=[n for n, _ in HEADED])
+def test_every_table_fits_80_columns_wrapped_by_column(name, doc, monkeypatch):
+    """At 80 columns every row of a wide table wrapped onto two lines (a terminal folds a line past
+    its edge), so that one row read as two. Rendered to stdout's console as a pipe with COLUMNS=80,
+    each table is now split by column into stacked tables repeating the row's keys: no line of a
+    table passes 80 characters, and every figure of the wide drawing is still there."""
+    from mgpu_bench.output import console as out
+    from mgpu_bench.output import tables
+
+    monkeypatch.setenv("COLUMNS", "80")
+    drawn: list[str] = []
+    original = tables.print_table
+
+    def recording(console, table):
+        before = len(console.file.getvalue())
+        original(console, table)
+        drawn.append(console.file.getvalue()[before:])
+
+    monkeypatch.setattr(tables, "print_table", recording)
+    console = out.out_console()
+    assert console.width == 80
+    console.file = io.StringIO()
+    registry.for_document(doc).render(doc, console)
+    if not drawn:
+        pytest.skip(f"{name} renders no table")
+    for text in drawn:
+        wide = [line for line in text.splitlines() if len(line) > 80]
+        assert not wide, f"{name}: {len(wide)} table line(s) past 80 columns:\n{text}"
+    wide = _console(10_000, False)
+    monkeypatch.setattr(tables, "print_table", original)
+    registry.for_document(doc).render(doc, wide)
+    missing = _figures(wide.file.getvalue()) - _figures(console.file.getvalue())
+    assert not missing, f"lost at 80 columns: {sorted(missing)}"
+
+
+def test_a_split_table_repeats_the_keys_of_each_row_in_every_part():
+    """The comm table of a CPU run (figures of millions of us) at 80 columns: two stacked tables,
+    both with the row's size, count, type, reduction and placement (the columns before the first
+    with a unit), the first with the title; each row's p99 in the second part beside its size."""
+    doc = _cpu_comm()
+    c = _console(80, False)
+    registry.for_document(doc).render(doc, c)
+    text = c.file.getvalue()
+    heads = [line for line in text.splitlines() if line.split()[:1] == ["size"]]
+    assert len(heads) >= 2 and all("place" in h for h in heads), text
+    assert text.startswith("allreduce") and text.count("allreduce  (") == 1, text  # the title once
+    from mgpu_bench.probes.comm import render as comm_render
+
+    run = registry.get("comm").load(doc)
+    key = comm_render.COLUMNS[0]
+    for m in run.measurements[:3]:
+        r = comm_render.row(m)
+        col = next(col for col in comm_render.COLUMNS if col.key == "p99_us")
+        rows = [line for line in text.splitlines() if comm_render.format_cell(col, r["p99_us"]) in line.split()]
+        size = comm_render.format_cell(key, r[key.key])
+        assert any(line.split()[:len(size.split())] == size.split() for line in rows), (size, rows)

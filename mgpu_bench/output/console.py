@@ -31,11 +31,24 @@ def _isatty(stream) -> bool:
         return False
 
 
+PIPE_COLUMNS = 100  # stdout's width when it is not a terminal and COLUMNS does not say
+
+
+def columns() -> int:
+    """stdout's width when it is not a terminal: COLUMNS where it is set to a width (as a shell
+    exports it, or `COLUMNS=80 mgpu-bench ... | less`), else PIPE_COLUMNS."""
+    try:
+        width = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return PIPE_COLUMNS
+    return width if 20 <= width <= 10_000 else PIPE_COLUMNS
+
+
 def out_console():
-    """stdout, 100 columns wide when not a terminal."""
+    """stdout: a terminal's width, else columns() (100 unless COLUMNS says)."""
     from rich.console import Console
 
-    return Console(width=100 if not _isatty(sys.stdout) else None, soft_wrap=False, markup=False)
+    return Console(width=columns() if not _isatty(sys.stdout) else None, soft_wrap=False, markup=False)
 
 
 def err_console():

@@ -11,7 +11,12 @@ ellipsis ("153133..." for 153133.2 us). Here the columns are sized before rich s
   or "crop");
 - a no_wrap column is never narrowed;
 - when even the narrowest table that keeps every word whole is wider than the console, it is
-  printed wider than the console, uncropped: a terminal wraps the long lines, a file keeps them.
+  wrapped by column, never by row: printed as two or more tables stacked, each with some of the
+  columns and each repeating the row's key columns (the leading columns before the first one
+  whose header names a unit: size, type and placement of a comm row; GPUs and data of a model
+  row), so that every line fits (80 columns of a terminal: a row wrapped by the terminal onto
+  two lines is read as two rows). Only a single column too wide for the console by itself is
+  printed wider, uncropped.
 
 The table fits the console's width (100 columns when stdout is not a terminal) whenever it can.
 Only rich is imported: any layer above the shared facts may use it.
@@ -29,12 +34,78 @@ _BIG = 1 << 20
 def print_table(console, table) -> None:
     """Prints `table` (a rich Table; its columns are changed in place) on `console` with every
     figure whole: columns are sized to the console's width where the figures allow it, else the
-    table is printed wider than the console rather than cut."""
+    table is split by column into tables stacked one below the other (split()); a part that still
+    cannot fit (one column wider than the console) is printed wider rather than cut."""
     width = fit(console, table, console.width)
     if width <= console.width:
         console.print(table)
-    else:
-        console.print(_AtWidth(table, width), crop=False)
+        return
+    for n, part in enumerate(split(console, table, console.width)):
+        if n:
+            console.print()  # a blank line between the parts
+        width = fit(console, part, console.width)
+        console.print(part if width <= console.width else _AtWidth(part, width), crop=False)
+
+
+# A column whose header has one of these words holds a measured figure; the columns before the
+# first such one name the row (its keys), repeated in every part of a split table.
+_UNIT_WORDS = {"us", "ms", "s", "%", "GiB", "MiB", "KiB", "W", "C", "MHz", "GHz"}
+
+
+def _measured(column) -> bool:
+    words = str(column.header).replace("\n", " ").split()
+    return any(w in _UNIT_WORDS or w.endswith(("/s", "%")) or w.startswith("%") for w in words)
+
+
+def key_columns(table) -> int:
+    """How many leading columns name a row: those before the first whose header names a unit
+    (at least 1, and every column but one at most)."""
+    n = next((i for i, c in enumerate(table.columns) if _measured(c)), len(table.columns))
+    return max(1, min(n, len(table.columns) - 1))
+
+
+def split(console, table, width: int) -> list:
+    """`table` as tables of some of its columns each, in order, every one repeating the key
+    columns (key_columns(); only the first when the keys take more than 3/5 of `width`), each
+    as wide as `width` allows with its words whole: the first carries the title, the last the
+    caption."""
+    cols = table.columns
+    keys = key_columns(table)
+    if _narrowest(console, table, list(range(keys))) > width * 3 // 5:
+        keys = 1
+    groups: list[list[int]] = []
+    group: list[int] = []
+    for i in range(keys, len(cols)):
+        if group and _narrowest(console, table, [*range(keys), *group, i]) > width:
+            groups.append(group)
+            group = []
+        group.append(i)
+    groups.append(group)
+    parts = []
+    for n, group in enumerate(groups):
+        part = _sub(table, [*range(keys), *group])
+        part.title = table.title if n == 0 else None
+        part.caption = table.caption if n == len(groups) - 1 else None
+        parts.append(part)
+    return parts
+
+
+def _sub(table, indexes: list[int]):
+    """A copy of `table` with the columns at `indexes` (their cells, their sizes reset)."""
+    import copy
+    from dataclasses import replace
+
+    part = copy.copy(table)
+    part.columns = [replace(table.columns[i], _index=k, _cells=list(table.columns[i]._cells), width=None)
+                    for k, i in enumerate(indexes)]
+    return part
+
+
+def _narrowest(console, table, indexes: list[int]) -> int:
+    """The width the columns at `indexes` take at the least, every word and short figure whole."""
+    part = _sub(table, indexes)
+    part.title = part.caption = None
+    return fit(console, part, 1)
 
 
 def fit(console, table, width: int) -> int:
