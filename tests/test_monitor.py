@@ -105,7 +105,9 @@ def test_a_slowed_loader_is_input_bound_with_its_data_wait(slow_run, capsys):
     assert d["samples_per_s"] == pytest.approx(rank["totals"]["samples"] / rank["totals"]["elapsed_s"])
     assert d["samples_per_s"] == pytest.approx(4 * d["measured_steps"] / d["elapsed_s"])
     assert d["steady_samples_per_s"] == pytest.approx(4 / d["step_s"])
-    assert any(f.startswith("1 process(es): input-bound: waiting for data is") for f in doc["findings"])
+    assert any(f.startswith("1 process(es): input-bound: the input pipeline costs") for f in doc["findings"])
+    # the ledger's input share is the wall clock outside compute(): gross against effective
+    assert run["ledger"]["shares"]["input"] == pytest.approx(1 - job_gross_over_effective(doc), abs=0.02)
     job = doc["job"]
     assert job["effective_samples_per_s"] > job["gross_samples_per_s"]
     assert job["effective_samples_per_s"] == pytest.approx(rank["totals"]["samples"] / rank["totals"]["compute_s"])
@@ -154,11 +156,16 @@ def test_the_run_is_stored_and_shown_by_the_history(slow_run):
     assert written["runs"][0]["derived"]["step_s"] == slow_run["doc"]["runs"][0]["derived"]["step_s"]
 
 
+def job_gross_over_effective(doc: dict) -> float:
+    return doc["job"]["gross_samples_per_s"] / doc["job"]["effective_samples_per_s"]
+
+
 def test_finish_printed_the_table_the_findings_and_the_verdict(slow_run):
     printed = slow_run["printed"]
-    d = slow_run["doc"]["runs"][0]["derived"]
     assert "job:slow-loader-test training steps" in printed
-    assert f"finding: 1 process(es): input-bound: waiting for data is {100 * d['data_share']:.1f}%" in printed
+    share = slow_run["doc"]["runs"][0]["ledger"]["shares"]["input"]
+    assert f"finding: 1 process(es): input-bound: the input pipeline costs {100 * share:.1f}%" in printed
+    assert "step ledger over " in printed and f"the input pipeline {100 * share:.1f}%" in printed
     assert "gross " in printed and "samples/s (samples / the time inside compute())" in printed
     assert printed.rstrip().splitlines()[-1].startswith("verdict: 1 process(es): input-bound")
     assert slow_run["mon"].finish() is slow_run["doc"]  # a second finish() returns the same document, stores nothing

@@ -87,7 +87,7 @@ def test_both_loaders_slowed_the_job_is_input_bound(two_ranks):
     validate(json.loads(json.dumps(doc)), "rank 0's document")
     assert doc["config"]["model"] == "job:ranks" and doc["config"]["parallel"] == "ddp"
     assert doc["gpu_counts"] == [2] and len(doc["runs"][0]["ranks"]) == 2
-    verdict = next(f for f in doc["findings"] if f.startswith("2 process(es): input-bound: waiting for data is"))
+    verdict = next(f for f in doc["findings"] if f.startswith("2 process(es): input-bound: the input pipeline costs"))
     assert "--num-workers" not in verdict and "give the DataLoader more workers" in verdict  # the job's own lever
     assert doc["runs"][0]["derived"]["data_s"] == pytest.approx(SLEEP_S, rel=0.6)
     assert not doc["job"]["straggler"]["named"]  # both as slow: nobody waits for one rank

@@ -89,7 +89,9 @@ def test_periodic_stalls_the_headline_is_the_wall_clock_and_the_stall_is_named(w
     assert s["share"] == pytest.approx(s["excess_s"] / elapsed)
     assert 0.8 * 6 * pause / elapsed < s["share"] < 1.3 * 6 * pause / elapsed + 0.05
     verdict = next(f for f in doc["findings"] if "stall-bound" in f)
-    assert f"every {EVERY}th step" in verdict and f"{100 * s['share']:.1f}% of the time" in verdict
+    led = run["ledger"]["shares"]["stalls"]  # the step ledger's: the stalls' extra time over the steps less any lag
+    assert led == pytest.approx(s["share"], abs=0.01)
+    assert f"every {EVERY}th step" in verdict and f"{100 * led:.1f}% of the time" in verdict
     assert ("outside compute()" if where == "outside" else "inside compute()") in verdict
     gap = next(f for f in doc["findings"] if "the wall clock's throughput" in f)
     assert "below the steady-state rate" in gap
@@ -212,7 +214,9 @@ def test_ddp_whose_sync_is_most_of_the_step_is_communication_bound_with_the_shar
         d = run["derived"]
         assert run["comm_method"] == method and 0.15 < d["exposed_comm_share"] < cost + 0.1, (method, d)
         verdict = next(f for f in doc["findings"] if "communication-bound" in f)
-        assert f"{100 * d['exposed_comm_share']:.1f}% of the step" in verdict
+        # the verdict's share is the step ledger's (of every timed step's time), the steady-state step's beside it
+        led = run["ledger"]
+        assert led["method"] == method and f"{100 * led['shares']['communication']:.1f}% of the time" in verdict
     d = got["hooked"]["runs"][0]["derived"]
     assert d["sync_bytes"] == pytest.approx(4 * sum(p.numel() for p in _mlp(1024, 8).parameters()), rel=0.01)
     assert d["sync_busy_s"] >= d["hook_exposed_s"]

@@ -37,6 +37,7 @@ class HostPool:
         self.samples = [0] * size
         self.tokens: list[int | None] = [None] * size
         self.computed = [False] * size
+        self.reference = [False] * size  # a reference step (reference.py): no sync in its backward
         self.marks: list[list] = [[0.0, 0.0, 0.0, 0.0] for _ in range(size)]
         self.sync: list | None = None  # gradsync.Slot per slot, once a communication hook marks steps
         self.sync_read = None  # how a slot is read: GradSync.read (the hook's) or GradMarks.read
@@ -67,6 +68,8 @@ class HostPool:
         n = self.n
         out: dict[str, list] = {"index": self.index[:n], "wall_s": [], "data_s": [], "compute_s": [],
                                 "samples": self.samples[:n], "tokens": self.tokens[:n], "computed": self.computed[:n]}
+        if any(self.reference[:n]):
+            out["reference"] = self.reference[:n]
         if not n:
             return out
         syncs = None
@@ -175,8 +178,18 @@ def summary(cols: dict[str, list], window: int) -> dict:
         out["compute_seconds"] = sum(cols["compute_s"])
     if all(t is not None for t in cols["tokens"]):
         out["tokens"] = sum(cols["tokens"])
-    out["stalls"] = events(walls, cols["data_s"] if told else None, cols["compute_s"] if told else None,
-                           cols.get("queue_s"), cols["index"])
+    ref = cols.get("reference")
+    if ref and any(ref):  # a reference step's all-reduce runs unhidden: no stall of the job's
+        keep = [k for k, x in enumerate(ref) if not x]
+        out["reference_steps"] = len(walls) - len(keep)
+
+        def pick(col):
+            return [col[k] for k in keep] if col is not None else None
+    else:
+        def pick(col):
+            return col
+    out["stalls"] = events(pick(walls), pick(cols["data_s"]) if told else None,
+                           pick(cols["compute_s"]) if told else None, pick(cols.get("queue_s")), pick(cols["index"]))
     return out
 
 

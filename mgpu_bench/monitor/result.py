@@ -35,6 +35,11 @@ def record(mon) -> dict:
                            "peak_allocated": None, "peak_reserved": None, "total_memory": None,
                            "matmul_ceiling": None, "totals": dict(mon.totals), "stall_events": list(mon._stall_events),
                            "stall_sums": mon.stall_sums, "noise": None}
+    if mon._reference is not None:
+        try:
+            rec["reference"] = mon._reference.figures()
+        except Exception as exc:  # noqa: BLE001 - the reference steps are lost, the run is not
+            rec["notes"].append(f"the reference steps could not be read ({type(exc).__name__})")
     noise = mon._sync.noise if mon._sync is not None else None
     if noise is not None and noise.error:
         rec["notes"].append(f"noise_scale=True: its gradient norms failed ({noise.error}): the noise scale not "
@@ -46,6 +51,11 @@ def record(mon) -> dict:
             rec["noise"] = noise.figures(nbytes, mon.device)
         except Exception as exc:  # noqa: BLE001 - the noise scale is lost, the run is not
             rec["notes"].append(f"the noise scale's figures could not be read ({type(exc).__name__})")
+    fault = getattr(mon._sync, "fault", None)
+    if fault:
+        rec["notes"].append(f"the gradient marks hit a fault of their own ({fault}): " + (
+            "the reference steps stopped (the training went on)" if fault.startswith("after_backward: ") else
+            "steps from it on have no arrival or exposed-communication figures (the training went on)"))
     if mon.device is None:
         return rec
     import torch
@@ -106,6 +116,28 @@ def _aligned(records: list[dict]) -> tuple[list[int], list[dict]]:
     return steps, out
 
 
+def _references(present: list[dict], steps: list[int], cols: list[dict]):
+    """The reference steps (reference.py) out of the aligned steps (their all-reduce ran unhidden:
+    not the job's steps), and per rank {"steps", "wall_s", "comm_s"} of those every rank timed."""
+    flagged = {i for c in cols for i, x in zip(c.get("index") or [], c.get("reference") or []) if x}
+    if not flagged:
+        return steps, cols, {}
+    refs = {}
+    for r, c in zip(present, cols):
+        got = r.get("reference") or {}
+        comm = dict(zip(got.get("steps") or [], got.get("comm_s") or []))
+        walls = dict(zip(c.get("index") or [], c.get("wall_s") or []))
+        both = [i for i in sorted(flagged) if i in comm and i in walls]
+        refs[r["rank"]] = {"steps": both, "wall_s": [walls[i] for i in both], "comm_s": [comm[i] for i in both],
+                           "count": got.get("count", len(both)), "left_out": got.get("left_out", 0)}
+    keep_steps = [i for i in steps if i not in flagged]
+    out = []
+    for c in cols:
+        pos = [k for k, i in enumerate(c.get("index") or []) if i not in flagged]
+        out.append({key: [values[k] for k in pos] for key, values in c.items() if key != "reference"})
+    return keep_steps, out, refs
+
+
 def _median_int(values) -> int:
     return round(statistics.median(values)) if values else 0
 
@@ -149,6 +181,7 @@ def build(mon, present: list[dict], missing: list[int], steps: list[int], cols: 
     from mgpu_bench.probes.model.config import ModelConfig
 
     r0 = present[0] if present else {}
+    steps, cols, references = _references(present, steps, cols)
     key = job_key(mon.name)
     world = max(mon.world, len(present) + len(missing))
     samples = [s for c in cols for s in c.get("samples", [])]
@@ -196,6 +229,10 @@ def build(mon, present: list[dict], missing: list[int], steps: list[int], cols: 
             rank["stall_sums"] = r.get("stall_sums")
         if c.get("queue_s"):
             rank["queue"] = c["queue_s"]
+        if references.get(r["rank"]):
+            rank["reference"] = references[r["rank"]]
+        if not ranks and r.get("windows"):  # the windows' step ranges, for the ledger per window
+            rank["windows"] = [{"first": w["first"], "last": w["last"]} for w in r["windows"]]
         if r.get("noise"):
             rank["noise"] = r["noise"]
         if c.get("arrival_s") and any(x is not None for x in c["arrival_s"]):
@@ -383,6 +420,12 @@ def job_lines(job: dict, run) -> list[str]:
                          + f"steady-state step {1e3 * r['step_s']:.1f} ms, outside compute {1e3 * r['data_s']:.1f} ms, "
                          f"compute {1e3 * r['compute_s']:.1f} ms"
                          + (f", lag {1e3 * lag[idx]:.1f} ms" if idx < len(lag) else ""))
+    d = st.derived
+    if d.get("reference_steps"):
+        lines.append(f"exposed communication against {d['reference_steps']} reference steps (gradient sync off in the "
+                     f"backward, the all-reduce run after it and timed alone: {1e3 * d['reference_step_s']:.1f} ms a step "
+                     f"without it against {1e3 * d['step_s']:.1f} ms); they cost {100 * d['reference_cost_share']:.2f}% "
+                     "of the time")
     if job.get("first_step_s") is not None:
         lines.append(f"first step {job['first_step_s']:.2f} s (not timed"
                      + ("; its FLOPs counted" if (job.get("flops_source") or "").startswith("counted") else "") + ")")

@@ -108,6 +108,7 @@ class StepStats:
     comm_method: str | None = None  # how exposed_comm_share was measured: "no_sync", "hook", "profile"
     straggler: dict | None = None  # straggler.straggler over the stable window (2+ ranks)
     noise: dict | None = None  # noise_scale.combine of the ranks' gradient norms (noise_scale on)
+    ledger: dict | None = None  # ledger.build: the timed steps' wall clock by cause (None: documents before it)
 
     def to_dict(self) -> dict:
         out = {"world": self.world, "data": self.data, "window": list(self.window),
@@ -116,7 +117,7 @@ class StepStats:
                "ranks": self.ranks}
         if self.flops_per_sample is not None:  # counted FLOPs; documents before them have none
             out["flops_per_sample"] = self.flops_per_sample
-        for key in ("stalls", "comm_method", "straggler"):
+        for key in ("stalls", "comm_method", "straggler", "ledger"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.noise is not None:
@@ -187,6 +188,13 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
         d["exposed_comm_share"] = max(0.0, (step_s - d["no_sync_step_s"]) / step_s)
         st.comm_method = "no_sync"
     d.update(sync_figures(good, start, end, step_s, world))
+    ref = reference_exposed(good)
+    if d.get("exposed_comm_share") is None and ref is not None:
+        d["reference_step_s"], d["reference_steps"] = ref["step_s"], ref["steps"]
+        d["exposed_comm_share"] = max(0.0, (step_s - ref["step_s"]) / step_s)
+        # their cost: their walls over as many steady-state steps, of the wall clock (the totals hold them)
+        d["reference_cost_share"] = max(0.0, ref["wall_s"] - ref["steps"] * step_s) / elapsed if elapsed > 0 else 0.0
+        st.comm_method = "reference"
     if d.get("exposed_comm_share") is None and d.get("hook_exposed_share") is not None:
         d["exposed_comm_share"] = d["hook_exposed_share"]
         st.comm_method = "hook" if d.get("sync_busy_s") is not None else "marks"
@@ -211,6 +219,7 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
     st.derived = d
     if len(good) > 1:
         st.straggler = straggler_of(good, start, end, step_s)
+    st.ledger = _ledger(cfg, st, good, n)
     if all(r.get("noise") for r in good):
         from mgpu_bench import noise_scale
 
@@ -218,7 +227,66 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
     return st
 
 
+def reference_exposed(good: list[dict]) -> dict | None:
+    """From the in-job monitor's reference steps (monitor/reference.py): per reference step the
+    job's wall (the longest rank's) and that wall less the all-reduce run after its backward (the
+    least over the ranks: the last to arrive waits the least, its time is the all-reduce alone);
+    {"step_s": the median step without communication, "steps", "wall_s": their walls in all}.
+    None without at least REFERENCE_MIN of them on every rank."""
+    refs = [r.get("reference") for r in good]
+    if not all(refs):
+        return None
+    common = set.intersection(*(set(x["steps"]) for x in refs))
+    rows, walls = [], []
+    for i in sorted(common):
+        at = [x["steps"].index(i) for x in refs]
+        wall = max(x["wall_s"][k] for x, k in zip(refs, at))
+        comm = min(x["comm_s"][k] for x, k in zip(refs, at))
+        rows.append(max(0.0, wall - comm))
+        walls.append(wall)
+    if len(rows) < REFERENCE_MIN:
+        return None
+    return {"step_s": statistics.median(rows), "steps": len(rows), "wall_s": sum(walls)}
+
+
+# Reference steps the monitor's exposed communication needs at least (fewer: the marks' figure).
+REFERENCE_MIN = 3
+
+
+def _ledger(cfg: ModelConfig, st: StepStats, good: list[dict], n: int) -> dict | None:
+    """ledger.build over every aligned timed step, with the exposed communication measured against
+    a reference where one ran (no_sync or the monitor's reference steps; else the marks' per step),
+    the profile's GPU idle, and the monitor's windows."""
+    from . import ledger
+
+    d = st.derived
+    exposed_s = None
+    if st.comm_method in ("no_sync", "reference") and d.get("exposed_comm_share") is not None:
+        exposed_s = d["exposed_comm_share"] * d["step_s"]
+    prof = good[0].get("profile")
+    idle = prof["idle_s"] / prof["steps"] if prof and prof.get("steps") and prof.get("window_s") else None
+    index = good[0].get("steps_index")
+    groups, names = (), None
+    windows = good[0].get("windows")
+    if index and windows:
+        groups = ledger.windows_of(index[:n], windows)
+    if index:
+        names = list(index[:n])
+    try:
+        out = ledger.build(good, n, exposed_s=exposed_s, method=st.comm_method, idle_s_per_step=idle,
+                           cuda=cfg.device == "cuda", groups=groups)
+    except (KeyError, TypeError, ValueError, IndexError):  # a rank without phases per step: no ledger
+        return None
+    if names:
+        for w in out["windows"]:
+            w["first"], w["last"] = names[w["first"]], names[w["last"]]
+        out["first"], out["last"] = names[0], names[-1]
+    return out
+
+
 _COMM_METHOD = {"no_sync": "the same steps with and without gradient sync, no_sync()",
+                "reference": "reference steps: gradient sync off, the all-reduce run after the backward and timed "
+                             "alone",
                 "hook": "timed in DDP's communication hook: the last gradient bucket ready to the last all-reduce "
                         "done",
                 "marks": "the last gradient to the backward's end, DDP's wait for its all-reduce, from hooks on the "
@@ -231,21 +299,86 @@ def _comm_text(stats: StepStats, share: float, method: str | None) -> str:
     if method == "profile":
         return (f"communication-bound: NCCL kernels run with nothing else beside them {100 * share:.1f}% of the step "
                 f"(healthy is under {100 * EXPOSED_COMM_LIMIT:.0f}%)")
-    line = (f"communication-bound: exposed communication is {100 * share:.1f}% of the step (healthy is under "
+    of = "of the step"
+    step_share = d.get("exposed_comm_share")
+    if stats.ledger and stats.ledger.get("method") == method:  # the ledger's share, of every timed step's time
+        of = "of the time"
+        if step_share is not None and abs(step_share - share) >= 0.01:
+            of += f" ({100 * step_share:.1f}% of the steady-state step)"
+    line = (f"communication-bound: exposed communication is {100 * share:.1f}% {of} (healthy is under "
             f"{100 * EXPOSED_COMM_LIMIT:.0f}%; {_COMM_METHOD.get(method or '', 'measured')})")
     if d.get("sync_busbw"):
+        busy = d["sync_busy_s"] / d["step_s"]
         line += (f": the gradient all-reduce of {d['sync_bytes'] / 1e6:,.1f} MB per step ran "
-                 f"{1e3 * d['sync_busy_s']:.1f} ms ({100 * d['sync_busy_s'] / d['step_s']:.0f}% of the step, the part "
+                 f"{1e3 * d['sync_busy_s']:.1f} ms ({100 * busy:.0f}% of the step, the part "
                  f"hidden behind the backward included) at {d['sync_busbw'] / 1e9:,.2f} GB/s bus bandwidth (set it "
                  "beside `mgpu-bench comm` on the same ranks)")
+        if share > busy + 0.02:  # the two figures measure different things: say which
+            line += (f"; the step loses more ({100 * share:.1f}%) than the all-reduce itself runs ({100 * busy:.0f}%): "
+                     "it slows the compute beside it" + (" (gloo runs on the CPU cores the step computes on)"
+                                                         if stats.ranks and not stats.ranks[0].get("gpu_name") else
+                                                         " (NCCL's kernels take SMs and memory bandwidth)"))
     return line
+
+
+def _ledger_of(stats: StepStats, gross: StepStats | None) -> StepStats:
+    """The configuration whose ledger the verdict reads: the real DataLoader's where it ran beside
+    synthetic data (the job as it trains), else the one measured."""
+    return gross if gross is not None and gross.ledger else stats
 
 
 def losses(stats: StepStats, gross: StepStats | None = None) -> list[tuple[float, str, str]]:
     """The step's losses over their healthy limits, largest first: (share of the time, bound,
-    the verdict's words). Exposed communication (measured without gradient sync or in the DDP
-    hook, else NCCL alone in the profile), the input pipeline (its loss against synthetic data, else
-    the wait for data), long steps (stalls), an idle GPU (the profile)."""
+    the verdict's words), from the step ledger (ledger.py: a late rank, long steps, the input
+    pipeline, exposed communication, the GPU idle inside compute, each second counted once under
+    the cause that came first). Documents from before the ledger: their own figures (_old_losses)."""
+    src = _ledger_of(stats, gross)
+    led = src.ledger
+    if not led:
+        return _old_losses(stats, gross)
+    from . import ledger
+
+    out: list[tuple[float, str, str]] = []
+    for share, cause in ledger.losses(led):
+        out.append((share, _BOUND_OF[cause], _loss_text(stats, src, cause, share)))
+    return out
+
+
+_BOUND_OF = {"straggler": "straggler", "stalls": "stall", "input": "input", "communication": "communication",
+             "host": "host"}
+
+
+def _loss_text(stats: StepStats, src: StepStats, cause: str, share: float) -> str:
+    """A ledger cause over its limit in the verdict's words, with its number and what to do."""
+    from . import ledger
+
+    d = src.derived
+    limit = f"healthy is under {100 * ledger.LIMITS[cause]:.0f}%"
+    if cause == "straggler":
+        s = src.straggler or {}
+        if s.get("named"):
+            from .straggler import straggler_text
+
+            return (f"straggler-bound: waiting for another rank costs {100 * share:.1f}% of the time ({limit}): "
+                    + straggler_text(s, "").removeprefix("straggler: ").removeprefix("straggler, "))
+        return (f"rank imbalance: waiting for another rank costs {100 * share:.1f}% of the time ({limit}), and no one "
+                "rank is late more than the others: the ranks take turns (noise: shared cores or memory bandwidth, "
+                "an uneven host)")
+    if cause == "stalls":
+        said = stall_rule.text(src.stalls) if src.stalls else None
+        return f"stall-bound: long steps cost {100 * share:.1f}% of the time ({limit})" + (f": {said}" if said else "")
+    if cause == "input":
+        return (f"input-bound: the input pipeline costs {100 * share:.1f}% of the time (time outside compute() every "
+                f"rank waited; {limit}): raise --num-workers, or make per-sample preprocessing cheaper")
+    if cause == "communication":
+        return _comm_text(src, share, src.ledger.get("method"))
+    return (f"host-bound: the GPU idles {100 * share:.1f}% of the time inside compute() with the batch in hand "
+            f"({limit}): the host does not keep it fed (Python, kernel launches, synchronisations); "
+            f"{_rate_text(stats.derived or d)}")
+
+
+def _old_losses(stats: StepStats, gross: StepStats | None = None) -> list[tuple[float, str, str]]:
+    """losses() of a document from before the step ledger: each figure over its limit on its own."""
     d = stats.derived
     out: list[tuple[float, str, str]] = []
     exposed = d.get("exposed_comm_share")
@@ -276,7 +409,7 @@ def losses(stats: StepStats, gross: StepStats | None = None) -> list[tuple[float
 
 
 _SHORT = {"communication": "exposed communication", "input": "the input pipeline", "stall": "long steps",
-          "launch": "an idle GPU"}
+          "launch": "an idle GPU", "host": "an idle GPU inside compute", "straggler": "waiting for another rank"}
 
 
 def verdict(stats: StepStats, gross: StepStats | None = None) -> str:
@@ -423,7 +556,8 @@ SCALING_ABOVE = 1.05
 # limit (10%) makes the verdict a problem rather than a warning.
 BOUND_PROBLEM = 2.0
 BOUNDS = {"shared GPU": "shared", "compute-bound": "compute", "communication-bound": "communication", "input-bound": "input",
-          "memory-bound": "memory", "launch-bound": "launch", "stall-bound": "stall", "unexplained gap": "unexplained",
+          "memory-bound": "memory", "launch-bound": "launch", "host-bound": "host", "stall-bound": "stall",
+          "straggler-bound": "straggler", "rank imbalance": "straggler", "unexplained gap": "unexplained",
           "contention": "contention", "no verdict": "none"}
 
 
@@ -473,6 +607,14 @@ def _severity(run: ModelRun, n: int, text: str) -> str:
     main = eff or gross
     d = main.derived if main is not None else {}
     share, limit = None, None
+    if main is not None and _ledger_of(main, gross if eff is not None else None).ledger:
+        from . import ledger
+
+        found = losses(main, gross if eff is not None else None)
+        if found:
+            cause = next(c for c, b in _BOUND_OF.items() if b == found[0][1])
+            share, limit = found[0][0], ledger.LIMITS[cause]
+        return PROBLEM if share is not None and limit and share > BOUND_PROBLEM * limit else WARNING
     if text.startswith("communication-bound"):
         share = max(d.get("exposed_comm_share") or 0.0, d.get("comm_exposed_kernel_share") or 0.0)
         limit = EXPOSED_COMM_LIMIT
@@ -503,6 +645,12 @@ def findings(run: ModelRun, shared: Sequence = ()) -> list[Finding]:
                 lines.append(Finding(PROBLEM, f"{at}, {st.data} data: {st.error}"))
         v = said[n]
         lines.append(Finding(v.severity, v.line))
+        src = _ledger_of(main, gross if eff is not None else None)
+        if src.ledger and src.ledger.get("steps"):
+            from .ledger import line as ledger_line
+
+            lines.append(Finding(OK, f"{at}{', ' + src.data + ' data' if eff is not None and gross is not None else ''}"
+                                     f": {ledger_line(src.ledger)}"))
         loss = input_loss(eff, gross) if eff is not None else None
         if loss is not None and not (loss > INPUT_LIMIT and v.text.startswith("input-bound: the input pipeline")):
             lines.append(Finding(WARNING if loss > INPUT_LIMIT else OK,

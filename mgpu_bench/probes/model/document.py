@@ -81,6 +81,7 @@ def run_from_document(doc: dict) -> ModelRun:
                 comm_method=s.get("comm_method"),
                 straggler=s.get("straggler"),
                 noise=s.get("noise_scale"),
+                ledger=s.get("ledger"),
             )
         )
     return run

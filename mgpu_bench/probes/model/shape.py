@@ -77,10 +77,19 @@ STALLS = Obj({"count": Int(0), "steps": Int(0), "share": Num(0), "excess_s": Num
               "indices": List(Int(0)), "rank": Int(0, MAX_RANKS, null=True)},
              required=("count", "steps", "share"), what="a run's stalls", null=True)
 STRAGGLER = Obj({"rank": Int(0, MAX_RANKS), "lag_s": Num(0), "lag_share": Num(0), "named": Bool(),
-                 "by": Str(("arrival", "compute", "wall", "kernels"))}, what="a straggler", null=True)
+                 "by": Str(("arrival", "compute", "wall", "kernels", "intermittent"))}, what="a straggler", null=True)
+# ledger.build: the timed steps' wall clock split by cause (shares of it), per window and rank
+_SHARES_MAP = Map(Num(0, 1.0001))
+LEDGER = Obj({"seconds": Map(Num(0)), "shares": _SHARES_MAP, "wall_s": Num(0), "steps": Int(0),
+              "method": Str(("no_sync", "reference", "hook", "marks", "profile"), null=True),
+              "told_host": Bool(), "cuda": Bool(),
+              "windows": List(Obj({"first": Int(0), "last": Int(0), "shares": _SHARES_MAP}, what="a ledger window")),
+              "ranks": List(Obj({"rank": Int(0, MAX_RANKS), "shares": _SHARES_MAP}, what="a rank's ledger"))},
+             required=("seconds", "shares", "wall_s", "steps"), what="a step ledger", null=True)
 RUN = Obj({
     "world": Int(1, MAX_RANKS), "data": Str(("synthetic", "loader")), "ranks": List(RANK),
-    "stalls": STALLS, "straggler": STRAGGLER, "comm_method": Str(("no_sync", "hook", "marks", "profile"), null=True),
+    "stalls": STALLS, "straggler": STRAGGLER, "ledger": LEDGER,
+    "comm_method": Str(("no_sync", "reference", "hook", "marks", "profile"), null=True),
     "window": List(OneOf(Int(0), Bool()), min_len=3, max_len=3, null=True),
     "samples_per_step": Int(0), "tokens_per_step": Int(0, null=True), "flops_per_token": Num(0, null=True),
     "flops_per_sample": Num(0, null=True),

@@ -16,6 +16,7 @@ STRAGGLER_LIMIT of the step and it is the last rank in LATE_SHARE of the steps.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 
@@ -27,6 +28,11 @@ STRAGGLER_LIMIT = 0.05
 # ... and when it is the last rank in at least this share of the steps: noise makes each rank the
 # last about as often as the others (the comm probe's straggler rule, STRAGGLER_SHARE, likewise).
 LATE_SHARE = 0.75
+# A rank late in a subset of steps only (every k-th, or at random): its lag in a step counts when it
+# exceeds the steps' median lag by more than STRAGGLER_LIMIT of the step and INTERMITTENT_K robust
+# spreads (1.4826 x MAD) of the lags, as stalls.py judges a long step; the rank is named when the
+# time its late steps cost (their lag over the median lag) is over STRAGGLER_LIMIT of the time.
+INTERMITTENT_K = 5.0
 
 
 def lags(walls: Sequence[Sequence[float]], outside: Sequence[Sequence[float]] | None,
@@ -54,7 +60,8 @@ def lags(walls: Sequence[Sequence[float]], outside: Sequence[Sequence[float]] | 
 
 def straggler(walls: Sequence[Sequence[float]], outside: Sequence[Sequence[float]] | None,
               kernels: Sequence[float | None] = (), step_s: float | None = None,
-              arrival: Sequence[Sequence[float | None]] | None = None) -> dict | None:
+              arrival: Sequence[Sequence[float | None]] | None = None,
+              index: Sequence[int] | None = None) -> dict | None:
     """The slowest rank over the steps given (the stable window, every rank's steps aligned):
     {"rank", "lag_s" (median seconds behind the fastest rank per step), "lag_share" (of the
     median step), "by" ("arrival": its time outside compute(); "compute": it reaches the
@@ -63,8 +70,10 @@ def straggler(walls: Sequence[Sequence[float]], outside: Sequence[Sequence[float
     "outside_lag_s" and "compute_lag_s" (the straggler's median excess outside compute() and in
     its compute before the collectives; None where not measured)}. `kernels`: per rank, seconds
     of compute kernels per profiled step (None where not profiled); `arrival`: per rank and step,
-    seconds from compute() start to its first gradient bucket (gradsync). None for fewer than two
-    ranks or no steps."""
+    seconds from compute() start to its first gradient bucket (gradsync); index: the steps' numbers.
+    Where no rank lags in most steps, "intermittent" holds the rank late in a subset of them
+    (intermittent()); named there, it is the straggler, "by" "intermittent". None for fewer than
+    two ranks or no steps."""
     if len(walls) < 2 or not walls[0]:
         return None
     if arrival is not None and any(x is None for a in arrival for x in a):
@@ -93,10 +102,61 @@ def straggler(walls: Sequence[Sequence[float]], outside: Sequence[Sequence[float
     last = sum(1 for i in range(steps) if max(range(len(walls)), key=lambda q: per_step[q][i]) == r) / steps
     if by[r] == "kernels":
         last = 1.0  # one figure per rank over the profiled window
-    return {"rank": r, "lag_s": median_lag[r], "lag_share": share, "by": by[r], "limit": STRAGGLER_LIMIT,
-            "last_share": last, "named": share > STRAGGLER_LIMIT and last >= LATE_SHARE, "per_rank_lag_s": median_lag,
-            "outside_lag_s": out_excess[r] if out_excess else None,
-            "compute_lag_s": in_excess[r] if in_excess else None}
+    named = share > STRAGGLER_LIMIT and last >= LATE_SHARE
+    out = {"rank": r, "lag_s": median_lag[r], "lag_share": share, "by": by[r], "limit": STRAGGLER_LIMIT,
+           "last_share": last, "named": named, "per_rank_lag_s": median_lag,
+           "outside_lag_s": out_excess[r] if out_excess else None,
+           "compute_lag_s": in_excess[r] if in_excess else None}
+    if not named:
+        found = intermittent(per_step, [max(w[i] for w in walls) for i in range(steps)], step, index)
+        if found is not None:
+            out["intermittent"] = found
+            if found["named"]:
+                out.update(rank=found["rank"], named=True, by="intermittent")
+    return out
+
+
+def intermittent(per_step: Sequence[Sequence[float]], walls: Sequence[float], step_s: float,
+                 index: Sequence[int] | None = None) -> dict | None:
+    """A rank late in a subset of the steps: per step the latest rank's lag (per_step: lags()),
+    the steps where one rank is late by more than the median lag plus the larger of
+    STRAGGLER_LIMIT of the step and INTERMITTENT_K robust spreads; the rank whose late steps cost
+    most: {"rank", "steps" (how many), "of", "indices" (their step numbers), "every" (mean steps
+    between them), "period" (when at least LATE_SHARE of them fall every p-th step), "lag_s" (its
+    median lag in them), "cost_s", "cost_share" (their lag over the median lag / the steps' wall
+    clock), "named" (cost_share over STRAGGLER_LIMIT)}; None when no step is late."""
+    from collections import Counter
+
+    ranks, n = len(per_step), len(per_step[0]) if per_step else 0
+    if ranks < 2 or n < 5:
+        return None
+    top = [max(range(ranks), key=lambda q: per_step[q][i]) for i in range(n)]
+    lag = [per_step[top[i]][i] for i in range(n)]
+    med = statistics.median(lag)
+    spread = 1.4826 * statistics.median(abs(x - med) for x in lag)
+    bar = med + max(STRAGGLER_LIMIT * step_s, INTERMITTENT_K * spread)
+    late: dict[int, list[int]] = {}
+    for i in range(n):
+        if lag[i] > bar:
+            late.setdefault(top[i], []).append(i)
+    if not late:
+        return None
+    total = sum(walls)
+    cost = {r: sum(lag[i] - med for i in steps) for r, steps in late.items()}
+    r = max(cost, key=lambda q: cost[q])
+    steps = late[r]
+    idx = [int(index[i]) if index is not None else i for i in steps]
+    out = {"rank": r, "steps": len(steps), "of": n, "indices": idx[:200], "every": None, "period": None,
+           "lag_s": statistics.median(lag[i] for i in steps), "cost_s": cost[r],
+           "cost_share": cost[r] / total if total > 0 else 0.0}
+    if len(idx) >= 2:
+        out["every"] = (idx[-1] - idx[0]) / (len(idx) - 1)
+    if len(idx) >= 3:
+        gap = Counter(b - a for a, b in itertools.pairwise(idx)).most_common(1)[0][0]
+        if gap > 1 and Counter(i % gap for i in idx).most_common(1)[0][1] >= LATE_SHARE * len(idx):
+            out["period"] = gap
+    out["named"] = out["cost_share"] > STRAGGLER_LIMIT
+    return out
 
 
 _BY = {"arrival": "it reaches the step's collectives late (its time outside compute(): waiting for data, host work "
@@ -109,8 +169,27 @@ _BY = {"arrival": "it reaches the step's collectives late (its time outside comp
                   "for it in NCCL"}
 
 
+def _nth(k: int) -> str:
+    from .stalls import _nth as nth
+
+    return nth(k)
+
+
+def intermittent_text(x: dict, where: str) -> str:
+    """A rank late in some steps: how often, by how much, what it costs."""
+    how = (f"every {_nth(x['period'])} step" if x.get("period") else
+           f"irregular, about one in {x['every']:.0f}" if x.get("every") else "once")
+    return (f"rank {x['rank']}{where} is late in {x['steps']} of {x['of']} steps ({how}), "
+            f"{1e3 * x['lag_s']:.1f} ms behind the fastest rank each time: the others' wait costs "
+            f"{100 * x['cost_share']:.1f}% of the time")
+
+
 def straggler_text(s: dict, where: str) -> str:
     """The finding's words: the rank, where it runs, its lag, the limit and the likely cause."""
+    x = s.get("intermittent")
+    if s["named"] and s.get("by") == "intermittent" and x:
+        return (f"straggler, intermittent: {intermittent_text(x, where)} (healthy is under "
+                f"{100 * s['limit']:.0f}%); in its other steps it keeps pace")
     line = (f"rank {s['rank']}{where} lags the fastest rank by {1e3 * s['lag_s']:.1f} ms per step "
             f"({100 * s['lag_share']:.1f}% of the step")
     if s["named"]:
@@ -119,7 +198,10 @@ def straggler_text(s: dict, where: str) -> str:
             split = (f" (in compute before the collectives {1e3 * s['compute_lag_s']:.1f} ms, outside compute() "
                      f"{1e3 * s['outside_lag_s']:.1f} ms)")
         return f"straggler: {line}; healthy is under {100 * s['limit']:.0f}%): {_BY[s['by']]}{split}"
+    if x:  # late steps whose cost stays under the limit
+        return (f"no straggler: {intermittent_text(x, where)}, under the {100 * s['limit']:.0f}% that names one")
     if s["lag_share"] > s["limit"]:
         return (f"no straggler: the slowest rank, {line}), is the last in only {100 * s['last_share']:.0f}% of the "
-                f"steps (one is named when it is in {100 * LATE_SHARE:.0f}%): the ranks take turns, noise")
+                f"steps (one is named when it is in {100 * LATE_SHARE:.0f}%) and no rank is late in a subset of "
+                "them: the ranks take turns, noise")
     return f"no straggler: the slowest rank, {line}), is under the {100 * s['limit']:.0f}% that names one"

@@ -102,11 +102,15 @@ def straggler_of(good: list[dict], start: int, end: int, step_s: float) -> dict 
 
     outside = [col(r, "outside") for r in good]
     arrival = [(r.get("sync") or {}).get("arrival") for r in good]
+    index = good[0].get("steps_index")
     s = straggler([col(r, "step") for r in good], None if any(o is None for o in outside) else outside,
                   [_kernel_s(r.get("profile")) for r in good], step_s,
-                  [a[start:end] for a in arrival] if all(arrival) else None)
+                  [a[start:end] for a in arrival] if all(arrival) else None,
+                  index[start:end] if index and len(index) >= end else list(range(start, end)))
     if s is not None:
         s["rank"] = good[s["rank"]].get("rank", s["rank"])
+        if s.get("intermittent"):
+            s["intermittent"]["rank"] = good[s["intermittent"]["rank"]].get("rank", s["intermittent"]["rank"])
     return s
 
 

@@ -1,0 +1,202 @@
+"""The step ledger (mgpu_bench.probes.model.ledger) in real jobs on gloo ranks, each case built so
+that its answer is known by construction: a slow DataLoader (the input share is the gross against
+effective loss), a rank sleeping inside its forward (the verdict names it and its cost, not the
+network), a wide model whose gradient sync is most of the step (the exposed share within 10% of
+the step time the same loop saves under no_sync(), measured in the same job), periodic pauses
+(stalls), and on four ranks a rank late in every 5th step only (named with its period). In every
+case the ledger's shares add up to the wall clock of the timed steps within 2%."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+
+pytestmark = pytest.mark.timing  # judges measured speed (against what the same run measured)
+
+torch = pytest.importorskip("torch")
+
+LAG_S = 0.025  # rank 1's extra time inside its forward, every step
+LATE_S, PERIOD = 0.08, 5  # the intermittent straggler's extra time, every PERIOD-th step
+LOADER_S = 0.03  # the slow DataLoader's time per batch (a slow decoder)
+PAUSE_S, PAUSE_EVERY = 0.15, 8  # the loop's periodic pause (a checkpoint)
+
+
+def _mlp(width: int, layers: int):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+
+
+class Slow(torch.utils.data.Dataset):
+    """Random rows; each batch's first sample sleeps LOADER_S."""
+
+    def __init__(self, width: int, n: int, batch: int) -> None:
+        self.width, self.n, self.batch = width, n, batch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i % self.batch == 0:
+            time.sleep(LOADER_S)
+        return torch.randn(self.width, generator=torch.Generator().manual_seed(i))
+
+
+def job(cases: tuple[str, ...], db: str) -> dict:
+    """One rank of a user's DDP job on gloo, monitored once per case."""
+    import torch.distributed as dist
+
+    from mgpu_bench import StepMonitor
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for case in cases:
+        width, layers, batch = (1024, 8, 2) if case == "comm" else (256, 3, 32)
+        model = torch.nn.parallel.DistributedDataParallel(_mlp(width, layers))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        x = torch.randn(batch, width)
+
+        def step(i: int, model=model, opt=opt, case=case, x=x):
+            if case == "straggler" and rank == 1:
+                time.sleep(LAG_S)  # inside compute(), before the forward: the others wait in the all-reduce
+            if case == "intermittent" and rank == world - 1 and i % PERIOD == PERIOD - 1:
+                time.sleep(LATE_S)
+            if case == "stalls" and i % PAUSE_EVERY == PAUSE_EVERY - 1:
+                time.sleep(PAUSE_S)
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+        steps = {"comm": 68, "intermittent": 44}.get(case, 34)
+        mon = StepMonitor(f"ledger-{case}", model=model, warmup=4, window=10, db=db, print=rank == 0,
+                          reference_every=4 if case == "comm" else 20)
+        if case == "input":
+            loader = torch.utils.data.DataLoader(Slow(width, batch * steps, batch), batch_size=batch)
+            for i, xb in enumerate(loader):
+                with mon.step(samples=xb.shape[0]), mon.compute():
+                    loss = model(xb).square().mean()
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+        else:
+            for i in range(steps):
+                with mon.step(samples=batch), mon.compute():
+                    step(i)
+        got = {"doc": mon.finish()}
+        if case == "comm":  # the A/B the monitor does not do: the same steps with and without sync, interleaved
+            ab: dict[bool, list[float]] = {True: [], False: []}
+            dist.barrier()
+            for i in range(48):  # one step with sync, one without, and again: the same conditions for both
+                sync = i % 2 == 0
+                with model.no_sync() if not sync else torch.enable_grad():
+                    t0 = time.perf_counter()
+                    step(i)
+                    ab[sync].append(time.perf_counter() - t0)
+            got["ab"] = {k: statistics.median(v) for k, v in ab.items()}
+        out[case] = got
+    dist.destroy_process_group()
+    return out
+
+
+def _run(world: int, cases: tuple[str, ...], db: str) -> dict:
+    import uuid
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from mgpu_bench import launch
+
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"ledger-{uuid.uuid4().hex[:8]}",
+                      rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,
+                      monitor_interval=0.1, start_method="spawn")
+    results = launch.run_elastic(lc, job, cases, db, children="die")
+    return results[0]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    db = str(tmp_path_factory.mktemp("ledger") / "h.sqlite3")
+    return _run(2, ("input", "straggler", "comm", "stalls"), db)
+
+
+def _ledger(doc: dict) -> dict:
+    (run,) = doc["runs"]
+    led = run["ledger"]
+    assert sum(led["shares"].values()) == pytest.approx(1.0, abs=1e-6)
+    # the ledger's wall clock is that of the timed steps it covers: within 2% of their walls
+    elapsed = max(sum(r["phases"]["step"]) for r in run["ranks"])
+    assert led["wall_s"] == pytest.approx(elapsed, rel=0.02)
+    assert sum(led["seconds"].values()) == pytest.approx(led["wall_s"], rel=1e-9)
+    for r in led["ranks"]:
+        assert sum(r["shares"].values()) == pytest.approx(1.0, abs=1e-6)
+    return led
+
+
+def _verdict(doc: dict) -> str:
+    return next(f for f in doc["findings"] if f.startswith(("2 process(es): ", "4 process(es): "))
+                ).split(": ", 1)[1]
+
+
+def test_a_slow_dataloader_is_input_bound_with_the_gross_against_effective_share(two):
+    doc = two["input"]["doc"]
+    led = _ledger(doc)
+    job = doc["job"]
+    loss = 1 - job["gross_samples_per_s"] / job["effective_samples_per_s"]
+    assert loss > 0.2, job  # built so: the loader's sleep is a good part of the step
+    assert abs(led["shares"]["input"] - loss) < 0.05, (led["shares"], loss)
+    assert _verdict(doc).startswith("input-bound: the input pipeline costs"), doc["findings"]
+
+
+def test_a_rank_slow_in_its_forward_is_the_straggler_and_its_cost_not_communication(two):
+    doc = two["straggler"]["doc"]
+    led = _ledger(doc)
+    verdict = _verdict(doc)
+    assert verdict.startswith("straggler-bound: waiting for another rank costs"), doc["findings"]
+    assert "rank 1" in verdict
+    step = doc["runs"][0]["derived"]["step_s"]
+    # the wait is the lag: LAG_S of every step, give or take the scheduler
+    assert 0.6 * LAG_S / step < led["shares"]["straggler"] < 1.6 * LAG_S / step, (led["shares"], step)
+    assert led["shares"]["straggler"] > led["shares"]["communication"]
+    # per rank: rank 0 waits, rank 1 does not
+    per = {r["rank"]: r["shares"] for r in led["ranks"]}
+    assert per[0]["waiting"] > 3 * per[1]["waiting"]
+
+
+def test_a_wide_models_exposed_communication_is_the_no_sync_difference(two):
+    got = two["comm"]
+    doc, ab = got["doc"], got["ab"]
+    (run,) = doc["runs"]
+    d = run["derived"]
+    cost = 1 - ab[False] / ab[True]
+    assert cost > 0.3, ab  # built so: the sync is a good part of the step
+    assert run["comm_method"] == "reference" and d["reference_steps"] >= 5, (run["comm_method"], d)
+    assert d["exposed_comm_share"] == pytest.approx(cost, rel=0.10), (d["exposed_comm_share"], cost)
+    led = _ledger(doc)
+    assert led["method"] == "reference"
+    assert led["shares"]["communication"] + led["shares"]["straggler"] == pytest.approx(cost, rel=0.15)
+    assert any("reference steps" in line for line in doc["findings"] + [_verdict(doc)])
+
+
+def test_periodic_pauses_are_the_stalls_share(two):
+    doc = two["stalls"]["doc"]
+    led = _ledger(doc)
+    d = doc["runs"][0]["derived"]
+    steps = led["steps"]
+    expected = (steps // PAUSE_EVERY) * PAUSE_S / led["wall_s"]
+    assert led["shares"]["stalls"] == pytest.approx(expected, rel=0.35), (led["shares"], expected, d)
+    assert _verdict(doc).startswith("stall-bound"), doc["findings"]
+
+
+def test_an_intermittent_straggler_on_four_ranks_is_named_with_its_period(tmp_path):
+    doc = _run(4, ("intermittent",), str(tmp_path / "h.sqlite3"))["intermittent"]["doc"]
+    led = _ledger(doc)
+    s = doc["job"]["straggler"]
+    assert s["named"] and s["by"] == "intermittent" and s["rank"] == 3, (s, doc["findings"])
+    x = s["intermittent"]
+    assert x["period"] == PERIOD and 0.6 * LATE_S < x["lag_s"] < 2.0 * LATE_S, x
+    line = next(f for f in doc["findings"] if "intermittent" in f)
+    assert "rank 3" in line and f"every {PERIOD}th step" in line
+    assert led["shares"]["straggler"] > 0.05
