@@ -183,6 +183,41 @@ def test_every_documented_command_line_parses():
 # -- the README ------------------------------------------------------------------------------
 
 
+def _following(path: Path, line_text: str) -> tuple[list[str], list[str]]:
+    """The shell fence of `path` that holds `line_text`, and the output fence right after it."""
+    blocks = fences(path.read_text(encoding="utf-8"))
+    for i, (lang, _, lines) in enumerate(blocks):
+        if lang in SHELL and line_text in lines:
+            return lines, blocks[i + 1][2] if i + 1 < len(blocks) else []
+    raise AssertionError(f"{path.name} has no shell fence with {line_text!r}")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/commands/side-by-side.md"])
+def test_the_side_by_side_lines_run_as_written_from_the_checkout(page, tmp_path):
+    """The README's `history add --join` line named logs that are not where the reader stands (they
+    are under tests/fixtures/nccl-tests/): the block is run as written, by bash (its glob
+    expanded as a reader's shell expands it), from a folder that sees the checkout's tests/ as the
+    checkout's root does, with a history of its own: every line exits 0, and the output the page
+    shows after it is what side-by-side prints (but the import's own time)."""
+    lines, shown = _following(ROOT / page, "mgpu-bench side-by-side r1 r2 --report side-by-side/")
+    (tmp_path / "tests").symlink_to(ROOT / "tests")
+    env = {**os.environ, "MGPU_BENCH_DB": str(tmp_path / "history.db"), "PYTHONPATH": str(ROOT),
+           "CUDA_VISIBLE_DEVICES": ""}
+    # `mgpu-bench` as the script a reader has installed: the package of this checkout
+    script = f'mgpu-bench() {{ {shlex.quote(sys.executable)} -m mgpu_bench.cli "$@"; }}\nset -e\n' + "\n".join(lines)
+    r = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+                       check=False)
+    assert r.returncode == 0, f"{page}'s lines as written: exit {r.returncode}\n{r.stderr[-3000:]}"
+    assert "stored r1" in r.stdout and "stored r2" in r.stdout and "all_reduce_perf_2xh200.log" in r.stdout
+    assert (tmp_path / "side-by-side" / "report.html").is_file()
+    printed = [" ".join(line.split()) for line in r.stdout.splitlines()]
+    # (the "created" of an imported log is the time it was imported; "..." marks lines left out)
+    for line in (" ".join(x.split()) for x in shown if x.strip() and x.strip() != "..." and
+                 not x.startswith("created")):
+        assert line in printed, f"{page} shows {line!r}, which side-by-side no longer prints:\n{r.stdout}"
+
+
+
 def test_readme_is_short_and_its_links_resolve():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) < 150
