@@ -169,6 +169,12 @@ class StepMonitor(Ending):
         with marks (GradSync), which also gives its time and bus bandwidth, at a cost (on one H200,
         2.4% of a 350m DDP step with DDP's 25 MB buckets); False: neither (but for the noise
         scale's hooks, with noise_scale=True).
+    reference_every: with the default marks (comm_hook None), one timed step in this many is a
+        reference step (mgpu_bench.monitor.reference): DDP's sync off in its backward, the
+        gradients' all-reduce run after it and timed alone, so that the exposed communication is
+        the step's time against the same step without it (as `model` measures it with no_sync()),
+        not only the tail the marks see; the training still gets the ranks' mean gradient. 0: off
+        (the marks' figure). The reference steps' cost is said.
     noise_scale: estimate the gradient noise scale B_simple from each rank's gradient and the
         all-reduced one (mgpu_bench.noise_scale: McCandlish et al. 2018, appendix A), per window,
         and what more GPUs buy against it; its cost is measured and said. The norms: in the steps
@@ -194,7 +200,8 @@ class StepMonitor(Ending):
                  flops_per_step: float | None = None, count_flops: bool = True, peak_tflops: float | None = None,
                  dtype: str = "bf16", warmup: int = 5, window: int = 50, keep_steps: int = 1000,
                  profile: bool | None = None, profile_at: int | None = None, profile_steps: int = 3,
-                 ceiling: bool = True, comm_hook: bool | None = None, noise_scale: bool = False,
+                 ceiling: bool = True, comm_hook: bool | None = None, reference_every: int = 20,
+                 noise_scale: bool = False,
                  noise_every: int = 8, store: bool = True, db: str | None = None, json: str | None = None,
                  report: str | None = None, prometheus: str | None = None, print: bool = True,
                  progress: bool = False, device: Any = None, strict: bool = False,
@@ -217,6 +224,8 @@ class StepMonitor(Ending):
             raise MonitorError(f"StepMonitor(comm_hook={comm_hook!r}): give True, False or None (a DDP model's "
                                "all-reduce timed in its communication hook where it has none of its own)")
         self.comm_hook = comm_hook
+        self.reference_every = _positive_int(reference_every, "reference_every", 0, 1_000_000)
+        self._reference: Any = None  # reference.Reference, where its steps can run
         if noise_scale not in (True, False):
             raise MonitorError(f"StepMonitor(noise_scale={noise_scale!r}): give True or False")
         self.noise_scale = noise_scale
@@ -395,12 +404,24 @@ class StepMonitor(Ending):
             return None
         return n
 
+    def _reference_off(self) -> None:
+        """No more reference steps, and DDP's gradient sync on (a step the monitor turned it off in
+        must never leave it off)."""
+        ref = self._reference
+        if ref is not None:
+            ref.error = ref.error or "the monitor stopped"
+            if ref.active:
+                ref.active = False
+                with contextlib.suppress(Exception):
+                    ref.ddp.require_backward_grad_sync = True
+
     def _fault(self, exc: BaseException) -> None:
         """The monitor's own fault: it stops measuring, the training goes on."""
         if self._off is None:
             self._off = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             warnings.warn(f"mgpu-bench monitor: stopped measuring after {self._seen} step(s) ({self._off}); the "
                           "steps measured before are kept", MonitorWarning, stacklevel=4)
+        self._reference_off()
         self._slot_open = False
         if self._profiling is not None:
             self._profiling.abandon()
@@ -435,6 +456,7 @@ class StepMonitor(Ending):
                 pool.samples[n] = self._samples
                 pool.tokens[n] = self._tokens
                 pool.computed[n] = False
+                pool.reference[n] = False
                 pool.mark(clock.START)
                 self._slot_open = True
         except Exception as exc:  # noqa: BLE001 - the monitor's fault, not the training's
@@ -452,9 +474,13 @@ class StepMonitor(Ending):
                     pool.mark(clock.COMPUTE_START)
                     if self._sync is not None:
                         self._sync.slot = pool.sync_slot()
+                        noisy = False
                         if self._sync.noise is not None:
-                            self._sync.noise.active = self._seen % self.noise_every == 0
+                            noisy = self._sync.noise.active = self._seen % self.noise_every == 0
                             self._sync.arm()
+                        ref = self._reference
+                        if ref is not None and not noisy and ref.wanted(pool.index[pool.n]):
+                            pool.reference[pool.n] = ref.begin(pool.index[pool.n])
             if self._count_pending and self._profiling is None:
                 self._count_pending = False
                 self._discard = True  # a counted step runs slower: never timed
@@ -474,6 +500,8 @@ class StepMonitor(Ending):
             if self._slot_open:
                 self._pool.mark(clock.COMPUTE_END)
             if self._sync is not None:
+                if self._reference is not None and self._reference.active:
+                    self._reference.end(getattr(self._sync.slot, "backwards", None), exc_type is None)
                 if self._sync.noise is not None and self._sync.slot is not None:
                     self._sync.noise.end_step(self._samples)
                     self._sync.disarm()
@@ -607,6 +635,16 @@ class StepMonitor(Ending):
         self._sync = sync
         for pool in (self._pool, self._other):
             pool.sync_read = sync.read
+        if isinstance(sync, GradMarks) and self.reference_every:
+            from . import reference
+
+            why = reference.usable(ddp, self.model)
+            if why is None:
+                self._reference = reference.Reference(ddp, cuda, self.reference_every)
+                sync.after_backward = self._reference.after_backward
+            else:
+                self._notes.append(f"no reference steps ({why}): exposed communication from the marks alone, which "
+                                   "miss what the all-reduce costs the compute beside it")
 
     def _edge(self) -> None:
         """The pool is full: the one before it is read (its steps ended a window ago), and the
@@ -697,6 +735,7 @@ class StepMonitor(Ending):
             self._state, self._slot_open = IDLE, False
             if self._counter is not None:
                 self._fault(RuntimeError("the job ended inside the counted step"))
+        self._reference_off()
         if self._state != IDLE:
             self._misuse("finish-in-step", "finish() inside a step: the open step is left out")
             self._state, self._slot_open = IDLE, False
