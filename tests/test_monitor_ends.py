@@ -132,3 +132,98 @@ def test_a_sample_count_beyond_sense_is_refused_at_step():
         mon.step(samples=2**70)
     with pytest.raises(MonitorError, match="up to 1,099,511,627,776"):
         mon.step(samples=8, tokens=2**70)
+
+
+# -- signals, threads and forks ----------------------------------------------------------------------
+
+SIGNALLED = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    import torch
+    from mgpu_bench import StepMonitor  # imported in the main thread, as a job's script does
+
+    how, db = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    asked = []
+    if how == "own-handler":  # the job's own graceful stop, set after the import
+        signal.signal(signal.SIGTERM, lambda signum, frame: asked.append(signum))
+
+    def train():
+        model = torch.nn.Linear(32, 32)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.randn(8, 32)
+        mon = StepMonitor("signalled-" + how, model=model, warmup=2, window=5, db=db, print=False)
+        for i in range(60):
+            with mon.step(samples=8):
+                with mon.compute():
+                    loss = model(x).square().mean(); loss.backward(); opt.step(); opt.zero_grad()
+                    time.sleep(0.002)
+            if i != 23:
+                continue
+            if how.startswith("fork"):  # a forked child (as a fork-started DataLoader worker is) that ends
+                pid = os.fork()
+                if pid == 0:
+                    if how == "fork-exit":
+                        sys.exit(0)  # the child's exit runs the exit hooks it inherited
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(30)
+                print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+            else:
+                os.kill(os.getpid(), getattr(signal, how.split("-")[0].replace("own", "SIGTERM")))
+        mon.finish()
+        print("finished", asked, flush=True)
+
+    if how.endswith("-thread"):  # the monitor made and stepped in a worker thread; the main thread waits
+        worker = threading.Thread(target=train)
+        worker.start()
+        worker.join()
+    else:
+        train()
+""")
+
+
+def _signalled(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess, str]:
+    script = tmp_path / "job.py"
+    script.write_text(SIGNALLED)
+    db = str(tmp_path / "h.sqlite3")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "MGPU_BENCH_DB": db}
+    proc = subprocess.run([sys.executable, str(script), how, db], capture_output=True, text=True, timeout=240, env=env,
+                          cwd=tmp_path, check=False)
+    return proc, db
+
+
+@pytest.mark.parametrize("how", ["SIGHUP", "SIGTERM-thread", "SIGHUP-thread"])
+def test_a_job_ended_by_sighup_or_from_a_worker_thread_keeps_its_windows(tmp_path, how):
+    """SIGHUP (the job's terminal or ssh session closed) keeps the figures as SIGTERM does; so do both
+    when the monitor was made and stepped in a worker thread (where no handler can be set: the one
+    the main thread set at the import keeps it). The process still ends by the signal."""
+    proc, db = _signalled(tmp_path, how)
+    sig = getattr(signal, how.split("-")[0])
+    assert proc.returncode == -sig, proc.stderr[-3000:]
+    assert "finished" not in proc.stdout  # ended by the signal, not run on to finish()
+    doc = _stored(db)
+    assert doc["status"]["stopped"] == "interrupted" and sig.name in doc["status"]["message"], doc["status"]
+    assert _kept_windows(doc) >= 4 and doc["runs"][0]["derived"]["measured_steps"] >= 20
+
+
+def test_a_job_with_its_own_sigterm_handler_goes_on_and_finishes(tmp_path):
+    """A job that handles SIGTERM itself (a graceful stop it decides on) is not cut short by the
+    monitor: its handler runs, the training goes on, finish() stores the whole run."""
+    proc, db = _signalled(tmp_path, "own-handler")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"finished [{int(signal.SIGTERM)}]" in proc.stdout  # the job's handler ran
+    doc = _stored(db)
+    assert not doc["status"].get("stopped"), doc["status"]
+    assert doc["runs"][0]["derived"]["measured_steps"] >= 50  # the steps after the signal counted too
+
+
+@pytest.mark.parametrize("how, child", [("fork-exit", 0), ("fork-term", -signal.SIGTERM)])
+def test_a_forked_child_that_ends_stores_nothing(tmp_path, how, child):
+    """A child forked from the monitored process (os.fork, as a fork-started DataLoader worker is)
+    that calls sys.exit, or is ended by SIGTERM, inherits the monitor's exit hook and signal
+    handler but stores no run of its own: only the parent's whole run is in the history."""
+    proc, db = _signalled(tmp_path, how)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"child {child}\n" in proc.stdout, proc.stdout  # the child ended as it would have: 0, or by the signal
+    doc = _stored(db)  # exactly one model run
+    assert doc["job"]["name"] == f"signalled-{how}" and not doc["status"].get("stopped"), doc["status"]
+    assert doc["runs"][0]["derived"]["measured_steps"] >= 50

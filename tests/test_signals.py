@@ -465,3 +465,87 @@ def test_a_stop_after_the_ranks_kept_their_results_keeps_them(tmp_path, sig, whe
     else:
         assert len(lines) == 2 and lines[0].startswith("lost ") and lines[1] == f"not started: {stopped}", out + err
     assert "Traceback" not in err and "ChildFailedError" not in err, err[-3000:]
+
+
+# -- a stop signal in a run's last second ----------------------------------------------------------
+
+# Two sizes: the bar shows "1/2" once the first is measured; what follows is the last size (a few
+# ms), the ranks' teardown, the analysis, the history row, the report and the JSON: the window.
+_LAST_RUN = ["comm", "--backend", "torch", "--progress", "--sizes", "1K,2K", "--ops", "allreduce", "--outofplace",
+             "--iters", "5", "--warmup-iters", "1"]
+_LAST_SIZE = r"(?:^|[\s\[])1/2(?:[\s\]]|$)"
+
+
+def _last_second(folder, delay_s: float | None, sig: int = signal.SIGTERM, group: bool = False) -> dict:
+    """One short comm run into `folder`; `delay_s` after its last size began, `sig` to the tool (or,
+    with `group`, to its process group: the gloo ranks too, as a closing terminal or scancel does).
+    -> its exit code, stderr, and the seconds from the last size's start to its exit."""
+    folder.mkdir()
+    proc = _start([*_LAST_RUN, "--json", str(folder / "r.json"), "--db", str(folder / "h.sqlite3"), "--report",
+                   str(folder / "rep")], folder)
+    try:
+        seen = wait_for_output(proc, _LAST_SIZE)
+        began = time.monotonic()
+        if delay_s is not None:
+            time.sleep(delay_s)
+            (os.killpg if group else os.kill)(proc.pid, sig)  # a zombie not yet reaped takes it silently
+        _out, rest = proc.communicate(timeout=scaled(DEADLINE_S))
+        ended = time.monotonic()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return {"code": proc.returncode, "err": plain((seen + rest).decode(errors="replace")), "window_s": ended - began,
+            "folder": folder, "sig": sig, "delay_s": delay_s}
+
+
+def _kept_whole(trial: dict) -> str:
+    """What the run left, checked: the JSON, its history row and its report, each complete; or,
+    where the stop came before anything was measured, none of them. -> "stopped" (the run says the
+    signal stopped it), "complete", or "nothing"."""
+    from mgpu_bench.history import History
+
+    folder, err = trial["folder"], trial["err"]
+    assert "Traceback" not in err, err[-3000:]
+    j, db, rep = folder / "r.json", folder / "h.sqlite3", folder / "rep" / "report.html"
+    if not j.exists():
+        assert not rep.exists() and (not db.exists() or not History.open(str(db)).list()), err[-3000:]
+        return "nothing"
+    doc = json.loads(j.read_text())  # whole: it parses
+    assert doc["measurements"], err[-3000:]
+    assert rep.exists() and "allreduce" in rep.read_text(), err[-3000:]
+    with History.open(str(db)) as h:
+        (row,) = h.list()
+        assert len(h.get(row.run_id).document["measurements"]) == len(doc["measurements"])
+    return "stopped" if doc["status"].get("stopped") else "complete"
+
+
+@linux
+def test_a_stop_signal_in_the_last_second_of_comm_keeps_the_json_the_history_row_and_the_report(tmp_path):
+    """SIGTERM or SIGHUP, to the tool or to its process group, at points spread over the end of a
+    run (the last size, the ranks' teardown, the analysis, storing, the report, the JSON; the window
+    measured by a first run): every trial leaves the JSON, its history row and the report whole,
+    and exits 128 + the signal (or 0, where the signal came once the exit code was chosen); a run
+    that says it was stopped always exits 128 + the signal. Once it lost all three when the signal
+    came while the gloo ranks were joined."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _cpu_only()
+    first = _last_second(tmp_path / "first", None)
+    assert first["code"] == 0 and _kept_whole(first) == "complete", first["err"][-3000:]
+    window = first["window_s"]
+    kinds = [(signal.SIGTERM, False), (signal.SIGHUP, True), (signal.SIGTERM, True), (signal.SIGHUP, False)]
+    n = 8
+    plans = [(tmp_path / f"t{k}", window * k / n, *kinds[k % len(kinds)]) for k in range(n)]
+    with ThreadPoolExecutor(4) as pool:  # four at a time: the test's time, and a host as busy as a real one
+        trials = list(pool.map(lambda p: _last_second(*p), plans))
+    told = []
+    for t in trials:
+        what = _kept_whole(t)
+        code, expected = t["code"], 128 + t["sig"]
+        assert what != "nothing", (t["delay_s"], code, t["err"][-3000:])  # a size was measured before the signal
+        assert code in (0, expected), (t["delay_s"], code, t["err"][-3000:])
+        assert what != "stopped" or code == expected, (t["delay_s"], code, t["err"][-3000:])
+        told.append(code == expected)
+    # the signals did land in the runs, not after them
+    assert sum(told) >= n // 2, [(round(t["delay_s"], 2), t["code"], round(t["window_s"], 2)) for t in trials]

@@ -4,7 +4,7 @@
     clock.py     the pooled marks (CUDA events on GPUs, the host clock on CPU), read at window edges
     counting.py  the FLOP count of the first step (FlopCounterMode) and the profiled window
     ranks.py     every rank's figures through the job's store (the straggler rule: probes/model/straggler.py)
-    ending.py    a job that ends without finish(): its figures kept at exit and on SIGTERM
+    ending.py    a job that ends without finish(): its figures kept at exit, on SIGTERM and SIGHUP
     result.py    the model probe's run and document of the job: printed, stored, written
 """
 

@@ -13,7 +13,7 @@ import time
 
 from mgpu_bench import _native
 from mgpu_bench.env import process_seconds
-from mgpu_bench.errors import InputError
+from mgpu_bench.errors import InputError, defer_sigterm
 from mgpu_bench.measurement import CommMeasurement
 
 from .analyse import explain_above_theory, nvls_note
@@ -57,12 +57,17 @@ def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
             run.notes.append(note)
     t0 = time.perf_counter()
     try:
-        if le is not None:
-            run_joined(run, cfg, le, gpus, progress)
-        elif backend == "native":
-            _run_native(run, cfg, gpus, progress)
-        else:
-            _run_torch(run, cfg, gpus, progress)
+        try:
+            if le is not None:
+                run_joined(run, cfg, le, gpus, progress)
+            elif backend == "native":
+                _run_native(run, cfg, gpus, progress)
+            else:
+                _run_torch(run, cfg, gpus, progress)
+            defer_sigterm()  # inside the try: a stop signal raises in it (and is kept below) or waits
+        except KeyboardInterrupt as exc:  # a stop where the backend does not catch it (its teardown): kept
+            if run.stopped is None:
+                stop(run, exc, run.requests[min(len(run.measurements), len(run.requests) - 1)])
     finally:
         run.wall_seconds = time.perf_counter() - t0
         run.process_seconds = process_seconds()
@@ -85,6 +90,7 @@ def _run_native(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progre
             raw = session.measure(native_args(req, cfg.timing))
             spec = spec_of(req, raw["counts"], run.backend, run.devices, cfg.timing.graph)
             run.measurements.append(CommMeasurement.from_raw(spec, raw, cfg.timing.check))
+        defer_sigterm()  # measured: a stop signal from here on waits while the communicators go
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - any fault: keep what was measured, say why
         stop(run, exc, req)
     finally:
@@ -144,6 +150,8 @@ def _run_torch(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progres
     revision = _Revision(allot, run.nranks) if allot is not None else None
 
     def advance(i: int) -> None:
+        if i + 1 >= len(run.requests):  # the last one measured (or left out): a stop signal waits while the
+            defer_sigterm()  # ranks end (seconds on a busy host); it no longer raises into run_sweep's teardown
         note = revision.after(i) if revision is not None else None
         if progress and i + 1 < len(run.requests):
             progress(i + 1, len(run.requests), run.requests[i + 1], note)
