@@ -24,10 +24,14 @@ was tuned at: goodput = throughput x efficiency.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 # Doubling the batch buys fewer steps than this factor: more GPUs buy tokens/s, not convergence.
 NOT_WORTH = 1.2
+TREND_ALPHA = 0.05  # a trend over the windows is claimed only below this two-sided p-value
+EXACT_UP_TO = 60  # windows: the exact null distribution of Mann-Kendall's S up to here, the normal one beyond
+TREND_TEST = "Mann-Kendall trend test"
 
 
 def estimate(small_sq: float, big_sq: float, b_small: float, b_big: float) -> tuple[float, float] | None:
@@ -131,3 +135,77 @@ def combine(noises: Sequence[dict | None], step_s: float | None) -> dict | None:
     out["source"] = ("McCandlish et al. 2018, appendix A: each rank's gradient (B_small) against the all-reduced one "
                      "(B_big), squared norms taken in DDP's communication hook")
     return out
+
+
+def _kendall_null(n: int):
+    """P(D = k) for k = 0 .. n(n-1)/2: the number of inversions D of a random order of n distinct
+    values (each order equally likely when there is no trend). Built one value at a time: the i-th
+    adds 0 .. i - 1 inversions, uniformly (the Mahonian numbers, normalised)."""
+    import numpy as np
+
+    dist = np.ones(1)
+    for i in range(2, n + 1):
+        dist = np.convolve(dist, np.full(i, 1.0 / i))
+    return dist
+
+
+def mann_kendall(values: Sequence[float]) -> dict | None:
+    """The Mann-Kendall test for a monotonic trend in a series taken in order (Mann 1945,
+    Econometrica 13; Kendall 1975, "Rank Correlation Methods"): S = the sum over pairs i < j of
+    sign(x_j - x_i); no trend, and every order of the values is equally likely. The two-sided p is
+    P(|S| >= |s|) from S's exact distribution up to EXACT_UP_TO values (S = n(n-1)/2 - 2 D, D the
+    inversions: _kendall_null), else from the normal one with its variance corrected for ties and
+    a continuity correction. It ranks, so one wild window moves S by at most n - 1: a trend must
+    stand out of the windows' spread. Ties count 0 in S; the exact p then takes the tie-free
+    distribution, whose wider spread makes it conservative. None under 3 values (no order to test);
+    below 5 no p reaches 0.05 (the smallest is 2 / n!)."""
+    import numpy as np
+
+    x = np.asarray([float(v) for v in values], dtype=float)
+    n = len(x)
+    if n < 3 or not np.all(np.isfinite(x)):
+        return None
+    i, j = np.triu_indices(n, 1)
+    s = int(np.sign(x[j] - x[i]).sum())
+    pairs = n * (n - 1) // 2
+    if n <= EXACT_UP_TO:
+        dist = _kendall_null(n)
+        stat = np.abs(pairs - 2 * np.arange(pairs + 1))
+        p = float(dist[stat >= abs(s)].sum())
+        how = "exact"
+    else:
+        _, counts = np.unique(x, return_counts=True)
+        var = (n * (n - 1) * (2 * n + 5) - float(np.sum(counts * (counts - 1) * (2 * counts + 5)))) / 18.0
+        z = 0.0 if s == 0 or var <= 0 else (abs(s) - 1) / math.sqrt(var)
+        p = math.erfc(z / math.sqrt(2.0))
+        how = "normal approximation"
+    p = min(1.0, p)
+    return {"test": TREND_TEST, "n": n, "s": s, "tau": s / pairs, "p": p, "p_from": how, "alpha": TREND_ALPHA,
+            "trend": ("grows" if s > 0 else "falls") if p < TREND_ALPHA and s else None}
+
+
+def trend_words(per_window: Sequence[float | None], whole: float, unit: str = "samples") -> str:
+    """What a run's per-window noise scales say over time, in words: a trend ("grows", "falls")
+    only where mann_kendall finds one at TREND_ALPHA, with the test and its p; otherwise "no
+    significant trend", with the test and p as well, beside the windows' spread."""
+    xs = [float(v) for v in per_window if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    if not xs:
+        return ""
+
+    def num(v: float) -> str:
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+    spread = f"per window {num(min(xs))} to {num(max(xs))} {unit}, median {num(statistics.median(xs))}"
+    took = f"the plan takes the whole run's {num(whole)}"
+    mk = mann_kendall(xs)
+    if mk is None or len(xs) < 5:
+        return (f"its {len(xs)} window estimate(s) ({spread}) are too few to test for a trend (the "
+                f"{TREND_TEST} needs 5 to reach p < {TREND_ALPHA:g}): {took}")
+    said = f"{TREND_TEST} over its {mk['n']} windows: S = {mk['s']}, p = {mk['p']:.2g}"
+    if mk["trend"] is None:
+        return f"its estimate shows no significant trend ({said}; {spread}): {took}"
+    third = max(1, len(xs) // 3)
+    ends = (f"the median of its first {third} windows {num(statistics.median(xs[:third]))} {unit}, of its last "
+            f"{third} {num(statistics.median(xs[-third:]))}")
+    why = ", as the noise scale does while the loss falls (McCandlish et al. 2018)" if mk["trend"] == "grows" else ""
+    return f"its estimate {mk['trend']} over the run ({said}; {ends}){why}: {took}"

@@ -228,7 +228,8 @@ def test_a_bare_size_is_a_formula_scaled_by_the_measured_flop_rate(tmp_path, h20
     assert doc["fit"]["ddp"]["fits"] is False and "fit (DDP)" in out
     fewest = doc["fit"]["fewest_gpus_fsdp"]
     assert fewest and fewest > 1
-    at, _ = plan_json(tmp_path, db, *big, "--gpus", str(fewest))
+    at, _ = plan_json(tmp_path, db, *big, "--gpus", str(fewest), code=1)  # no figure between nodes: no estimate
+    assert at["status"]["stopped"] == "no_estimate" and at["answer"]["days"] is None
     below, out = plan_json(tmp_path, db, *big, "--gpus", str(fewest - 1), code=1)  # fit first: no days for it
     assert at["fit"]["fsdp"]["fits"] is True and below["fit"]["fsdp"]["fits"] is False
     assert at["answer"]["fits"] is True
@@ -279,25 +280,33 @@ def test_a_sample_budget_counts_samples(tmp_path, cpu):
 
 
 def test_an_empty_history_names_the_command_for_each_figure(tmp_path):
-    doc, out = plan_json(tmp_path, tmp_path / "empty.sqlite3", "--model", "tiny", "--tokens", "1M", "--gpus", "2")
+    doc, out = plan_json(tmp_path, tmp_path / "empty.sqlite3", "--model", "tiny", "--tokens", "1M", "--gpus", "2",
+                         code=1)
     whats = {m["what"]: m["command"] for m in doc["missing"]}
     assert whats["the step time of tiny at batch 4"].startswith("mgpu-bench model --model tiny")
     assert whats["allreduce bus bandwidth within a node"].startswith("mgpu-bench comm --ops allreduce --backend torch")
     assert doc["curve"] == [] and doc["answer"]["days"] is None and "no estimate" in out
     assert "missing: the step time of tiny" in out and _fig(doc, "activations")["source"].startswith("formula")
-    # a plan without a time still answers the fit: stored with its metrics, comparable with itself (seen on one
-    # H200: "the two runs share no metric")
+    # no estimate is no answer: marked incomplete, exit code 1 (issue 41: it exited 0 as a complete run)
+    assert doc["status"]["completed"] is False and doc["status"]["stopped"] == "no_estimate"
+    assert "marked incomplete (exit code 1)" in out.splitlines()[-1]
+    # CPU processes have no device memory: the fit line says so in words (it read "of - on a CPU processes: -")
+    assert "CPU processes have no device memory to fit it in" in out and " of - " not in out
+    # a plan without a time still answers the fit: stored with its metrics, marked incomplete, comparable with
+    # itself (seen on one H200: "the two runs share no metric")
     db = tmp_path / "stored.sqlite3"
     r = invoke("--model", "tiny", "--tokens", "1M", "--gpus", "2", "--db", str(db))
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output
     rid = re.search(r"stored as (r\d+)", r.output).group(1)
+    with History.open(db) as h:
+        assert h.get(rid).document["status"]["stopped"] == "no_estimate"
     again = CliRunner().invoke(cli, ["compare", rid, "--baseline", rid, "--db", str(db)])
     assert again.exit_code == 0 and "plan.tiny.ddp.b4.memory" in again.output, again.output  # no capacity on CPU
 
 
 def test_a_vision_workload_plans_in_samples(tmp_path):
     doc, _ = plan_json(tmp_path, tmp_path / "empty.sqlite3", "--model", "torchvision:resnet18", "--samples", "115M",
-                       "--gpus", "8", "--image-size", "64")
+                       "--gpus", "8", "--image-size", "64", code=1)  # no step time stored: no estimate
     assert doc["workload"]["tokens_per_sample"] is None and doc["budget"]["unit"] == "samples"
     assert _fig(doc, "FLOPs per sample")["source"].startswith("counted by FlopCounterMode")
     step = next(m["command"] for m in doc["missing"] if m["what"].startswith("the step time"))
@@ -320,3 +329,70 @@ def test_measure_runs_what_is_missing_into_the_same_history(tmp_path, cpu):
     with History.open(db) as h:
         assert h.get(ran[0]["run"]).kind == "comm"
     assert _point(doc, 4)["measured"] is None and _point(doc, 4)["comm_s"] > 0
+
+
+# -- edges (issue 41) --------------------------------------------------------------------------------
+
+def test_a_gpu_of_the_database_without_a_link_is_planned_saying_what_it_lacks(tmp_path):
+    """--gpu mi355x: the database has its memory but no PCIe generation, link or peak. It was refused
+    with "no PCIe generation 'None'"; now it plans: the memory from the database, the step as given
+    (--rate), and the figure within a node said missing with why."""
+    db = tmp_path / "empty.sqlite3"
+    History.open(db).close()
+    common = ("--model", "1.3b", "--tokens", "300B", "--gpus", "64", "--gpu", "mi355x", "--network", "NDR")
+    doc, out = plan_json(tmp_path, db, *common, "--rate", "500T")
+    assert doc["device"]["name"] == "AMD Instinct MI355X" and doc["device"]["memory"] == 288 * 2 ** 30
+    assert doc["answer"]["days"] is not None and doc["answer"]["assumed"] is True
+    within = next(m for m in doc["missing"] if m["what"] == "allreduce bus bandwidth within a node")
+    assert "no GPU-to-GPU link for the AMD Instinct MI355X" in within["why"] and within["why"] in out
+    assert "PCIe generation 'None'" not in out
+    # without a rate nothing scales to it (no datasheet peak): no estimate, said why, exit code 1
+    doc, out = plan_json(tmp_path, db, *common, code=1)
+    step = next(m for m in doc["missing"] if m["what"].startswith("the step time"))
+    assert "no bf16 peak for the AMD Instinct MI355X" in step["why"] and doc["status"]["stopped"] == "no_estimate"
+
+
+def test_a_full_mesh_node_takes_its_links_not_its_pcie(tmp_path):
+    """--gpu mi300x: its 8-GPU platform joins every pair by one Infinity Fabric link (64 GB/s per
+    direction, 75% usable: the database's figures): a ring over the node's 8 GPUs has 7 links."""
+    from mgpu_bench import hardware
+
+    db = tmp_path / "empty.sqlite3"
+    History.open(db).close()
+    doc, _ = plan_json(tmp_path, db, "--model", "1.3b", "--tokens", "300B", "--gpus", "64", "--gpu", "mi300x",
+                       "--network", "NDR", "--mfu", "0.4", "--gpus-per-node", "8")
+    g = hardware.load().gpus["mi300x"]
+    node = _fig(doc, "allreduce busbw, one node")
+    assert node["value"] == pytest.approx(7 * g.gpu_link.per_link.value * g.gpu_link.practical_share)
+    assert "Infinity Fabric" in node["source"] and "PCIe" not in node["source"]
+
+
+def test_days_beyond_reason_are_finite_and_short(tmp_path):
+    """The slowest rate the plan takes (1 GFLOP/s) for a 1T model: days in powers of ten, not a row
+    of digits (--mfu 1e-300 printed 300 of them; --mfu is now refused below 0.01)."""
+    from mgpu_bench.probes.plan import text
+
+    db = tmp_path / "empty.sqlite3"
+    History.open(db).close()
+    doc, out = plan_json(tmp_path, db, "--model", "layers=128,width=25600", "--tokens", "1T", "--gpus", "8192",
+                         "--gpu", "h200", "--rate", "1G", "--parallel", "fsdp", "--network", "NDR",
+                         "--batch-size", "1", "--checkpointing")
+    days = doc["answer"]["days"]
+    assert math.isfinite(days) and days > 1e5
+    assert f"{days:.3g} days" in out and not re.search(r"\d{12,}", out)
+    assert text.days(1e300) == "1e+300 days" and text.days(float("inf")) == "-" and text.days(123456.0) == "1.23e+05 days"
+    assert text.span(2e5, 3e6, 1e6, text.days) == "2e+05 - 3e+06"
+
+
+def test_cpu_processes_answer_the_days_question_and_say_an_impossible_budget(tmp_path, cpu):
+    """CPU processes have no device memory to fit in: the fit does not limit the count, so --days
+    is answered (it was "no GPU count reaches it"); a budget no count meets, every count projected,
+    is an answer too (exit 0, complete), not a missing figure."""
+    db, _ = cpu
+    common = ("--model", "tiny", "--tokens", "1B", "--network", "NDR")
+    doc, out = plan_json(tmp_path, db, *common, "--days", "1")
+    a = doc["answer"]
+    assert a["gpus"] and a["days"] == _point(doc, a["gpus"])["days"] <= 1 and doc["status"]["completed"] is True
+    fast, out = plan_json(tmp_path, db, *common, "--days", "0.00001")
+    assert fast["answer"]["gpus"] is None and fast["answer"]["unreachable"] is True
+    assert fast["status"]["completed"] is True and "0.9 s for 1B tokens is out of reach" in out

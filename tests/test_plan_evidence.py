@@ -82,7 +82,8 @@ def test_the_nearest_gpts_rate_comes_from_a_clean_run(tmp_path):
     assert [x["run"] for x in doc["left_out"]] == [ids["1"]]
     only = tmp_path / "shared.sqlite3"
     sid = history(only, shared)["0"]
-    doc, out = plan_json(tmp_path, only, "--model", "1.3b", "--tokens", "300B", "--gpus", "1", "--batch-size", "4")
+    doc, out = plan_json(tmp_path, only, "--model", "1.3b", "--tokens", "300B", "--gpus", "1", "--batch-size", "4",
+                         code=1)  # no estimate: marked incomplete
     assert doc["answer"]["days"] is None and "missing: the step time of 1.3b" in out
     assert [x["run"] for x in doc["left_out"]] == [sid]
 
@@ -216,7 +217,7 @@ def test_no_run_at_all_takes_an_assumed_mfu_and_says_so(tmp_path):
     History.open(db).close()
     common = ("--model", "layers=24,width=2048", "--tokens", "100B", "--gpus", "64", "--gpu", "h100_sxm5", "--network",
               "NDR")
-    without, out = plan_json(tmp_path, db, *common)
+    without, out = plan_json(tmp_path, db, *common, code=1)  # no estimate: marked incomplete
     assert without["answer"]["days"] is None and "missing: the step time" in out
     doc, out = plan_json(tmp_path, db, *common, "--mfu", "0.4")
     peak = hardware.load().gpus["h100_sxm5"].peak["bf16"].value

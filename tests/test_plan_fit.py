@@ -226,6 +226,106 @@ def test_search_finds_a_layout_no_slower_than_one_asked(tmp_path, h200):
     assert "--parallel search:" in out and found["layout"]["tp"] * found["layout"]["pp"] * found["layout"]["dp"] == 1024
 
 
+# -- ZeRO stages 1 and 2 (Rajbhandari et al. 2020) -------------------------------------------------
+
+def test_the_model_states_of_each_zero_stage_are_figure_1s():
+    """ZeRO's Figure 1 (section 3.1 / 5.1): 7.5B parameters on 64 GPUs with mixed-precision Adam
+    (2 B fp16 weights, 2 B fp16 gradients, K = 12) hold 120, 31.4, 16.6 and 1.9 GB per GPU under
+    DDP, P_os, P_os+g and P_os+g+p: from the plan's own memory function, to the paper's rounding."""
+    from mgpu_bench.probes.plan.memory import ZERO_K, model_state_bytes
+
+    psi, n = 7.5e9, 64
+    gb = {s: model_state_bytes(psi, s, n) / 1e9 for s in ("ddp", "zero1", "zero2", "fsdp")}
+    assert ZERO_K == 12
+    assert gb == pytest.approx({"ddp": 120.0, "zero1": 31.4, "zero2": 16.6, "fsdp": 1.9}, abs=0.05)
+    assert gb["zero1"] * 1e9 == pytest.approx(4 * psi + 12 * psi / n, rel=1e-12)
+    assert gb["zero2"] * 1e9 == pytest.approx(2 * psi + 14 * psi / n, rel=1e-12)
+    assert gb["fsdp"] * 1e9 == pytest.approx(16 * psi / n, rel=1e-12)
+    assert model_state_bytes(psi, "zero1", 1) == model_state_bytes(psi, "ddp", 1) == 16 * psi  # one rank: nothing split
+
+
+def test_zero_stages_move_ddps_volume_and_zero_3_half_as_much_again():
+    """Per rank and step (section 7): ZeRO-1 and 2 reduce-scatter the gradients and all-gather the
+    weights, the 2 Psi elements of DDP's all-reduce; ZeRO-3 (FSDP) gathers the weights twice, 3 Psi,
+    less what FSDP2 keeps (the root, the last block). With every dtype 4 bytes (CPU processes) the
+    bytes compare as the elements do."""
+    from mgpu_bench.probes.plan.layout import Layout
+    from mgpu_bench.probes.plan.project import collectives
+    from mgpu_bench.probes.plan.workload import describe
+
+    facts = describe("layers=24,width=1024", None, False)
+    vol = {s: collectives(facts, Layout(shard=s), 4).volume(8) for s in ("ddp", "zero1", "zero2", "fsdp")}
+    assert vol["ddp"] == pytest.approx(2 * 4 * facts.params * 7 / 8, rel=1e-12)
+    assert vol["zero1"] == pytest.approx(vol["ddp"], rel=1e-12) and vol["zero2"] == pytest.approx(vol["ddp"], rel=1e-12)
+    again = facts.block_params + facts.other_params  # not gathered a second time by FSDP2
+    assert vol["fsdp"] == pytest.approx(4 * (3 * facts.params - again) * 7 / 8, rel=1e-12)
+    assert 1.35 < vol["fsdp"] / vol["ddp"] < 1.5
+    # the all-gather after the optimizer step is apart (never hidden); ZeRO-2 reduce-scatters every micro-batch
+    z1, z2 = collectives(facts, Layout(shard="zero1"), 2, 4), collectives(facts, Layout(shard="zero2"), 2, 4)
+    assert {op for op, _, _ in z1.after} == {"allgather"} and {op for op, _, _ in z1.calls} == {"reducescatter"}
+    assert sum(k for _, _, k in z2.calls) == 4 * sum(k for _, _, k in z1.calls)
+
+
+def test_zero_1_and_2_are_planned_beside_ddp_and_fsdp(tmp_path, h200):
+    """--parallel zero1|zero2: the states per GPU the plan fits are ZeRO's formulas at the plan's GPU
+    count (bf16 weights and gradients on an H200), the stage is named in the lines and the document,
+    its collectives are timed with the all-gather exposed, and the fewest GPUs of a model DDP cannot
+    hold are the fewest where the stage's shard leaves room."""
+    common = ("--model", "350m", "--tokens", "300B", "--gpus", "64", "--network", "NDR", "--gpus-per-node", "8")
+    docs, outs = {}, {}
+    for stage in ("ddp", "zero1", "zero2", "fsdp"):
+        docs[stage], outs[stage] = plan_json(tmp_path, h200, *common, "--parallel", stage)
+    p = docs["ddp"]["workload"]["params"]
+    assert docs["zero1"]["fit"]["zero1"]["states"] == pytest.approx(p * (4 + 12 / 64), rel=1e-12)
+    assert docs["zero2"]["fit"]["zero2"]["states"] == pytest.approx(p * (2 + 14 / 64), rel=1e-12)
+    states = [docs[s]["fit"][s]["states"] for s in ("ddp", "zero1", "zero2", "fsdp")]
+    assert states == sorted(states, reverse=True)
+    for stage, words in (("zero1", "ZeRO-1"), ("zero2", "ZeRO-2")):
+        doc, out = docs[stage], outs[stage]
+        assert doc["layout"]["shard"] == stage and doc["layout"]["text"] == words and doc["config"]["parallel"] == stage
+        assert f"plan: fit ({words}): 350m at batch 8 needs" in out and f"64 GPUs (8 nodes of 8) with {words}:" in out
+        assert f"{words}, batch 8 per GPU on NVIDIA H200" in out
+        assert f"{words} reduce-scatters the 16-bit gradients" in _fig(doc, "gradient traffic")["source"]
+        hidden = _fig(doc, "collective hidden by backward")
+        assert hidden["value"] == 0 and "never hidden" in hidden["source"]
+        point = _point(doc, 64)
+        assert point["exposed_s"] == pytest.approx(point["comm_s"]) and point["high_s"] >= point["step_s"]
+        assert doc["answer"]["days"] == pytest.approx(point["days"])
+    help_text = " ".join(CliRunner().invoke(cli, ["plan", "--help"]).output.split())
+    assert "zero1, zero2 (DeepSpeed's ZeRO stages 1 and 2" in help_text and "4 + 12 / N under ZeRO-1" in help_text
+    # a 7.46B model DDP cannot hold at batch 8 on an H200: ZeRO-1's fewest GPUs hold it, one fewer does not
+    big = ("--model", "layers=36,width=4096", "--tokens", "300B", "--network", "NDR", "--gpus-per-node", "8",
+           "--parallel", "zero1")
+    doc, out = plan_json(tmp_path, h200, *big, "--gpus", "64")
+    k = doc["fit"]["fewest_gpus_zero1"]
+    assert doc["fit"]["ddp"]["fits"] is False and k and k > 1 and doc["fit"]["zero1"]["fits"] is True
+    at, _ = plan_json(tmp_path, h200, *big, "--gpus", str(k))
+    below, out = plan_json(tmp_path, h200, *big, "--gpus", str(k - 1), code=1)
+    assert at["answer"]["fits"] is True and below["answer"]["fits"] is False
+    assert "with ZeRO-1 does not fit" in out
+    # DDP asked: ZeRO-2 is among what fits instead, at the days of planning it on its own
+    ddp, out = plan_json(tmp_path, h200, *big[:-1], "ddp", "--gpus", "64", code=1)
+    z2 = _instead(ddp, "optimizer states and gradients partitioned (ZeRO-2)")
+    alone, _ = plan_json(tmp_path, h200, *big[:-1], "zero2", "--gpus", str(z2["gpus"]))
+    assert alone["answer"]["days"] == pytest.approx(z2["days"]) and "instead: optimizer states and gradients" in out
+
+
+# -- the days answered ------------------------------------------------------------------------------
+
+def test_the_days_headline_is_the_projection_of_the_gpus_answered(tmp_path, empty):
+    """--days D answers the fewest GPUs within D and the days those GPUs take, the budget beside
+    them (issue 40: the 1T model's "30.0 days ... 12288 GPUs" where its own table gave 21.2)."""
+    doc, out = plan_json(tmp_path, empty, "--model", ONE_T, "--tokens", "450B", "--days", "90", "--parallel",
+                         "tp=8,pp=64", "--checkpointing", "--global-batch", "3072", "--gpu", "a100_sxm4_80gb",
+                         "--rate", "163T", "--network", "HDR")
+    a = doc["answer"]
+    n, point = a["gpus"], _point(doc, doc["answer"]["gpus"])
+    assert a["budget_days"] == 90 and a["days"] == point["days"] <= 90 and a["days"] != 90
+    assert (a["days_low"], a["days_high"]) == (point["days_low"], point["days_high"])
+    line = next(ln for ln in out.splitlines() if ln.startswith(f"plan: {n} GPUs ("))
+    assert f"finish 450B tokens in {a['days']:.1f} days" in line and "within the budget of 90.0 days" in line
+
+
 # -- Megatron-LM (Narayanan et al. 2021, SC21) -----------------------------------------------------
 
 @pytest.mark.parametrize(("model", "tokens", "gpus", "layout", "batch", "rate", "paper_days"), [
@@ -259,7 +359,7 @@ def test_megatrons_end_to_end_estimates_come_out_within_10_percent(tmp_path, emp
     (["--gpus", "1024", "--parallel", "tp=8,pp=7"], "must divide the 96 layers"),
     (["--gpus", "1024", "--parallel", "tp=16"], "stays within a node of 8 GPUs"),
     (["--gpus", "1024", "--parallel", "tp=5"], "must divide the 96 attention heads"),
-    (["--gpus", "1024", "--parallel", "tp=8,zz=2"], "'zz=2' is not ddp, fsdp, search"),
+    (["--gpus", "1024", "--parallel", "tp=8,zz=2"], "'zz=2' is not ddp, zero1, zero2, fsdp, search"),
     (["--gpus", "1024", "--parallel", ""], "--parallel ''"),
     (["--days", "30", "--parallel", "tp=8,pp=16,dp=8"], "fixes the GPUs"),
     (["--parallel", "search"], "needs the question"),
@@ -270,6 +370,10 @@ def test_megatrons_end_to_end_estimates_come_out_within_10_percent(tmp_path, emp
     (["--gpus", "8", "--rate", "fast"], "write FLOP/s per GPU like 140T"),
     (["--gpus", "8", "--rate", "140T", "--mfu", "0.4"], "--rate and --mfu together"),
     (["--gpus", "8", "--mfu", "1.5"], "--mfu 1.5: at most 1"),
+    (["--gpus", "8", "--mfu", "1e-300"], "--mfu 1e-300: at least 0.01"),  # it printed days of 300 digits
+    (["--gpus", "8", "--mfu", "0"], "--mfu 0: at least 0.01"),
+    (["--gpus", "8", "--mfu", "nan"], "--mfu nan: give a number from 0.01 to 1"),
+    (["--gpus", "8", "--parallel", "zero1,zero2"], "give one of ddp, zero1, zero2, fsdp"),
     (["--gpus", "8", "--network", ""], "--network '' is blank"),
 ])
 def test_bad_layouts_and_gpus_are_one_line_and_exit_2(tmp_path, args, words):

@@ -2,13 +2,14 @@
 measured (the history), each figure with the run it came from, formulas only where nothing was.
 
     config.py     the question and its parsers (token counts, bare sizes, rates)
-    layout.py     how it trains: tp, pp, dp, DDP or FSDP over the replicas, recomputation; --parallel
+    layout.py     how it trains: tp, pp, dp, DDP, ZeRO-1, ZeRO-2 or FSDP over the replicas, recomputation;
+                  --parallel
     workload.py   the workload's parameters, tensors, blocks and FLOPs (mgpu_bench.workloads, meta device)
     index.py      where the evidence is: the history's metric index and run rows (read-only SQL)
     clean.py      whether a run's figures are its GPUs' own (shared, throttled, interrupted, below a floor)
     evidence.py   what the history measured: model, memory, comm, fleet and gemm runs
     target.py     another GPU (--gpu): the step scaled, memory and links from the datasheet
-    memory.py     the fit: model states, activations, the fewest GPUs, the largest batch
+    memory.py     the fit: model states (ZeRO's stages), activations, the fewest GPUs, the largest batch
     project.py    the step on N GPUs: measured, or compute (+ bubble, tp and pp traffic) + the exposed
                   gradient collectives
     answer.py     fit first: the answer where the layout fits, what fits instead where it does not
@@ -42,8 +43,9 @@ mgpu-bench plan --model layers=96,width=12288 --tokens 300B --gpus 1024 --parall
 
 \b
 Fit first: a layout that does not fit is given no days and no GPU count; the plan says what fits
-instead (full sharding, activation checkpointing, a smaller micro-batch, tensor and pipeline
+instead (ZeRO-2, full sharding, activation checkpointing, a smaller micro-batch, tensor and pipeline
 parallelism, optimizer states in host memory), each with its days, and exits with code 1.
+--days D answers the fewest GPUs projected to train within D days, and the days they take.
 
 \b
 Every figure comes from the history (--db) with the id of the run that measured it, for this
@@ -60,8 +62,13 @@ ceilings (`gemm`), else of their datasheet peaks; memory and NVLink from the dat
 labelled scaled. --rate (an achieved FLOP/s per GPU over the whole step, as Megatron-LM reports
 it) or --mfu (of the datasheet peak) replaces the step, labelled assumed. Formulas only where
 nothing was measured, labelled: 16 bytes per parameter for mixed-precision AdamW (ZeRO, Rajbhandari
-et al. 2020, section 3.1), activations per layer s b h x 34 (/ tp with sequence parallelism; 2 s b h
-with recomputation) + logits (Korthikanti et al. 2022).
+et al. 2020, section 3.1) on every GPU under DDP, 4 + 12 / N under ZeRO-1 (the optimizer states
+partitioned over the N data-parallel ranks), 2 + 14 / N under ZeRO-2 (the gradients too), 16 / N
+under FSDP (ZeRO-3, plus the units it gathers); activations per layer s b h x 34 (/ tp with
+sequence parallelism; 2 s b h with recomputation) + logits (Korthikanti et al. 2022). The gradient
+collectives: DDP all-reduces; ZeRO-1 and 2 reduce-scatter the gradients and all-gather the updated
+weights after the optimizer step (DDP's volume, the all-gather never hidden); FSDP gathers the
+parameters twice and reduce-scatters the gradients (1.5x DDP's volume; ZeRO, section 7).
 
 \b
 Step on N GPUs = (m + pp - 1) x (compute / (tp x pp) + tp's all-gathers and reduce-scatters + pp's
@@ -73,7 +80,8 @@ measured noise. Days = tokens / (samples per step x seq) x step / 86400.
 A line for every figure the history lacks names the command that measures it; --measure runs
 the ones this machine can (child commands storing into the same history), then plans.
 Exit code: 0 planned; 1 the layout asked does not fit (the plan is written, with what fits
-instead); 2 bad input.
+instead), or the question has no estimate because a figure is missing (the plan is stored marked
+incomplete, with the commands that measure what is missing); 2 bad input.
 
 \b
 --noise-scale r12 (a job monitored with StepMonitor(..., noise_scale=True): its B_noise, with its
@@ -142,8 +150,8 @@ class PlanProbe(Probe):
                    help="An achieved FLOP/s per GPU over the whole step (140T), as Megatron-LM reports it: it "
                         "replaces the measured step, labelled assumed."),
             option("--mfu", default=None, type=float,
-                   help="An assumed model FLOPs utilisation (0.4) of the GPU's datasheet bf16 peak, over the whole "
-                        "step: it replaces the measured step, labelled assumed."),
+                   help="An assumed model FLOPs utilisation (0.4; from 0.01 to 1) of the GPU's datasheet bf16 peak, "
+                        "over the whole step: it replaces the measured step, labelled assumed."),
             option("--measure", is_flag=True,
                    help="Run the short measurements the history lacks first (stored there too), then plan."),
             option("--noise-scale", "noise_scale", default=None, help=NOISE_HELP),
@@ -154,7 +162,7 @@ class PlanProbe(Probe):
         from mgpu_bench import hardware
 
         from . import goodput, layout, target
-        from .config import MAX_DAYS, MAX_GPUS, PlanConfig, parse_count, parse_rate
+        from .config import MAX_DAYS, MAX_GPUS, MIN_MFU, PlanConfig, parse_count, parse_rate
         from .workload import describe
 
         if o.get("days") is not None and o.get("gpus_count") is not None:
@@ -188,7 +196,7 @@ class PlanProbe(Probe):
             raise InputError("--rate and --mfu together: give one (an achieved FLOP/s per GPU, or a utilisation)")
         rate = parse_rate(o["rate_text"]) if o.get("rate_text") is not None else None
         if o.get("mfu") is not None:
-            within("--mfu", o["mfu"], 0, 1, "a fraction of the datasheet peak", above=True)
+            within("--mfu", o["mfu"], MIN_MFU, 1, "a fraction of the datasheet peak: 0.4 is 40%")
         goodput.check(o.get("noise_scale"), o.get("noise_batch"))
         gpu = target.resolve(o["gpu_name"]) if o.get("gpu_name") is not None else None
         parallel = o["parallel"] if o.get("parallel") is not None else "ddp"
@@ -237,7 +245,7 @@ class PlanProbe(Probe):
 
         from mgpu_bench.document import Document, envelope, status
 
-        from .analyse import findings
+        from .analyse import NO_ESTIMATE, findings, no_estimate
 
         if ctx.history is None:
             raise InputError("mgpu-bench plan reads the history database: run it as a command")
@@ -248,9 +256,11 @@ class PlanProbe(Probe):
             history.close()
         cfg = {k: v for k, v in asdict(request.config).items()}
         cfg["layout"] = request.config.layout.to_dict(request.config.gpus)
+        unanswered = None if stopped else no_estimate(payload)
         doc = {**envelope("plan", ctx.environment, ctx.command), "config": cfg, **payload,
-               "status": status("interrupted" if stopped else None,
-                                "interrupted while measuring: the plan is from what was stored" if stopped else None)}
+               "status": status("interrupted" if stopped else NO_ESTIMATE if unanswered else None,
+                                "interrupted while measuring: the plan is from what was stored" if stopped else
+                                unanswered)}
         doc["findings"] = [f.text for f in findings(doc)]
         return Document.of(doc)
 

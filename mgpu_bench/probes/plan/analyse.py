@@ -10,8 +10,17 @@ from collections.abc import Mapping
 from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding
 
 from . import text
+from .evidence import CPU
+from .layout import SHARD_WORDS, SHARDS, ZERO_STAGES
 
 MAX_LEFT_OUT = 5  # runs named one per line; the rest counted
+
+
+def _unknown_memory(device) -> str:
+    """Why there is nothing to fit in, as the end of a sentence."""
+    if device == CPU:
+        return f"{device} have no device memory to fit it in (the host's memory is the limit)"
+    return f"the memory of a {device} is not known, so whether it fits is not said"
 
 
 def _fit_lines(doc: Mapping) -> list[Finding]:
@@ -19,37 +28,42 @@ def _fit_lines(doc: Mapping) -> list[Finding]:
     out = []
     key, batch, device = w.get("key"), doc.get("batch"), (doc.get("device") or {}).get("name")
     asked = (doc.get("layout") or {}).get("name") or (doc.get("config") or {}).get("parallel")
-    plain = asked in ("ddp", "fsdp") or (doc.get("config") or {}).get("search")
-    for parallel in ("ddp", "fsdp") if plain else ():
+    plain = asked in SHARDS or (doc.get("config") or {}).get("search")
+    for parallel in ("ddp", *((asked,) if asked in ZERO_STAGES else ()), "fsdp") if plain else ():
         f = fit.get(parallel) or {}
         if f.get("allocated") is None:
             continue
+        words = SHARD_WORDS.get(parallel, parallel)
         where = "per GPU" if parallel == "ddp" else f"per GPU over {f.get('gpus')} GPUs"
         parts = f"model states {text.value(f['states'], 'B')}, activations {text.value(f['activations'], 'B')}" + (
             f", other {text.value(f['other'], 'B')}" if f.get("other") else "")
         need = f"{text.value(f['reserved'], 'B')} {where} ({parts})"
         largest = fit.get(f"largest_batch_{parallel}")
         if f.get("fits") is None:
-            out.append(Finding(WARNING, f"fit ({parallel.upper()}): {key} at batch {batch} needs {need}; the device "
-                                        "memory is not known"))
+            out.append(Finding(WARNING, f"fit ({words}): {key} at batch {batch} needs {need}; "
+                                        f"{_unknown_memory(device)}"))
             continue
         fewest = fit.get(f"fewest_gpus_{parallel}")
         held = (f"the fewest GPUs that hold it: {fewest}" if fewest else
-                "no GPU count holds it at this batch" if parallel == "fsdp" else "DDP cannot hold it (every GPU "
+                "no GPU count holds it at this batch" if parallel != "ddp" else "DDP cannot hold it (every GPU "
                 "keeps the whole model)")
         severity = OK if f["fits"] else (PROBLEM if parallel == asked else WARNING)
-        out.append(Finding(severity, f"fit ({parallel.upper()}): {key} at batch {batch} needs {need} of "
+        out.append(Finding(severity, f"fit ({words}): {key} at batch {batch} needs {need} of "
                                      f"{text.value(f['capacity'], 'B')} on a {device}: {held}; the largest batch "
                                      f"per GPU: {largest if largest is not None else '-'}"))
     f, lay = fit.get("asked") or {}, doc.get("layout") or {}
-    if lay and asked not in ("ddp", "fsdp") and f.get("allocated") is not None:
+    if lay and asked not in SHARDS and f.get("allocated") is not None:
         parts = f"model states {text.value(f['states'], 'B')}, activations {text.value(f['activations'], 'B')}"
-        state = "-" if f.get("fits") is None else "fits" if f["fits"] else "does not fit"
-        out.append(Finding(OK if f.get("fits") else (WARNING if f.get("fits") is None else PROBLEM),
-                           f"fit ({lay.get('text')}): {key} at micro-batch {f.get('batch')} on {f.get('gpus')} GPUs "
-                           f"needs {text.value(f['reserved'], 'B')} per GPU ({parts}) of "
-                           f"{text.value(f['capacity'], 'B')} on a {device}: {state}; the largest micro-batch: "
-                           f"{fit.get('largest_batch_asked') if fit.get('largest_batch_asked') is not None else '-'}"))
+        head = (f"fit ({lay.get('text')}): {key} at micro-batch {f.get('batch')} on {f.get('gpus')} GPUs needs "
+                f"{text.value(f['reserved'], 'B')} per GPU ({parts})")
+        if f.get("fits") is None:
+            out.append(Finding(WARNING, f"{head}; {_unknown_memory(device)}"))
+            return out
+        largest = fit.get("largest_batch_asked")
+        out.append(Finding(OK if f["fits"] else PROBLEM,
+                           f"{head} of {text.value(f['capacity'], 'B')} on a {device}: "
+                           f"{'fits' if f['fits'] else 'does not fit'}; the largest micro-batch: "
+                           f"{largest if largest is not None else '-'}"))
     return out
 
 
@@ -77,13 +91,16 @@ def _answer_lines(doc: Mapping) -> list[Finding]:
             "assumed") else "projected"
         return [Finding(OK, f"{a['gpus']} GPUs ({_nodes(a['gpus'], gpn)}){_with(a)}: {text.days(a['days'])} for "
                             f"{amount} (range {text.days(a['days_low'])} - {text.days(a['days_high'])}), {how}")]
+    budget_days = a.get("budget_days")
     if a.get("gpus") is None:
-        return [Finding(WARNING, a.get("text") or f"{text.days(a['days'])} for {amount}: no GPU count the stored "
+        return [Finding(WARNING, a.get("text") or f"{text.days(budget_days)} for {amount}: no GPU count the stored "
                                                   "figures project reaches it (see what is missing)")]
     lo, hi = a.get("gpus_low"), a.get("gpus_high")
-    rng = f"range {lo} - {hi if hi is not None else 'beyond what the figures project'}"
-    return [Finding(OK, f"{text.days(a['days'])} for {amount}: {a['gpus']} GPUs ({_nodes(a['gpus'], gpn)}; {rng})"
-                        f"{_with(a)}")]
+    rng = f"range {lo} - {hi if hi is not None else 'beyond what the figures project'} GPUs"
+    took = f"{text.days(a['days'])} (range {text.days(a.get('days_low'))} - {text.days(a.get('days_high'))})" \
+        if a.get("days") is not None else "-"
+    return [Finding(OK, f"{a['gpus']} GPUs ({_nodes(a['gpus'], gpn)}){_with(a)} finish {amount} in {took}: the fewest "
+                        f"GPUs projected within the budget of {text.days(budget_days)} ({rng})")]
 
 
 def _goodput_lines(doc: Mapping) -> list[Finding]:
@@ -111,8 +128,8 @@ def _goodput_lines(doc: Mapping) -> list[Finding]:
             f"{text.total_rate(a['goodput'] / e) if a.get('goodput') else '-'} {unit}")
     if a.get("days_progress") is not None:
         amount = f"{text.count(budget.get('value') or 0)} {budget.get('unit')}"
-        asked = f", not the {text.days(a['days'])} asked" if a.get("question") == "days" and a.get("days") and \
-            a["days_progress"] > a["days"] else ""
+        asked = f", not the {text.days(a['budget_days'])} asked" if a.get("question") == "days" and \
+            a.get("budget_days") and a["days_progress"] > a["budget_days"] else ""
         line += (f"; {text.days(a['days_progress'])} (range {text.days(a.get('days_progress_low'))} - "
                  f"{text.days(a.get('days_progress_high'))}) to the same training progress as {amount} at batch "
                  f"{text.samples(ns['b0'])} (the plain {text.days(a['days_progress'] * e)} / E){asked}")
@@ -125,7 +142,7 @@ def _goodput_lines(doc: Mapping) -> list[Finding]:
 
 def _with(a: Mapping) -> str:
     lay = a.get("layout") or {}
-    return "" if not lay or lay.get("name") in ("ddp", "fsdp") else f" with {lay.get('text')}"
+    return "" if not lay or lay.get("name") in ("ddp", "fsdp") else f" with {lay.get('text')}"  # ZeRO-1/2 said
 
 
 def _instead(o: Mapping, gpn: int, amount: str, asked_gpus: bool) -> str:
@@ -158,12 +175,40 @@ def findings(doc: Mapping) -> list[Finding]:
     if len(left) > MAX_LEFT_OUT:
         out.append(Finding(WARNING, f"left out: {len(left) - MAX_LEFT_OUT} more runs (the document lists them)"))
     for m in doc.get("missing") or []:
-        how = f"run `{m['command']}`" if m.get("command") else (m.get("why") or "not measurable from here")
+        how = f"run `{m['command']}`" + (f" ({m['why']})" if m.get("why") else "") if m.get("command") else \
+            (m.get("why") or "not measurable from here")
         out.append(Finding(WARNING, f"missing: {m['what']}: {how}"))
     for e in doc.get("measured_now") or []:
         if e.get("status") != "ok":
             out.append(Finding(WARNING, f"--measure: `{e['command']}` {e['status']}: {e.get('error')}"))
     return out
+
+
+NO_ESTIMATE = "no_estimate"  # status.stopped of a plan that answers nothing for want of a figure
+
+
+def no_estimate(doc: Mapping) -> str | None:
+    """Why a plan answers nothing (its status then says so: stored marked incomplete, exit code 1),
+    or None where it answers: the question asked (--gpus N: the days; --days D: the GPUs) has no
+    figure, or without a question no GPU count is projected, for want of a figure (`missing`) or of
+    the device's memory. A layout that does not fit is an answer (failure()); so is a --days budget
+    that no GPU count meets though every count was projected."""
+    a = doc.get("answer")
+    if a is None:
+        if doc.get("curve") or not doc.get("missing"):
+            return None
+        return "no estimate: no GPU count is projected (what is missing is listed above); the plan is marked " \
+               "incomplete (exit code 1)"
+    if a.get("fits") is False or a.get("unreachable"):
+        return None
+    if a.get("question") == "gpus" and (a.get("days") is not None or not (doc.get("budget") or {}).get("value")
+                                        and doc.get("curve")):
+        return None
+    if a.get("question") == "days" and a.get("gpus") is not None:
+        return None
+    why = str(a.get("text") or "a figure is missing").replace(" (see below)", "")
+    why = why if why.startswith("no estimate") else f"no estimate: {why}"
+    return f"{why} (what is missing is listed above); the plan is marked incomplete (exit code 1)"
 
 
 def failure(doc: Mapping) -> str | None:

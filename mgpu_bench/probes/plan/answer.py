@@ -1,6 +1,7 @@
 """Fit first: the answer to --gpus N (the days) or --days D (the fewest GPUs) for the layout asked,
 given only where that layout fits; where it does not, what does instead, each with its days:
 
+    ZeRO-2                      for DDP or ZeRO-1: the optimizer states and gradients partitioned
     full sharding               the same layout with FSDP over the replicas, at the fewest GPUs it needs
     activation checkpointing    the same layout recomputing each layer's activations in the backward
     both                        full sharding and checkpointing
@@ -47,8 +48,11 @@ class Planner:
     factory `make(layout, micro-batch) -> Projection | None` (None: no step time)."""
 
     def __init__(self, cfg, facts, mem: Memory, make: Callable[[Layout, int], Projection | None], gpn: int,
-                 batch: int):
+                 batch: int, host_memory: bool = False):
+        """`host_memory`: CPU processes, which have no device memory to fit in (the fit does not
+        limit the GPU count; the fit lines say so)."""
         self.cfg, self.facts, self.mem, self._make, self.gpn, self.batch = cfg, facts, mem, make, gpn, batch
+        self.host_memory = host_memory
         self._projections: dict[tuple[Layout, int], Projection | None] = {}
         self._fewest: dict[tuple[Layout, int], int | None] = {}
 
@@ -84,10 +88,13 @@ class Planner:
         return None if p is None else p.estimate(n)
 
     def days(self, e: Estimate | None, attr: str = "step_s") -> float | None:
+        """The days `e`'s step (or its range's end `attr`) takes over the budget; None where there
+        is no budget or the figure is not a finite number."""
         if e is None or not self.cfg.budget:
             return None
         per_sample = (self.facts.tokens_per_sample or 1) if self.cfg.tokens is not None else 1
-        return self.cfg.budget / (e.samples * per_sample) * getattr(e, attr) / SECONDS_PER_DAY
+        d = self.cfg.budget / (e.samples * per_sample) * getattr(e, attr) / SECONDS_PER_DAY
+        return d if math.isfinite(d) else None
 
     def fewest(self, layout: Layout, batch: int) -> int | None:
         """The fewest GPUs where `layout` fits at `batch`, among the counts it takes. Replicated
@@ -102,10 +109,10 @@ class Planner:
         for n in self.counts(layout, batch):
             f = self.fit(layout, n, batch)
             if f.fits is None:
-                return None
+                return n if self.host_memory else None
             if f.fits:
                 return n
-            if layout.shard != "fsdp" and self.cfg.global_batch is None:
+            if not layout.sharded and self.cfg.global_batch is None:
                 return None
         return None
 
@@ -178,6 +185,8 @@ class Planner:
             if o is not None and not any(x["layout"] == o["layout"] and x["batch"] == o["batch"] for x in out):
                 out.append({"what": what, **o})
 
+        if layout.shard in ("ddp", "zero1"):
+            add("optimizer states and gradients partitioned (ZeRO-2)", self.option(layout.but(shard="zero2"), batch))
         if layout.shard != "fsdp":
             add("full sharding (FSDP)", self.option(layout.but(shard="fsdp"), batch))
         if gpt and not layout.checkpointing:
@@ -187,8 +196,8 @@ class Planner:
                                                                    batch))
         for lay in dict.fromkeys((layout, layout.but(shard="fsdp"))):  # the asked layout first, then sharded
             # the largest micro-batch on the GPUs asked, or where sharding leaves the least of the states
-            n = self.cfg.gpus if self.cfg.gpus and lay.shard != "fsdp" else \
-                lay.model_gpus * max(1, MAX_GPUS // lay.model_gpus) if lay.shard == "fsdp" else lay.model_gpus
+            n = self.cfg.gpus if self.cfg.gpus and not lay.sharded else \
+                lay.model_gpus * max(1, MAX_GPUS // lay.model_gpus) if lay.sharded else lay.model_gpus
             smaller = self.mem.largest_batch(lay, n, self.micro_batches(lay, 1)(lay.ranks(n) or 1) or 1)
             if smaller and smaller < batch:
                 what = "a smaller micro-batch" + (" with full sharding" if lay.shard != layout.shard else "")

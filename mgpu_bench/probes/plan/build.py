@@ -17,15 +17,16 @@ from . import target, text
 from .answer import Planner
 from .config import MAX_GPUS, PlanConfig
 from .evidence import CPU, Evidence
-from .layout import Layout
+from .layout import ZERO_STAGES, Layout
 from .memory import STATE_BYTES, Memory, activations
 from .project import Bandwidth, Compute, Parts, Projection, bandwidth_from, collectives, compute_time, curve_counts
 from .workload import Facts
 
 SECONDS_PER_DAY = 86400.0
+MODEL_SHARDS = ("ddp", "fsdp")  # what the model probe trains (and measures the overlap of)
 DEFAULT_GPUS_PER_NODE = 8  # an HGX/DGX node; said as a default where the history does not tell
 ACT_BYTES = 2  # bf16 activations: what tensor parallelism's collectives and a pipeline's sends move
-DP_OPS = ("allreduce", "allgather", "reducescatter")  # DDP's and FSDP's gradient collectives
+DP_OPS = ("allreduce", "allgather", "reducescatter")  # DDP's, ZeRO's and FSDP's gradient collectives
 ALL_OPS = (*DP_OPS, "sendrecv")  # and a pipeline's sends within a node
 
 
@@ -94,8 +95,12 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
     figures.append(figure("gradient traffic per step", coll.total_bytes(), "B", _traffic_source(asked, coll)))
     compute = _compute(cfg, facts, ev, batch, scaled)
     if compute is None:
+        unscaled = None
+        if cfg.gpu and target.peak(ev.device) is None:
+            unscaled = (f"the hardware database has no bf16 peak for the {ev.device}, so no other GPU's step scales to "
+                        "it: measure it there, or give --rate (an achieved FLOP/s per GPU)")
         missing.append(_missing(f"the step time of {facts.key} at batch {batch}",
-                                _model_cmd(cfg, facts, ev, batch, run_here)))
+                                _model_cmd(cfg, facts, ev, batch, run_here), unscaled))
     elif compute.whole_step:
         figures.append(figure("FLOP/s per GPU over the whole step", batch * (facts.flops_per_sample or 0) /
                               compute.seconds, "FLOP/s", compute.source))
@@ -125,7 +130,7 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
         return Projection(ev, facts, lay, b, c, lambda m: collectives(facts, lay, param_bytes, m), node, world_bw,
                           gpn, parts)
 
-    planner = Planner(cfg, facts, mem, make, gpn, batch)
+    planner = Planner(cfg, facts, mem, make, gpn, batch, host_memory=not on_gpu)
     chosen = asked
     if cfg.search:
         found = planner.best(layouts.candidates(facts, gpn), batch) if (cfg.gpus or cfg.days) else None
@@ -139,8 +144,9 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
     projection = planner.projection(chosen, batch)
     if projection is not None and chosen.plain:
         f, _, source = projection.overlap()
-        if gpn > 1 and not any(p.world > 1 and p.parallel == chosen.shard and p.exposed_s is not None
-                               for p in ev.steps) and not compute.whole_step:
+        if gpn > 1 and chosen.shard in MODEL_SHARDS and not any(
+                p.world > 1 and p.parallel == chosen.shard and p.exposed_s is not None for p in ev.steps) \
+                and not compute.whole_step:
             missing.append(_missing("the overlap of the gradient collective with the backward pass",
                                     _model_cmd(cfg, facts, ev, batch, run_here, scaling=True)))
         figures.append(figure("collective hidden by backward", f, "fraction", source))
@@ -170,6 +176,10 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
            "fsdp": mem.fit(Layout(shard="fsdp"), plain_n, batch).to_dict(),
            "largest_batch_fsdp": mem.largest_batch(Layout(shard="fsdp"), plain_n),
            "max_batch_measured": [{"max_batch": b, "run": r} for b, r in ev.max_batch[:3]]}
+    if chosen.plain and chosen.shard in ZERO_STAGES:  # the stage asked beside DDP and FSDP
+        fit[chosen.shard] = mem.fit(chosen, plain_n, batch).to_dict()
+        fit[f"fewest_gpus_{chosen.shard}"] = mem.fewest_gpus(chosen, batch)
+        fit[f"largest_batch_{chosen.shard}"] = mem.largest_batch(chosen, plain_n)
     fit["asked"] = planner.fit(chosen, n_at, batch).to_dict()
     fit["fewest_gpus_asked"] = planner.fewest(chosen, batch)
     fit["largest_batch_asked"] = mem.largest_batch(chosen, n_at, planner.micro_batches(chosen, 1)(
@@ -189,12 +199,14 @@ def plan(cfg: PlanConfig, facts: Facts, ev: Evidence, local_gpus: int, here: boo
 
 
 def _answer(cfg: PlanConfig, planner: Planner, lay: Layout, batch: int) -> dict | None:
-    """--gpus N: the days at N; --days D: the fewest GPUs (central, and the range's two ends);
+    """--gpus N: the days at N; --days D: the fewest GPUs (central, and the range's two ends) and
+    the days those GPUs take (`days`: the projection, never the budget, which is `budget_days`);
     either only where `lay` fits, else what does instead (answer.py)."""
     if not cfg.gpus and not cfg.days:
         return None
     question = "gpus" if cfg.gpus else "days"
-    base = {"question": question, "gpus": cfg.gpus, "days": cfg.days if cfg.days else None, "batch": batch}
+    base = {"question": question, "gpus": cfg.gpus, "days": None, "budget_days": cfg.days if cfg.days else None,
+            "batch": batch}
     n = cfg.gpus or planner.fewest(lay, batch) or lay.model_gpus
     fit = planner.fit(lay, n, batch)
     base.update(layout=lay.to_dict(n), fits=fit.fits, memory=fit.allocated, capacity=fit.capacity,
@@ -220,18 +232,40 @@ def _answer(cfg: PlanConfig, planner: Planner, lay: Layout, batch: int) -> dict 
     if cfg.gpus:
         e = planner.estimate(lay, cfg.gpus, batch)
         if e is None:
-            return {**base, "days": None, "text": f"{cfg.gpus} GPUs: no estimate (a figure is missing: see below)"}
+            return {**base, "days": None, "text": f"no estimate for {cfg.gpus} GPUs: a figure is missing (see below)"}
         return {**base, "days": planner.days(e), "days_low": planner.days(e, "low_s"),
                 "days_high": planner.days(e, "high_s"), "measured": e.measured, "assumed": e.assumed}
     ends = {attr: planner.reach(lay, batch, cfg.days, attr) for attr in ("step_s", "low_s", "high_s")}
     central = ends["step_s"]
     out = {**base, "gpus": central[0] if central else None, "gpus_low": ends["low_s"][0] if ends["low_s"] else None,
            "gpus_high": ends["high_s"][0] if ends["high_s"] else None}
+    if not central:
+        out["text"] = _unreached(cfg, planner, lay, batch, out)
     if central:
-        f = planner.fit(lay, central[0], batch)
-        out.update(layout=lay.to_dict(central[0]), memory=f.allocated, micro_batches=f.micro_batches,
-                   assumed=central[1].assumed)
+        n, e = central
+        f = planner.fit(lay, n, batch)
+        out.update(layout=lay.to_dict(n), memory=f.allocated, micro_batches=f.micro_batches, assumed=e.assumed,
+                   days=planner.days(e), days_low=planner.days(e, "low_s"), days_high=planner.days(e, "high_s"),
+                   measured=e.measured)
     return out
+
+
+def _unreached(cfg: PlanConfig, planner: Planner, lay: Layout, batch: int, out: dict) -> str:
+    """Why --days D has no GPU count: the layout's fit or a figure is unknown (no estimate), or
+    every count was projected and none trains within D (`unreachable`: an answer)."""
+    amount = f"{text.count(cfg.budget)} {cfg.budget_unit}"
+    start = planner.fewest(lay, batch)
+    if start is None:
+        return (f"no estimate: the fewest GPUs that hold {planner.facts.key} are not known (the device's memory is "
+                "not: see the fit lines)")
+    days = [(d, n) for n in planner.counts(lay, batch) if n >= start
+            for d in [planner.days(planner.estimate(lay, n, batch))]]
+    if not days or any(d is None for d, _ in days):
+        return f"no estimate within {text.days(cfg.days)}: a figure for the larger GPU counts is missing (see below)"
+    best, n = min(days)
+    out["unreachable"] = True
+    return (f"{text.days(cfg.days)} for {amount} is out of reach: the fastest of the GPU counts the plan considers "
+            f"({start} to {days[-1][1]}), {n} GPUs, takes {text.days(best)}")
 
 
 def _point(e, planner: Planner, batch: int, one_gpu_s: float) -> dict | None:
@@ -259,7 +293,7 @@ def _used_figures(used: list[Layout], gpn: int, node_bw, world_bw, pp_bw, recomp
     node: list[str] = []
     world: list[str] = []
     for lay in used:
-        dp = ("allreduce",) if lay.shard != "fsdp" else ("allgather", "reducescatter")
+        dp = ("allreduce",) if lay.shard == "ddp" else ("allgather", "reducescatter")
         node += [*dp, *(("allgather", "reducescatter") if lay.tp > 1 else ()),
                  *(("sendrecv",) if 1 < lay.pp and lay.model_gpus <= gpn else ())]
         world += dp
@@ -375,7 +409,8 @@ def _model_cmd(cfg: PlanConfig, facts: Facts, ev: Evidence, batch: int, run_here
         args += ["--seq-len", str(facts.seq_len)]
     if facts.image_size:
         args += ["--image-size", str(facts.image_size)]
-    args += ["--batch-size", str(batch), "--parallel", cfg.layout.shard]
+    # the model probe trains DDP and FSDP: a ZeRO stage's step is measured as DDP's (the same compute)
+    args += ["--batch-size", str(batch), "--parallel", cfg.layout.shard if cfg.layout.shard in MODEL_SHARDS else "ddp"]
     on_gpu = ev.device != CPU
     two = (local_gpus >= 2 or not here) if on_gpu else True
     if scaling or (not one and two):
@@ -437,7 +472,15 @@ def _traffic_source(lay: Layout, coll) -> str:
     where = "" if lay.plain else f" of the {lay.tp} x {lay.pp} split's share of the parameters"
     if lay.shard == "fsdp":
         return ("formula: all-gather each unit's parameters (forward; backward but the last block), reduce-scatter "
-                f"its fp32 gradients (FSDP2 as the model probe sets it up){where}")
+                f"its fp32 gradients (FSDP2 as the model probe sets it up){where}: ZeRO-3's 1.5x DDP's volume in "
+                "elements (Rajbhandari et al. 2020, section 7), less the root and the last block, which FSDP2 does "
+                "not gather again")
+    if lay.shard in ZERO_STAGES:
+        per = " on every micro-batch" if lay.shard == "zero2" else ""
+        return (f"formula: {lay.shard_words} reduce-scatters the 16-bit gradients{where}{per} and all-gathers the "
+                f"updated 16-bit weights after the optimizer step, in {sum(k for _, _, k in coll.after)} bucket(s) of "
+                "up to 5e8 elements (DeepSpeed's defaults): DDP's volume in elements, 2 Psi (Rajbhandari et al. "
+                "2020, section 7)")
     return (f"formula: fp32 gradients{where} all-reduced in {sum(k for _, _, k in coll.calls)} DDP bucket(s) "
             "(first 1 MiB, then 100 MiB: the model probe's bucket_cap_mb)")
 
@@ -454,19 +497,23 @@ def _node_bandwidth(cfg, ev, coll, ops, need, gpn, missing, run_here, on_gpu) ->
     if gpn <= 1:  # one GPU per node: every collective crosses nodes (_world_bandwidth)
         return out
     here, local_gpus = run_here
-    sheet = target.node_rate(ev.device) if cfg.gpu else None
+    sheet = target.node_rate(ev.device, gpn) if cfg.gpu else None
     for op in ops:
         bw = bandwidth_from(ev.bus, op, "node", gpn)
         if bw is None and op != "allreduce":
             stand_in = bandwidth_from(ev.bus, "allreduce", "node", gpn)
             if stand_in is not None:
                 bw = replace(stand_in, source=f"{stand_in.source}, the allreduce's busbw standing in for {op}")
-        if bw is None and sheet is not None:
+        if bw is None and sheet is not None and sheet[0] is not None:
             bw = Bandwidth(((1 << 20, sheet[0]),), sheet[1], gpn)
         if bw is None:
             if op in need:
                 why = None
-                if on_gpu and here and local_gpus < 2:
+                if sheet is not None and sheet[0] is None:  # --gpu of the database, no link in it
+                    why = (f"{sheet[1]}: measure `mgpu-bench comm` on one of its nodes (rccl-tests or nccl-tests logs "
+                           "enter with `mgpu-bench history add`), or give --gpus-per-node 1 and --network where every "
+                           "collective crosses nodes")
+                elif on_gpu and here and local_gpus < 2:
                     why = (f"this machine has {local_gpus} GPU: run it on one of the cluster's {gpn}-GPU nodes, or "
                            "give --gpus-per-node 1 where the nodes have one GPU each")
                 missing.append(_missing(f"{op} bus bandwidth within a node", _comm_cmd(coll, on_gpu, run_here), why))

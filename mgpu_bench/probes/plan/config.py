@@ -19,6 +19,7 @@ MAX_WIDTH = 1 << 20
 MAX_VOCAB = 10_000_000
 MAX_PARAMS = 1e15  # a bare size beyond is a typo (the plan's figures would stop meaning anything)
 MAX_RATE = 1e18  # FLOP/s per GPU: --rate beyond is a typo (one B200 is 2.25e15 dense bf16)
+MIN_MFU = 0.01  # --mfu below is a typo for a percentage or a broken job (published large runs reach 0.3-0.6)
 COUNT_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}  # decimal: 300B = 3e11 tokens
 _COUNT = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([kmbgt]?)\s*(?:tokens?|samples?)?\s*$",
                     re.IGNORECASE)

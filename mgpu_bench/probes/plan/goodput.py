@@ -144,7 +144,9 @@ def resolve(given: str | None, batch: float | None, history) -> NoiseScale | Non
               "(McCandlish et al. 2018, appendix A)")
     b0, b0_source = (float(batch), "--noise-batch") if batch is not None else \
         (float(found["b_big"]), f"{rec.run_id}: the global batch it measured the noise scale at")
-    per = [x for x in found.get("per_window") or [] if isinstance(x, (int, float))]
+    # each window's own estimate, in order; None where a window had none (kept: its place in time)
+    per = [float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+           for x in found.get("per_window") or []]
     return NoiseScale(float(b), err, b0, b0_source, source, rec.run_id, w.get("key"), whose,
                       w.get("tokens_per_sample"), steps, windows, per)
 
@@ -197,7 +199,7 @@ def apply(payload: dict, ns: NoiseScale | None) -> None:
     a = payload.get("answer")
     if a and a.get("fits") is not False and a.get("gpus"):
         point = next((p for p in payload.get("curve") or [] if p["gpus"] == a["gpus"]), None)
-        if point is not None:  # (for --days, a's own days are the ones asked: the point's are its GPUs')
+        if point is not None:  # a's days are its GPU count's projection, the point's (for --days too)
             a.update(_figures(point, point.get("samples"), point.get("step_s"), tokens, ns))
     for o in (a or {}).get("instead") or []:
         if o.get("global_batch"):
@@ -230,9 +232,6 @@ def _notes(ns: NoiseScale, w: Mapping) -> list[str]:
             w.get("tokens_per_sample"):
         out.append(f"--noise-scale {ns.run}: its samples are {ns.tokens_per_sample} tokens, the plan's "
                    f"{w['tokens_per_sample']}: batches are set against it in samples")
-    if len(ns.per_window) >= 2:
-        out.append(f"--noise-scale {ns.run}: its estimate went from {text.samples(ns.per_window[0])} to "
-                   f"{text.samples(ns.per_window[-1])} samples over its {len(ns.per_window)} windows (the noise scale "
-                   f"grows as the loss falls, McCandlish et al. 2018): the plan takes the whole run's "
-                   f"{text.samples(ns.b_noise)}")
+    if sum(x is not None for x in ns.per_window) >= 2:  # a trend only where a test finds one (noise_scale.py)
+        out.append(f"--noise-scale {ns.run}: {noise_scale.trend_words(ns.per_window, ns.b_noise)}")
     return out

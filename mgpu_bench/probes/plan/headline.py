@@ -8,7 +8,7 @@ when the figures under it do (a driver upgrade, a slower link):
                                                       where the time is not)
     plan.{model}.{parallel}.b{batch}.memory            B allocated per GPU at the plan's batch
 
-{model} is the workload's key, {parallel} the layout's name (ddp, fsdp, tp8-pp16-ddp, ddp-ckpt).
+{model} is the workload's key, {parallel} the layout's name (ddp, zero1, zero2, fsdp, tp8-pp16-ddp, ddp-ckpt).
 No samples: a projection has no noise of its own (its range is in the document). A layout that
 does not fit has no step and no time to train (fit first), only its memory."""
 
@@ -18,6 +18,8 @@ from collections.abc import Mapping
 
 from mgpu_bench.metrics import Metric, slug
 
+from .layout import SHARDS
+
 
 def headline(doc: Mapping) -> list[Metric]:
     out: list[Metric] = []
@@ -25,7 +27,7 @@ def headline(doc: Mapping) -> list[Metric]:
     name = (doc.get("layout") or {}).get("name") or (doc.get("config") or {}).get("parallel")
     key, parallel = slug((doc.get("workload") or {}).get("key")), slug(name)
     model = str((doc.get("workload") or {}).get("key"))
-    plain = parallel in ("ddp", "fsdp")
+    plain = parallel in SHARDS
     largest = fit.get(f"largest_batch_{parallel}") if plain else fit.get("largest_batch_asked")
     if largest is not None:
         out.append(Metric(f"plan.{key}.{parallel}.largest_batch", float(largest), "samples", "higher", (),

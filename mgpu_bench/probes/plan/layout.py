@@ -1,12 +1,17 @@
 """How a plan trains: the tensor (tp, within a node), pipeline (pp) and data-parallel (dp) degrees,
-the model states replicated (DDP) or sharded (FSDP) over the data-parallel ranks, sequence
-parallelism wherever tp > 1, and activation recomputation or not; the parser of --parallel.
+the model states replicated (DDP) or partitioned over the data-parallel ranks by a ZeRO stage
+(Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+SC20, section 5), sequence parallelism wherever tp > 1, and activation recomputation or not; the
+parser of --parallel.
 
-    ddp, fsdp                       data parallelism alone (tp = pp = 1), as the model probe trains
-    tp=T[,pp=P][,dp=D][,fsdp]       Megatron-LM's layout (Narayanan et al. 2021, SC21): tp GPUs of
+    ddp, zero1, zero2, fsdp         data parallelism alone (tp = pp = 1): DDP replicates the model
+                                    states; ZeRO-1 (P_os) partitions the optimizer states, ZeRO-2
+                                    (P_os+g) the gradients too (DeepSpeed's stages 1 and 2); FSDP is
+                                    ZeRO-3 (P_os+g+p), the parameters too, as the model probe trains
+    tp=T[,pp=P][,dp=D][,SHARD]      Megatron-LM's layout (Narayanan et al. 2021, SC21): tp GPUs of
                                     one node split every layer, pp stages split the layers, dp
                                     replicas of that split; tp x pp x dp = the GPUs
-    search                          the plan tries tp, pp, DDP/FSDP and recomputation itself
+    search                          the plan tries tp, pp, the four shardings and recomputation itself
 
 Sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models", section 4.2.2) goes with every tp > 1: its all-gathers and reduce-scatters
@@ -20,11 +25,20 @@ from dataclasses import dataclass, replace
 
 from mgpu_bench.errors import InputError
 
-SHARDS = ("ddp", "fsdp")
+SHARDS = ("ddp", "zero1", "zero2", "fsdp")
+ZERO_STAGES = ("zero1", "zero2")  # DeepSpeed's stages 1 and 2; ZeRO-3 is planned as FSDP
+# How each names itself in the plan's words (ZeRO's stages: Rajbhandari et al. 2020, section 5.1)
+SHARD_WORDS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "FSDP"}
+SHARD_HELP = {"ddp": "DDP (every GPU holds all the model states)",
+              "zero1": "ZeRO-1 (the optimizer states partitioned over the data-parallel ranks)",
+              "zero2": "ZeRO-2 (the optimizer states and the gradients partitioned)",
+              "fsdp": "FSDP, ZeRO-3 (the optimizer states, gradients and parameters partitioned)"}
 MAX_DEGREE = 100_000
-PARALLEL_HELP = ("ddp (default), fsdp, the degrees tp=T,pp=P[,dp=D][,fsdp] (tensor parallelism within a node, "
-                 "pipeline stages, data-parallel replicas: tp x pp x dp = the GPUs), or search (the plan tries tp, "
-                 "pp, DDP/FSDP and --checkpointing itself).")
+PARALLEL_HELP = ("ddp (default), zero1, zero2 (DeepSpeed's ZeRO stages 1 and 2: the optimizer states, and with 2 the "
+                 "gradients, partitioned over the data-parallel ranks), fsdp (ZeRO-3: the parameters too), the "
+                 "degrees tp=T,pp=P[,dp=D][,zero1|zero2|fsdp] (tensor parallelism within a node, pipeline stages, "
+                 "data-parallel replicas: tp x pp x dp = the GPUs), or search (the plan tries tp, pp, the four "
+                 "shardings and --checkpointing itself).")
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,15 @@ class Layout:
         return self.tp > 1
 
     @property
+    def sharded(self) -> bool:
+        """The model states per GPU shrink with the data-parallel ranks (a ZeRO stage, FSDP)."""
+        return self.shard != "ddp"
+
+    @property
+    def shard_words(self) -> str:
+        return SHARD_WORDS[self.shard]
+
+    @property
     def name(self) -> str:
         """The metric-name segment: ddp, fsdp, tp8-pp16-ddp, ddp-ckpt."""
         parts = [] if self.plain else [f"tp{self.tp}", f"pp{self.pp}"]
@@ -66,9 +89,9 @@ class Layout:
         """'tp=8, pp=16, dp=8 (DDP over the replicas, sequence parallel, recomputation)'."""
         d = self.ranks(gpus) if gpus else self.dp
         if self.plain:
-            head = self.shard.upper()
+            head = self.shard_words
         else:
-            head = f"tp={self.tp}, pp={self.pp}" + (f", dp={d}" if d else "") + f", {self.shard.upper()} over the replicas"
+            head = f"tp={self.tp}, pp={self.pp}" + (f", dp={d}" if d else "") + f", {self.shard_words} over the replicas"
         extras = (["sequence parallel"] if self.sp else []) + (["recomputation"] if self.checkpointing else [])
         return head + (f" ({', '.join(extras)})" if extras else "")
 
@@ -97,7 +120,7 @@ def parse(text: str, checkpointing: bool = False) -> tuple[Layout, bool]:
         m = _DEGREE.match(p)
         if p in SHARDS:
             if shard is not None:
-                raise InputError(f"--parallel {text!r}: give one of ddp or fsdp")
+                raise InputError(f"--parallel {text!r}: give one of {', '.join(SHARDS)}")
             shard = p
         elif m:
             key, value = m.group(1), int(m.group(2))
@@ -107,7 +130,7 @@ def parse(text: str, checkpointing: bool = False) -> tuple[Layout, bool]:
                 raise InputError(f"--parallel {text!r}: {key} must be from 1 to {MAX_DEGREE}")
             degrees[key] = value
         else:
-            raise InputError(f"--parallel {text!r}: {p!r} is not ddp, fsdp, search, tp=T, pp=P or dp=D")
+            raise InputError(f"--parallel {text!r}: {p!r} is not {', '.join(SHARDS)}, search, tp=T, pp=P or dp=D")
     return Layout(degrees.get("tp", 1), degrees.get("pp", 1), degrees.get("dp"), shard or "ddp", checkpointing), False
 
 
@@ -126,7 +149,7 @@ def check(layout: Layout, facts, gpus: int | None, gpus_per_node: int | None) ->
     shape = facts.shape
     if shape is None or not facts.blocks:
         raise InputError(f"--parallel tp/pp: tensor and pipeline parallelism are planned for GPT-shaped models "
-                         f"(layers, width, heads); {facts.key} is not one: give ddp or fsdp")
+                         f"(layers, width, heads); {facts.key} is not one: give {', '.join(SHARDS)}")
     if shape.heads % layout.tp or shape.width % layout.tp:
         raise InputError(f"--parallel tp={layout.tp}: it must divide the {shape.heads} attention heads and the width "
                          f"{shape.width}")
@@ -148,8 +171,9 @@ def check(layout: Layout, facts, gpus: int | None, gpus_per_node: int | None) ->
 
 def candidates(facts, gpus_per_node: int, checkpointing: tuple[bool, ...] = (False, True)) -> list[Layout]:
     """The layouts `search` tries: tp a power of two up to the node that divides the heads and the
-    width, pp a divisor of the layers (up to 128 stages), DDP or FSDP over the replicas, with and
-    without recomputation; data parallelism alone for models that are not GPT-shaped."""
+    width, pp a divisor of the layers (up to 128 stages), DDP, ZeRO-1, ZeRO-2 or FSDP over the
+    replicas, with and without recomputation; data parallelism alone for models that are not
+    GPT-shaped."""
     shape = facts.shape
     if shape is None or not facts.blocks or not facts.tokens_per_sample:
         return [Layout(shard=s) for s in SHARDS]

@@ -1,5 +1,6 @@
-"""Will it fit: bytes per GPU for the model states (weights, gradients, optimizer state), sharded
-under FSDP, and the activations; the fewest GPUs that hold it and the largest batch per GPU.
+"""Will it fit: bytes per GPU for the model states (weights, gradients, optimizer state), partitioned
+by a ZeRO stage or FSDP, and the activations; the fewest GPUs that hold it and the largest batch
+per GPU.
 
 Model states, mixed-precision AdamW as the built-in GPT trains (fp32 weights under bf16 autocast,
 fp32 gradients, AdamW's two fp32 moments): 4 + 4 + 8 = 16 bytes per parameter. That is the same
@@ -10,6 +11,19 @@ model probe's DDP keeps gradients as views into its buckets: no second copy). FS
 model probe sets it up: one unit per block, then the root) shards all 16 over N GPUs and holds
 unsharded, per GPU: the root's parameters (never resharded), the current and the prefetched
 block's parameters in the compute dtype, and one block's gradient before its reduce-scatter.
+
+ZeRO's stages (Rajbhandari et al. 2020, section 5.1 and Figure 1), for Psi parameters over N
+data-parallel ranks, with w bytes of weights, g of gradients (the compute dtype: 2 on GPUs) and K
+of optimizer state per parameter (K = 16 - w - g: 12 on GPUs, the fp32 copy, momentum and
+variance; 8 on CPU processes, whose weights are the fp32 copy):
+
+    DDP               (w + g + K) Psi                  16 Psi
+    ZeRO-1 (P_os)     (w + g) Psi + K Psi / N          4 Psi + 12 Psi / N
+    ZeRO-2 (P_os+g)   w Psi + (g + K) Psi / N          2 Psi + 14 Psi / N
+    ZeRO-3 (P_os+g+p) (w + g + K) Psi / N              16 Psi / N   (FSDP: plus what it holds unsharded)
+
+(model_state_bytes; Figure 1's 7.5B parameters on 64 GPUs: 120, 31.4, 16.6 and 1.9 GB). The
+buckets DeepSpeed reduces and gathers through come on top and are not counted, as in Figure 1.
 
 Activations: from this workload's measured peak memory at two or more batch sizes (a line: peak =
 fixed + batch x per-sample; what the fixed part holds beyond the 16-byte states is kept as
@@ -51,6 +65,7 @@ from .layout import Layout
 from .workload import Facts
 
 STATE_BYTES = 16  # per parameter, DDP; see the module docs
+ZERO_K = 12  # ZeRO's K: bytes of optimizer state per parameter of mixed-precision Adam (Rajbhandari et al. 2020, 3.1)
 HOST_STATE_BYTES = 12  # fp32 weights + two fp32 AdamW moments, the part ZeRO-Offload keeps on the host
 RECOMPUTE_INPUT_SBH = 2  # Korthikanti et al. 2022, Table 2: full recomputation keeps each layer's input
 MAX_GPUS_FIT = 1_000_000  # config.MAX_GPUS: no count beyond is searched
@@ -159,17 +174,51 @@ def stage_params(facts: Facts, layout: Layout) -> float:
     return (math.ceil(facts.blocks / layout.pp) * facts.block_params + facts.other_params) / layout.tp
 
 
+def state_split(shard: str, weight_bytes: float = 2, grad_bytes: float = 2,
+                optimizer_bytes: float = ZERO_K) -> tuple[float, float]:
+    """(bytes per parameter every data-parallel rank keeps, bytes per parameter partitioned over
+    them) under `shard` (ddp, zero1, zero2, fsdp = ZeRO-3): ZeRO section 5.1 (module docs)."""
+    w, g, k = float(weight_bytes), float(grad_bytes), float(optimizer_bytes)
+    return {"ddp": (w + g + k, 0.0), "zero1": (w + g, k), "zero2": (w, g + k), "fsdp": (0.0, w + g + k)}[shard]
+
+
+def model_state_bytes(params: float, shard: str, n: int, weight_bytes: float = 2, grad_bytes: float = 2,
+                      optimizer_bytes: float = ZERO_K) -> float:
+    """Model-state bytes per GPU of `params` parameters over `n` data-parallel ranks: ZeRO's
+    formulas (Rajbhandari et al. 2020, section 5.1, Figure 1; module docs), its defaults the
+    paper's mixed-precision Adam (2 B fp16 weights, 2 B fp16 gradients, K = 12)."""
+    kept, partitioned = state_split(shard, weight_bytes, grad_bytes, optimizer_bytes)
+    return params * (kept + partitioned / max(1, n))
+
+
+def _split(layout: Layout, param_bytes: int) -> tuple[float, float]:
+    """state_split for this plan: the compute dtype's weights and gradients (`param_bytes`), the
+    rest of the 16 bytes the optimizer's (module docs)."""
+    return state_split(layout.shard, param_bytes, param_bytes, STATE_BYTES - 2 * param_bytes)
+
+
+def partitioned_bytes(facts: Facts, layout: Layout, param_bytes: int) -> float:
+    """The model-state bytes a GPU would hold on one rank that `layout`'s sharding divides by the
+    data-parallel ranks (0 under DDP)."""
+    return _split(layout, param_bytes)[1] * stage_params(facts, layout)
+
+
 def states(facts: Facts, layout: Layout, dp: int, param_bytes: int) -> float:
     """Model-state bytes per GPU: 16 per parameter it holds, replicated over the data-parallel
-    ranks (DDP); sharded over `dp` of them under FSDP, plus what FSDP holds unsharded (module
-    docs), split by tp. `param_bytes`: the compute dtype FSDP gathers in (2: bf16 on GPUs; 4 on
-    CPU processes, where the model probe keeps fp32)."""
+    ranks (DDP), partitioned over `dp` of them as a ZeRO stage partitions them (model_state_bytes),
+    under FSDP plus what it holds unsharded (module docs); split by tp. `param_bytes`: the compute
+    dtype (2: bf16 on GPUs; 4 on CPU processes, where the model probe keeps fp32) of ZeRO's weights
+    and gradients and of FSDP's gathers."""
     held = stage_params(facts, layout)
-    if layout.shard != "fsdp" or dp <= 1:
+    if layout.shard == "ddp" or dp <= 1:
         return STATE_BYTES * held
+    w_g = float(param_bytes)
+    sharded = model_state_bytes(held, layout.shard, dp, w_g, w_g, STATE_BYTES - 2 * w_g)
+    if layout.shard != "fsdp":
+        return sharded
     block = facts.block_params / layout.tp
     gathered = param_bytes * (facts.other_params / layout.tp + 2 * block) + FP32 * block
-    return STATE_BYTES * held / dp + gathered
+    return sharded + gathered
 
 
 def layer_bytes(facts: Facts, micro_batch: float, layout: Layout) -> float:
@@ -273,9 +322,10 @@ class Memory:
 
     def fewest_gpus(self, layout: Layout, batch: int, micro_batches=lambda dp: 1) -> int | None:
         """The fewest GPUs that hold the workload at `batch` per micro-batch: tp x pp or none where
-        every replica keeps its states whole (DDP); under FSDP the smallest data-parallel count whose
-        shard leaves room. `micro_batches(dp)`: the micro-batches per step at dp replicas (0: none
-        fits the global batch). None: it does not fit at any count, or a figure is missing."""
+        every replica keeps its states whole (DDP); under a ZeRO stage or FSDP the smallest
+        data-parallel count whose shard leaves room. `micro_batches(dp)`: the micro-batches per step
+        at dp replicas (0: none fits the global batch). None: it does not fit at any count, or a
+        figure is missing."""
         base = layout.model_gpus
         m1 = micro_batches(1) or 1
         f = self.fit(layout, base, batch, m1)
@@ -283,13 +333,14 @@ class Memory:
             return None
         if f.fits:
             return base
-        if layout.shard != "fsdp":
+        if not layout.sharded:
             return None
         acts = self.activations(layout, batch, min(layout.pp, m1)) or 0.0
+        # what no count of ranks takes away: the unpartitioned states (and FSDP's gathered units)
         room = self.usable - (states(self.facts, layout, 1 << 40, self.param_bytes) + self.acts.other + acts)
         if room <= 0:
             return None
-        dp = max(2, math.ceil(STATE_BYTES * stage_params(self.facts, layout) / room))
+        dp = max(2, math.ceil(partitioned_bytes(self.facts, layout, self.param_bytes) / room))
         if dp * base > MAX_GPUS_FIT:
             return None
         while not self.fit(layout, dp * base, batch, micro_batches(dp) or 1).fits:  # rounding at the edge

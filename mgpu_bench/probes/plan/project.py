@@ -9,13 +9,23 @@ projected from its parts, each from what was measured.
                DDP all-reduces the fp32 gradients in its buckets (the model probe's: the first
                1 MiB, then 100 MiB, filled in reverse registration order as torch's reducer fills
                them); FSDP all-gathers each unit's parameters (forward, and again in backward for
-               every block but the last) and reduce-scatters its fp32 gradients. Each collective:
+               every block but the last) and reduce-scatters its fp32 gradients; ZeRO-1 and ZeRO-2
+               reduce-scatter the 16-bit gradients and, after the optimizer step, all-gather the
+               updated 16-bit weights, each in DeepSpeed's buckets of 5e8 elements (ZeRO-2 on every
+               micro-batch: its gradients are partitioned). Per rank that is DDP's volume for
+               ZeRO-1 and ZeRO-2 (a reduce-scatter and an all-gather move what one all-reduce
+               moves, 2 Psi elements) and 1.5x it for ZeRO-3 / FSDP (Psi more for the second
+               gather; here less the root and the last block, which FSDP2 does not gather again):
+               Rajbhandari et al. 2020, section 7. Each collective:
                size x the op's bus factor / busbw at that size (nccl-tests' definitions: bus
                bandwidth is what a ring moves per rank, so it holds across rank counts)
     exposed(N) what the step does not hide of t_comm: the model probe measured, on its widest run,
                exposed = step - step without gradient sync; hidden share f = 1 - exposed / t_comm
                there, and hidden time H = t_comm - exposed. Central: f held, exposed = (1 - f) t_comm(N).
                No multi-GPU model run: nothing hidden assumed, and the range reaches to all hidden.
+               ZeRO-1 and ZeRO-2 (the model probe does not train them): their reduce-scatter as
+               not hidden (DeepSpeed's overlap_comm is off by default for these stages), the range
+               to all hidden; their all-gather after the optimizer step is never hidden.
 
 With tensor (t) and pipeline (p) parallelism, or recomputation, or m > 1 micro-batches a step
 (layout.py), over d = N / (t p) data-parallel replicas:
@@ -58,10 +68,12 @@ from dataclasses import dataclass, replace
 from mgpu_bench.ops import busbw_factor
 
 from .evidence import BusPoint, Evidence, StepPoint
+from .layout import ZERO_STAGES
 
 MIB = 1 << 20
 DDP_FIRST_BUCKET = 1 * MIB  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET = 100 * MIB  # the model probe's bucket_cap_mb=100 (MiB in torch's reducer)
+ZERO_BUCKET = 500_000_000  # elements: DeepSpeed's reduce_bucket_size and allgather_bucket_size defaults (5e8)
 NOISE_K = 2.0  # the range's half-width in noise units
 
 
@@ -108,54 +120,82 @@ def bandwidth_from(points: list[BusPoint], op: str, scope: str, ranks_at_most: i
     return Bandwidth(pts, f"{run} ({op}, {ranks} ranks {where})", ranks, max(noises) if noises else None)
 
 
-def ddp_buckets(tensors: tuple[int, ...], grad_bytes: int = 4) -> list[int]:
+def ddp_buckets(tensors: tuple[int, ...], grad_bytes: int = 4, first: int = DDP_FIRST_BUCKET,
+                limit: int = DDP_BUCKET) -> list[int]:
     """DDP's bucket sizes in bytes: parameters in reverse registration order, a bucket closed once
-    it holds at least its limit (1 MiB for the first, 100 MiB after)."""
-    out, current, limit = [], 0, DDP_FIRST_BUCKET
+    it holds at least its limit (1 MiB for the first, 100 MiB after; or `first` and `limit` bytes,
+    ZeRO's buckets)."""
+    out, current, cap = [], 0, first
     for n in reversed(tensors):
         current += n * grad_bytes
-        if current >= limit:
+        if current >= cap:
             out.append(current)
-            current, limit = 0, DDP_BUCKET
+            current, cap = 0, limit
     if current:
         out.append(current)
     return out
 
 
+Call = tuple[str, int, int]  # (op, size in bytes, calls per step)
+
+
 @dataclass(frozen=True)
 class Collective:
-    """One step's gradient traffic: (op, size in bytes, calls) per kind of call."""
+    """One step's gradient traffic: (op, size in bytes, calls) per kind of call; `after` those that
+    run after the optimizer step (ZeRO-1 and 2's all-gather of the updated weights), which no
+    backward pass hides."""
 
-    calls: tuple[tuple[str, int, int], ...]
+    calls: tuple[Call, ...]
+    after: tuple[Call, ...] = ()
 
-    def seconds(self, n: int, bw: dict[str, Bandwidth]) -> float:
+    @staticmethod
+    def _seconds(calls, n: int, bw: dict[str, Bandwidth]) -> float:
         if n <= 1:
             return 0.0
-        return sum(k * size * busbw_factor(op, n) / bw[op].at(size) for op, size, k in self.calls)
+        return sum(k * size * busbw_factor(op, n) / bw[op].at(size) for op, size, k in calls)
+
+    def seconds(self, n: int, bw: dict[str, Bandwidth]) -> float:
+        return self._seconds((*self.calls, *self.after), n, bw)
+
+    def seconds_after(self, n: int, bw: dict[str, Bandwidth]) -> float:
+        """The part of seconds() after the optimizer step: exposed whatever the backward hides."""
+        return self._seconds(self.after, n, bw)
 
     @property
     def ops(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(op for op, _, _ in self.calls))
+        return tuple(dict.fromkeys(op for op, _, _ in (*self.calls, *self.after)))
 
     def total_bytes(self) -> int:
-        return sum(size * k for _, size, k in self.calls)
+        return sum(size * k for _, size, k in (*self.calls, *self.after))
+
+    def volume(self, n: int) -> float:
+        """Bytes each of `n` ranks sends per step: size x the op's bus factor (an all-reduce moves
+        2 (n - 1) / n of its size, a reduce-scatter or an all-gather (n - 1) / n; nccl-tests)."""
+        return sum(k * size * busbw_factor(op, n) for op, size, k in (*self.calls, *self.after))
+
+
+def _counted(op: str, buckets: list[int], times: int = 1) -> tuple[Call, ...]:
+    sizes: dict[int, int] = {}
+    for b in buckets:
+        sizes[b] = sizes.get(b, 0) + times
+    return tuple((op, s, k) for s, k in sizes.items())
 
 
 def collectives(facts, layout, param_bytes: int, micro_batches: int = 1) -> Collective:
     """The gradient collectives of one step over the data-parallel ranks (module docs), for the
-    parameters one GPU holds (a pipeline stage's, split by tp); param_bytes: FSDP's gather dtype.
-    FSDP gathers each unit again for every micro-batch."""
-    import math
-
+    parameters one GPU holds (a pipeline stage's, split by tp); param_bytes: the compute dtype
+    (FSDP's gathers; ZeRO-1 and 2's gradients and weights). FSDP gathers each unit again for every
+    micro-batch, ZeRO-2 reduce-scatters every micro-batch's gradients."""
     plain = layout.plain
     if layout.shard != "fsdp":
         tensors = facts.tensors if plain else tuple(
             max(1, x // layout.tp) for x in (*facts.block_tensors * math.ceil(facts.blocks / layout.pp),
                                              facts.other_params) if x)
-        sizes: dict[int, int] = {}
-        for b in ddp_buckets(tensors):
-            sizes[b] = sizes.get(b, 0) + 1
-        return Collective(tuple(("allreduce", s, k) for s, k in sizes.items()))
+        if layout.shard in ZERO_STAGES:
+            buckets = ddp_buckets(tensors, param_bytes, ZERO_BUCKET * param_bytes, ZERO_BUCKET * param_bytes)
+            times = micro_batches if layout.shard == "zero2" else 1
+            return Collective(_counted("reducescatter", buckets, times), _counted("allgather", buckets))
+        return Collective(_counted("allreduce", ddp_buckets(tensors)))
     blocks = facts.blocks if plain else math.ceil(facts.blocks / layout.pp)
     block, root = facts.block_params // layout.tp, facts.other_params // layout.tp
     calls = [("allgather", block * param_bytes, max(0, 2 * blocks - 1) * micro_batches),
@@ -293,12 +333,26 @@ class Projection:
                               bw.ranks, bw.noise) for op, bw in self.world_bw.items()}
 
     def comm_s(self, n: int, micro_batches: int = 1) -> float | None:
+        return self._comm(n, micro_batches, after=False)
+
+    def after_s(self, n: int, micro_batches: int = 1) -> float:
+        """The part of comm_s after the optimizer step (ZeRO-1 and 2's all-gather): never hidden."""
+        return self._comm(n, micro_batches, after=True) or 0.0
+
+    def _comm(self, n: int, micro_batches: int, after: bool) -> float | None:
         dp = self.layout.ranks(n) or 1
         bw = self.bandwidths(n)
         coll = self.coll if micro_batches == 1 else self._coll(micro_batches)
         if dp <= 1:
             return 0.0
-        return None if not bw or any(op not in bw for op in coll.ops) else coll.seconds(dp, bw)
+        if not bw or any(op not in bw for op in coll.ops):
+            return None
+        return coll.seconds_after(dp, bw) if after else coll.seconds(dp, bw)
+
+    def exposed(self, t: float, after: float, f: float) -> float:
+        """The collectives' seconds a step does not hide when the backward hides the share `f`
+        of what it can: all of `after` (what runs after the optimizer step), (1 - f) of the rest."""
+        return (1.0 - f) * max(0.0, t - after) + after
 
     def _reference(self) -> tuple[StepPoint, float] | None:
         """The widest multi-GPU run of this workload with a step without gradient sync, at this
@@ -325,6 +379,12 @@ class Projection:
             return 0.0, (0.0, 0.0), 0.0, ("a pipeline reduces its gradients after the flush (Narayanan et al. 2021): "
                                           "nothing hidden")
         if self.reference is None:
+            if self.layout.shard in ZERO_STAGES:
+                return 0.0, (0.0, 1.0), 0.0, (
+                    f"{self.layout.shard_words}: no run of it measured (the model probe trains DDP and FSDP): its "
+                    "gradient reduce-scatter taken as not hidden (DeepSpeed's overlap_comm is off by default for "
+                    "stages 1 and 2), the range reaching to all hidden; its all-gather of the updated weights after "
+                    "the optimizer step is never hidden")
             return 0.0, (0.0, 1.0), 0.0, "no multi-GPU model run with exposed communication: nothing hidden assumed"
         p, t = self.reference
         exposed = p.exposed_s or 0.0
@@ -393,19 +453,22 @@ class Projection:
         t = self.comm_s(n, m)
         if tp_s is None or pp_s is None or t is None:
             return None
+        ta = self.after_s(n, m)
         work = c.seconds * (self.parts.recompute if lay.checkpointing else 1.0) / lay.model_gpus
         slots = m + lay.pp - 1  # (m + p - 1) slots of one micro-batch each: p - 1 of them the bubble
         compute = slots * (work + tp_s + pp_s)
         f, (f_lo, f_hi), hidden, _ = self._overlap(NOISE_K)  # the last micro-batch's backward hides it
-        central = compute + (1.0 - f) * t
-        ends = (central, compute + max(0.0, t - hidden), compute + (1.0 - f_lo) * t, compute + (1.0 - f_hi) * t)
+        exposed = self.exposed(t, ta, f)
+        central = compute + exposed
+        ends = (central, compute + max(ta, t - hidden), compute + self.exposed(t, ta, f_lo),
+                compute + self.exposed(t, ta, f_hi))
         lo, hi = min(ends), max(ends)
         bw = self.bandwidths(n) or {}
         bw_noise = max((b.noise for b in bw.values() if b.noise is not None), default=0.0)
-        share = ((1.0 - f) * t + slots * (tp_s + pp_s)) / central if central else 0.0
+        share = (exposed + slots * (tp_s + pp_s)) / central if central else 0.0
         sigma = math.hypot((1.0 - share) * (c.noise or 0.0), share * bw_noise)
         low, high = self._widen(lo, hi, sigma)
-        return Estimate(n, central, low, high, None, compute, t, (1.0 - f) * t, sigma or None, samples, dp, m,
+        return Estimate(n, central, low, high, None, compute, t, exposed, sigma or None, samples, dp, m,
                         slots * tp_s, slots * pp_s, (lay.pp - 1) * (work + tp_s + pp_s))
 
     def _data_parallel(self, n: int) -> Estimate | None:
@@ -422,21 +485,24 @@ class Projection:
         t = self.comm_s(n)
         if t is None:
             return None
+        ta = self.after_s(n)
         compute = self.compute.seconds
         wider = [p for w, p in self.measured.items() if w < n and p.no_sync_s]
         if wider:
             compute = max(wider, key=lambda p: p.world).no_sync_s
         f, (f_lo, f_hi), hidden, _ = self._overlap(NOISE_K)
-        central = compute + (1.0 - f) * t
-        ends = (central, compute + max(0.0, t - hidden), compute + (1.0 - f_lo) * t, compute + (1.0 - f_hi) * t)
+        exposed = self.exposed(t, ta, f)
+        central = compute + exposed
+        ends = (central, compute + max(ta, t - hidden), compute + self.exposed(t, ta, f_lo),
+                compute + self.exposed(t, ta, f_hi))
         lo, hi = min(ends), max(ends)  # no overlap measured: f from 0 to 1, all hidden to nothing hidden
         bw = self.bandwidths(n) or {}
         bw_noise = max((b.noise for b in bw.values() if b.noise is not None), default=0.0)
         comp_noise = self.compute.noise or 0.0
-        share = (1.0 - f) * t / central
+        share = exposed / central
         sigma = math.hypot((1.0 - share) * comp_noise, share * bw_noise)
         low, high = self._widen(lo, hi, sigma)
-        return Estimate(n, central, low, high, None, compute, t, (1.0 - f) * t, sigma or None)
+        return Estimate(n, central, low, high, None, compute, t, exposed, sigma or None)
 
     @staticmethod
     def _widen(lo: float, hi: float, sigma: float | None) -> tuple[float, float]:

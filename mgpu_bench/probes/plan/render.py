@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from . import text
+from .layout import SHARDS
 
 
 def figure_rows(doc: Mapping) -> tuple[list[str], list[list[str]]]:
@@ -61,7 +62,7 @@ def title(doc: Mapping) -> str:
     amount = f", {text.count(budget['value'])} {budget['unit']}" if budget.get("value") else ""
     lay = doc.get("layout") or {}
     how = lay.get("text") if lay else str(cfg.get("parallel", "ddp")).upper()
-    per = "per GPU" if not lay or lay.get("name") in ("ddp", "fsdp") else "micro-batch"
+    per = "per GPU" if not lay or lay.get("name") in SHARDS else "micro-batch"
     return (f"plan: {w.get('key')} ({text.value(w.get('params'), 'params')} parameters{', ' + size if size else ''}), "
             f"{how}, batch {doc.get('batch')} {per} on {dev.get('name')}{amount}")
 

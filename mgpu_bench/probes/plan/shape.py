@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from mgpu_bench.schema import MAX_RANKS, NAME, STATUS, AnyValue, Bool, Int, List, Num, Obj, Str
 
+from .layout import SHARDS
+
 _GPUS = Int(1, MAX_RANKS)
 _SECONDS = Num(0, null=True)
 # --noise-scale (goodput.py): a configuration's global batch (samples), its statistical efficiency E and
@@ -39,7 +41,7 @@ FIT = Obj({
     "capacity": Num(0, null=True), "fits": Bool(null=True), "tp": Int(1, null=True), "pp": Int(1, null=True),
     "dp": Int(1, null=True), "micro_batches": Int(0, null=True), "checkpointing": Bool(null=True),
 }, required=("parallel", "gpus", "batch", "states", "allocated", "reserved", "capacity", "fits"), what="a fit")
-LAYOUT = Obj({"tp": Int(1), "pp": Int(1), "dp": Int(1, null=True), "shard": Str(("ddp", "fsdp")), "sp": Bool(),
+LAYOUT = Obj({"tp": Int(1), "pp": Int(1), "dp": Int(1, null=True), "shard": Str(SHARDS), "sp": Bool(),
               "checkpointing": Bool(), "name": Str(max_len=100), "text": Str(max_len=400)},
              required=("tp", "pp", "shard", "name"), what="a layout")
 INSTEAD = Obj({"what": Str(max_len=200), "layout": LAYOUT, "gpus": Int(1, null=True), "days": Num(0, null=True),
@@ -59,13 +61,16 @@ SCHEMA = Obj({
                   what="a device"),
     "batch": Int(1), "figures": List(FIGURE),
     "layout": LAYOUT,
-    "fit": Obj({"ddp": FIT, "fsdp": FIT, "asked": FIT, "fewest_gpus_asked": Int(1, null=True),
+    "fit": Obj({"ddp": FIT, "fsdp": FIT, "zero1": FIT, "zero2": FIT, "asked": FIT, "fewest_gpus_asked": Int(1, null=True),
                 "largest_batch_asked": Int(0, null=True), "fewest_gpus_ddp": Int(1, null=True), "fewest_gpus_fsdp": Int(1, null=True),
                 "largest_batch_ddp": Int(0, null=True), "largest_batch_fsdp": Int(0, null=True),
                 "max_batch_measured": List(AnyValue(), null=True)}, required=("ddp", "fsdp"), what="the fit"),
     "curve": List(POINT), "measured_points": List(POINT, null=True),
+    # days: the projection at the answer's GPU count (never the budget asked: budget_days)
     "answer": Obj({"question": Str(("gpus", "days")), "gpus": Int(1, null=True), "days": Num(0, null=True),
-                   "fits": Bool(null=True), "layout": LAYOUT, "instead": List(INSTEAD), **GOODPUT},
+                   "days_low": Num(0, null=True), "days_high": Num(0, null=True), "budget_days": Num(0, null=True),
+                   "unreachable": Bool(null=True), "fits": Bool(null=True), "layout": LAYOUT, "instead": List(INSTEAD),
+                   **GOODPUT},
                   required=("question",), what="an answer", null=True),
     "left_out": List(Obj({"run": Str(max_len=200), "why": Str()}, required=("run", "why"), what="a run left out")),
     "documents_read": Int(0),

@@ -8,8 +8,11 @@ mgpu_bench/data/hardware.json): what carries over from a measured GPU and how.
                     the ratio of the step only as far as the step is matmuls: the figure says it
                     is scaled, and from what.
     memory          the datasheet's (hardware.json)
-    within a node   the datasheet's NVLink (all links, one direction) or PCIe link, times NCCL's
-                    ring share (PRACTICAL_RING_SHARE, 80%): an NVSwitch node assumed for NVLink
+    within a node   the datasheet's NVLink (all links, one direction) times NCCL's ring share
+                    (PRACTICAL_RING_SHARE, 80%), an NVSwitch node assumed; else the vendor's
+                    full-mesh platform (Infinity Fabric, Gaudi's RoCE ports: theory.platform_theory,
+                    the links to the node's other GPUs at the link's usable share); else the PCIe
+                    link at NCCL's share; none where the database gives no link (missing, said)
     activations     per sample, as measured on the other GPU (they are the model's, not the GPU's)
 
 --rate (an achieved FLOP/s per GPU over the whole step) or --mfu (an assumed model FLOPs
@@ -83,20 +86,34 @@ def step_ratio(measured_on: str, target: str, ceilings: dict) -> tuple[float, st
     return None
 
 
-def node_rate(device: str) -> tuple[float, str] | None:
-    """(the bus bandwidth a ring within one node reaches, B/s, its source) from the datasheet:
-    NVLink where the GPU has it (an NVSwitch node: every GPU at its full link rate), else PCIe."""
+def node_rate(device: str, gpus_per_node: int = 8) -> tuple[float | None, str]:
+    """(the bus bandwidth a ring within one node of `gpus_per_node` GPUs reaches, B/s, its source)
+    from the datasheet (module docs); (None, why) where the database gives no link for the GPU."""
+    from mgpu_bench.theory import platform_theory
+
     g = model_of(device)
     if g is None:
-        return None
+        return None, f"{device} is not in the hardware database"
     link = hardware.nvlink_total(g)
     if link is not None and link.value:
         return float(link.value) * PRACTICAL_RING_SHARE, (
             f"formula: {g.name} NVLink {link.note} x {PRACTICAL_RING_SHARE:.0%} (NCCL's ring share; an NVSwitch node "
             "assumed), datasheet")
-    pcie = hardware.pcie_rate(g.pcie_generation, g.pcie_width)
-    return float(pcie.value) * PRACTICAL_RING_SHARE, (
-        f"formula: {g.name} PCIe {pcie.note} x {PRACTICAL_RING_SHARE:.0%} (NCCL's ring share), datasheet")
+    plat = g.platform
+    if plat is not None and plat.topology == "full_mesh" and g.gpu_link is not None and 2 <= gpus_per_node <= plat.gpus:
+        ring = platform_theory(g.match[0] if g.match else g.name, gpus_per_node)
+        if ring.practical:
+            share = ring.share
+            return float(ring.practical), (
+                f"formula: {g.name} {g.gpu_link.name}, {plat.links_per_peer} link(s) to each of the other "
+                f"{gpus_per_node - 1} GPUs of its {plat.gpus}-GPU platform at {g.gpu_link.per_link.value / 1e9:g} GB/s "
+                f"x {share:.0%} (the link's usable share), datasheet; the full mesh assumed")
+    if g.pcie_generation is not None:
+        pcie = hardware.pcie_rate(g.pcie_generation, g.pcie_width or 16)
+        return float(pcie.value) * PRACTICAL_RING_SHARE, (
+            f"formula: {g.name} PCIe {pcie.note} x {PRACTICAL_RING_SHARE:.0%} (NCCL's ring share), datasheet")
+    return None, (f"the hardware database gives no GPU-to-GPU link for the {g.name} (no NVLink, no "
+                  f"{'platform link' if g.vendor != 'NVIDIA' else 'NVSwitch'} rate, no PCIe generation)")
 
 
 def memory(device: str) -> tuple[float, str] | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 GIB = float(1 << 30)
 
 
@@ -14,7 +16,7 @@ def value(v, unit: str) -> str:
             return f"{v / (1024 * GIB):.2f} TiB"
         return f"{v / GIB:.2f} GiB" if v >= 0.01 * GIB else f"{v / (1 << 20):.2f} MiB"
     if unit == "s":
-        return f"{1e3 * v:.1f} ms" if v < 10 else f"{v:.1f} s"
+        return f"{1e3 * v:.1f} ms" if v < 10 else f"{v:.1f} s" if v < 1e5 else f"{v:.3g} s"
     if unit == "B/s":
         return f"{v / 1e9:.1f} GB/s"
     if unit == "params":
@@ -40,12 +42,17 @@ def count(n: float) -> str:
     return f"{n:g}"
 
 
+LONG_DAYS = 1e5  # days (274 years): beyond, three significant digits in powers of ten, never a row of digits
+
+
 def days(d: float | None) -> str:
-    if d is None:
+    if d is None or not math.isfinite(d):
         return "-"
+    if d < 1 / 24:  # under an hour: minutes, under a minute: seconds
+        return f"{1440 * d:.1f} min" if d >= 1 / 1440 else f"{86400 * d:.1f} s"
     if d < 1:
         return f"{24 * d:.1f} h"
-    return f"{d:.1f} days" if d < 1000 else f"{d:,.0f} days"
+    return f"{d:.1f} days" if d < 1000 else f"{d:,.0f} days" if d < LONG_DAYS else f"{d:.3g} days"
 
 
 def rate(r: float) -> str:
@@ -69,5 +76,9 @@ def span(lo, hi, like, fmt) -> str:
     if lo is None or hi is None:
         return "-"
     unit = fmt(like).split(" ", 1)[1] if " " in fmt(like) else ""
-    scale = {"ms": 1e3, "h": 24.0}.get(unit, 1.0)
-    return f"{lo * scale:.1f} - {hi * scale:.1f}"
+    scale = {"ms": 1e3, "h": 24.0, "min": 1440.0}.get(unit, 86400.0 if unit == "s" and fmt is days else 1.0)
+
+    def number(x: float) -> str:
+        return f"{x:.1f}" if abs(x) < LONG_DAYS else f"{x:.3g}"
+
+    return f"{number(lo * scale)} - {number(hi * scale)}"
