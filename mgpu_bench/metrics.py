@@ -13,6 +13,9 @@ estimate of a comparison) and labels (for Prometheus). The names, by kind:
     memory.gpu{i}.{allocator}.{pattern}.fragmentation           fraction, lower is better
     memory.{model}.{seq{n}|img{n}|own}.{ckpt|nockpt}.max_batch  samples per GPU
     model.{model}.{parallel}.{n}gpu.{data}.{samples_per_s|tokens_per_s|mfu|exposed_comm|peak_memory}
+    model.{model}.{parallel}.{n}gpu.{data}.ledger_{cause}       fraction of the timed steps' wall clock, per
+                                              window as samples (ledger.py: straggler, stalls, input,
+                                              communication, host, gpu)
     model.{model}.{parallel}.{n}gpu.scaling_efficiency          fraction, n > 1
     links.gpu{a}-gpu{b}.{ce|sm}.{uni|bidir}.bandwidth           B/s per direction
     links.gpu{a}-gpu{b}.latency                                 s

@@ -200,3 +200,23 @@ def test_an_intermittent_straggler_on_four_ranks_is_named_with_its_period(tmp_pa
     line = next(f for f in doc["findings"] if "intermittent" in f)
     assert "rank 3" in line and f"every {PERIOD}th step" in line
     assert led["shares"]["straggler"] > 0.05
+
+
+def test_the_ledger_is_stored_per_window_and_drawn_as_one_stacked_bar(two, tmp_path):
+    from mgpu_bench.probe import get
+
+    doc = two["input"]["doc"]
+    led = doc["runs"][0]["ledger"]
+    assert len(led["windows"]) >= 2  # the monitor's windows of 10 steps
+    for w in led["windows"]:
+        assert sum(w["shares"].values()) == pytest.approx(1.0, abs=1e-6) and w["first"] <= w["last"]
+    metrics = {m.name: m for m in get("model").headline(doc)}
+    name = next(n for n in metrics if n.endswith(".ledger_input"))
+    m = metrics[name]
+    assert m.value == pytest.approx(led["shares"]["input"]) and m.labels["cause"] == "input"
+    assert list(m.samples) == pytest.approx([w["shares"]["input"] for w in led["windows"]])
+    assert sum(metrics[name.replace("ledger_input", f"ledger_{c}")].value for c in led["shares"]) == pytest.approx(1)
+    out = tmp_path / "report"
+    get("model").report(doc, out, None)
+    assert (out / "ledger.png").stat().st_size > 1000
+    assert "step ledger" in (out / "report.html").read_text()

@@ -110,6 +110,14 @@ def headline(doc: Mapping) -> list[Metric]:
                     labels,
                 )
             )
+        led = run.get("ledger") or {}
+        if led.get("shares") and led.get("steps"):
+            # the step ledger: each cause's share of the timed steps' wall clock, per window as its samples
+            for cause, share in led["shares"].items():
+                samples = finite((w.get("shares") or {}).get(cause) for w in led.get("windows") or []
+                                 if (w.get("shares") or {}).get(cause) is not None)
+                out.append(Metric(f"{prefix}.ledger_{slug(cause)}", float(share), "fraction",
+                                  "higher" if cause == "gpu" else "lower", samples, {**labels, "cause": cause}))
         if d.get("peak_reserved"):
             out.append(
                 Metric(

@@ -22,7 +22,9 @@ from .analyse import PHASES, ModelRun, StepStats, findings, throughput
 from .render import flops_text, size_text, tflops
 
 _PHASE_COLOURS = {"data": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:purple"}
-_IMAGES = ("steps", "phases", "scaling")  # file stems, in page order
+_IMAGES = ("ledger", "steps", "phases", "scaling")  # file stems, in page order
+_LEDGER_COLOURS = {"gpu": "tab:green", "host": "tab:olive", "communication": "tab:red", "input": "tab:orange",
+                   "stalls": "tab:purple", "straggler": "tab:brown"}
 
 
 def _unit(run: ModelRun) -> str:
@@ -132,6 +134,45 @@ def plot_phases(run: ModelRun) -> bytes | None:
     return _png(plt, fig)
 
 
+def plot_ledger(run: ModelRun) -> bytes | None:
+    """The step ledger as stacked bars, one per configuration (and, for a job the monitor measured
+    over several windows, one per window beside it): each cause's share of the timed steps' wall
+    clock, in the chain's order (ledger.py), the whole bar 100%."""
+    from .ledger import CAUSES, label
+
+    bars: list[tuple[str, dict, dict]] = []
+    for s in run.stats:
+        led = s.ledger
+        if not led or not led.get("steps"):
+            continue
+        bars.append((_plain(_label(run, s)).replace(", ", "\n") + f"\n{led['steps']} steps", led["shares"], led))
+        wins = led.get("windows") or []
+        if len(wins) > 1:
+            bars += [(f"steps\n{w['first']}-{w['last']}", w["shares"], led) for w in wins[-12:]]
+    if not bars:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(bars) + 4), 4.5))
+    xs = list(range(len(bars)))
+    bottoms = [0.0] * len(bars)
+    for cause in reversed(CAUSES):  # GPU work at the bottom, the losses above it
+        vals = [100 * (shares.get(cause) or 0.0) for _, shares, _ in bars]
+        if not any(vals):
+            continue
+        ax.bar(xs, vals, bottom=bottoms, width=0.6, color=_LEDGER_COLOURS[cause], label=label(bars[0][2], cause))
+        for x, v, b in zip(xs, vals, bottoms, strict=True):
+            if v >= 6:
+                ax.annotate(f"{v:.0f}%", (x, b + v / 2), ha="center", va="center", fontsize=7, color="white")
+        bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
+    ax.set_xticks(xs, [name for name, _, _ in bars], fontsize=7)
+    ax.set_ylabel("% of the timed steps' wall clock")
+    ax.set_ylim(0, 100)
+    ax.set_title(_title(run, "step ledger: each second under one cause"), fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.grid(True, axis="y", alpha=0.3)
+    return _png(plt, fig)
+
+
 def _throughput(run: ModelRun) -> dict[int, float]:
     """Total tokens/s (samples/s without tokens) per GPU count, from the configuration
     run.scaling() uses."""
@@ -177,7 +218,7 @@ def plot_scaling(run: ModelRun) -> bytes | None:
 
 def images(run: ModelRun) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
-    for name, fn in zip(_IMAGES, (plot_steps, plot_phases, plot_scaling), strict=True):
+    for name, fn in zip(_IMAGES, (plot_ledger, plot_steps, plot_phases, plot_scaling), strict=True):
         png = fn(run)
         if png:
             out[name] = png
@@ -284,7 +325,7 @@ def page(run: ModelRun, environment: dict, imgs: dict[str, bytes]) -> str:
     headers, rows = _scaling_rows(run)
     if rows:
         sections.append(("scaling", html_page.wide(html_page.table(headers, rows, left=(1,)))))
-    titles = {"steps": "step time", "phases": "phase split", "scaling": "scaling"}
+    titles = {"ledger": "step ledger", "steps": "step time", "phases": "phase split", "scaling": "scaling"}
     for name, png in imgs.items():
         sections.append((titles.get(name, name), html_page.image(name, png)))
     return html_page.page("mgpu-bench model", environment, findings(run), sections, run.notes,
@@ -292,7 +333,7 @@ def page(run: ModelRun, environment: dict, imgs: dict[str, bytes]) -> str:
 
 
 def write_report(run: ModelRun, out_dir: str | Path, environment: dict) -> list[Path]:
-    """Writes steps.png, phases.png, scaling.png (those that apply), report.html and summary.md
+    """Writes ledger.png, steps.png, phases.png, scaling.png (those that apply), report.html and summary.md
     into out_dir (created; its parent must exist); returns the paths written."""
     imgs = images(run)
     return html_page.write_bundle(out_dir, imgs, page(run, environment, imgs), markdown(run, environment))
@@ -307,5 +348,5 @@ def section(run: ModelRun, pngs: dict[str, bytes]) -> str:
     headers, rows = _scaling_rows(run)
     if rows:
         parts.append(html_page.table(headers, rows, left=(1,)))
-    parts.append(html_page.images(pngs, ["phases", "steps", "scaling"], grid=True))
+    parts.append(html_page.images(pngs, ["ledger", "phases", "steps", "scaling"], grid=True))
     return "".join(parts)

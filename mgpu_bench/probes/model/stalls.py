@@ -162,7 +162,9 @@ def text(s: dict) -> str | None:
         if n > on:
             head += f" and {n - on} other{'s' if n - on != 1 else ''} ({_seconds(s.get('other_excess_s') or 0.0)} each)"
     else:
-        how = f"irregular, about one every {s['every']:.0f} steps" if s.get("every") else "once"
+        every = s.get("every")
+        how = ("once" if not every else "one after another" if every < 1.5 else
+               f"irregular, about one every {every:.0f} steps")
         most = s["max_excess_s"]
         head = (f"{n} long step{'s' if n != 1 else ''} of {s['steps']} ({how}, {_seconds(s['median_excess_s'])} longer "
                 "each" + (f", at most {_seconds(most)}" if n > 1 and most > 1.5 * s["median_excess_s"] else "") + ")")
