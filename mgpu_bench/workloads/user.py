@@ -60,6 +60,54 @@ class _Overran(BaseException):  # a BaseException: the user's own `except Except
     pass
 
 
+class _Exited(BaseException):
+    """os._exit(code) called by the user's code inside bounded(): raised instead of ending the process."""
+
+    def __init__(self, code) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+# (pid, thread id) -> how many bounded() blocks run there now: os._exit is guarded in those alone (a
+# forked child, a DataLoader worker, another thread of the job's, still ends as it asks)
+_guarded: dict[tuple[int, int], int] = {}
+_real_exit = os._exit
+
+
+def _exit_guard(code) -> None:
+    """os._exit while a bounded() block runs: in the block's own thread and process, the user's code
+    ending the process silently (exit code 0, nothing measured) becomes the block's error."""
+    if _guarded.get((os.getpid(), threading.get_ident())):
+        raise _Exited(code)
+    _real_exit(code)
+
+
+@contextlib.contextmanager
+def _exit_guarded():
+    key = (os.getpid(), threading.get_ident())
+    _guarded[key] = _guarded.get(key, 0) + 1
+    os._exit = _exit_guard
+    try:
+        yield
+    finally:
+        left = _guarded.pop(key, 1) - 1
+        if left:
+            _guarded[key] = left
+        if not any(pid == key[0] for pid, _ in _guarded):
+            os._exit = _real_exit
+
+
+def _a_stop_signal_came() -> bool:
+    """Whether a KeyboardInterrupt may be a real Ctrl-C (or SIGTERM, SIGHUP): one was received, or
+    no handler of the CLI's (errors.handle_stop_signals) records them in this process, so that it
+    cannot be told (a rank's process, a library caller): only where one is recorded and none came
+    is a KeyboardInterrupt the user's code's own."""
+    from mgpu_bench import errors
+
+    recording = signal.getsignal(signal.SIGINT) is getattr(errors, "_stop_signal", None)
+    return not recording or errors.interrupted() or errors.terminated()
+
+
 def user_code_limit() -> float:
     """USER_CODE_S, or the seconds MGPU_BENCH_USER_CODE_TIMEOUT gives (InputError when it is not a
     positive number)."""
@@ -77,9 +125,12 @@ def user_code_limit() -> float:
 @contextlib.contextmanager
 def bounded(what: str):
     """Runs the block (the user's code) under user_code_limit(): a SIGALRM timer raises in the
-    main thread when the block overruns it, which becomes UserCodeError naming `what`; sys.exit in
-    the block becomes UserCodeError too. Off the main thread, or where a timer or another SIGALRM
-    handler is already set (a caller's own), the block runs unbounded, as it is."""
+    main thread when the block overruns it, which becomes UserCodeError naming `what`; sys.exit,
+    os._exit (which would end the tool silently, exit code 0 and nothing measured) and a
+    KeyboardInterrupt no stop signal caused in the block become UserCodeError too. Off the main
+    thread, or where a timer or another SIGALRM handler is already set (a caller's own), the block
+    runs without the time bound, as it is. (A process killed outright from the block, by
+    os.kill(SIGKILL) or C's exit(), is beyond what Python sees.)"""
     limit = user_code_limit()
     free = (threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
             and signal.getitimer(signal.ITIMER_REAL)[0] == 0
@@ -91,7 +142,8 @@ def bounded(what: str):
         signal.signal(signal.SIGALRM, overran)
         signal.setitimer(signal.ITIMER_REAL, limit)
     try:
-        yield
+        with _exit_guarded():
+            yield
     except _Overran:
         raise UserCodeError(f"{what} did not return within {limit:g} s: it waits on something that never comes (a "
                             f"sleep, a lock, input(), a peer); fix it, or set {USER_CODE_ENV} to the seconds it "
@@ -99,6 +151,14 @@ def bounded(what: str):
     except SystemExit as exc:
         raise UserCodeError(f"{what} called sys.exit({exc.code!r}): a workload's code must return (or raise an "
                             "exception that says what is wrong), not end the process") from None
+    except _Exited as exc:
+        raise UserCodeError(f"{what} called os._exit({exc.code!r}): a workload's code must return (or raise an "
+                            "exception that says what is wrong), not end the process") from None
+    except KeyboardInterrupt:
+        if _a_stop_signal_came():
+            raise
+        raise UserCodeError(f"{what} raised KeyboardInterrupt with no Ctrl-C pressed: the module's error, not a stop "
+                            "(a workload's code must return, or raise an exception that says what is wrong)") from None
     finally:
         if free:
             signal.setitimer(signal.ITIMER_REAL, 0)
