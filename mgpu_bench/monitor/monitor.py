@@ -17,9 +17,10 @@ every rank's record on rank 0, which builds the model probe's result (result.py)
 stores it and hands the document to every rank.
 
 A job that ends without finish() keeps its figures: an exception out of the loop (the interpreter
-runs the monitor's exit hook), SIGTERM (a scheduler's time limit, torchrun stopping the job: the
-monitor's handler runs first, then the one that was there, the default ending the process as it
-would have), a rank whose peers are gone. The windows measured so far are read, gathered for at most
+runs the monitor's exit hook), SIGTERM or SIGHUP (a scheduler's time limit, torchrun stopping the
+job, a closed terminal: kept, then the default action ends the process as it would have; a handler
+of the job's own decides instead; a monitor in a worker thread too; a forked child stores nothing:
+ending.py), a rank whose peers are gone. The windows measured so far are read, gathered for at most
 EARLY_GATHER_S and stored as a run whose status says it ended early; where the history cannot take
 it (locked, full, gone) the document is kept in a file, with the `history add` line that stores it.
 
@@ -286,7 +287,6 @@ class StepMonitor(Ending):
         self._first_step_s: float | None = None
         self._sync: Any = None  # gradsync.GradSync on the DDP model, once attached
         self._early: str | None = None  # why the job ended without finish(), when it did
-        self._previous_term: Any = None  # the SIGTERM handler the monitor's own runs before (once installed)
         self._ending = False  # finish() (or the job's end) under way
         # every timed step's sums (the windows': steps no longer kept per step count too), and its stalls
         self.totals: dict[str, Any] = {"steps": 0, "samples": 0, "tokens": 0, "elapsed_s": 0.0, "compute_s": 0.0}
