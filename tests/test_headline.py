@@ -507,6 +507,9 @@ def test_model_tokens_mfu_exposed_comm_memory_and_scaling():
             "model.350m.ddp.2gpu.synthetic.peak_memory",
             "model.350m.ddp.2gpu.scaling_efficiency",
         ]
+        # the step ledger's shares, one per cause (ledger.py), of each configuration
+        + [f"model.350m.ddp.{n}gpu.synthetic.ledger_{c}" for n in (1, 2)
+           for c in ("straggler", "stalls", "input", "communication", "host", "gpu")]
     )
     run2 = next(r for r in doc["runs"] if r["world"] == 2)
     tps = got["model.350m.ddp.2gpu.synthetic.tokens_per_s"]

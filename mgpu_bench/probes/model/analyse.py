@@ -338,17 +338,20 @@ def losses(stats: StepStats, gross: StepStats | None = None) -> list[tuple[float
         return _old_losses(stats, gross)
     from . import ledger
 
-    out: list[tuple[float, str, str]] = []
-    for share, cause in ledger.losses(led):
-        out.append((share, _BOUND_OF[cause], _loss_text(stats, src, cause, share)))
-    return out
+    found = {c: x for x, c in ledger.losses(led)}
+    both = input_loss(stats, gross)  # --data both: the DataLoader's cost against synthetic data, slowdowns included
+    if both is not None and both > max(INPUT_LIMIT, found.get("input", 0.0)):
+        found["input"] = both
+    out = [(share, _BOUND_OF[cause], _loss_text(stats, src, cause, share, against=cause == "input" and share == both))
+           for cause, share in found.items()]
+    return sorted(out, key=lambda x: -x[0])
 
 
 _BOUND_OF = {"straggler": "straggler", "stalls": "stall", "input": "input", "communication": "communication",
              "host": "host"}
 
 
-def _loss_text(stats: StepStats, src: StepStats, cause: str, share: float) -> str:
+def _loss_text(stats: StepStats, src: StepStats, cause: str, share: float, against: bool = False) -> str:
     """A ledger cause over its limit in the verdict's words, with its number and what to do."""
     from . import ledger
 
@@ -368,8 +371,10 @@ def _loss_text(stats: StepStats, src: StepStats, cause: str, share: float) -> st
         said = stall_rule.text(src.stalls) if src.stalls else None
         return f"stall-bound: long steps cost {100 * share:.1f}% of the time ({limit})" + (f": {said}" if said else "")
     if cause == "input":
-        return (f"input-bound: the input pipeline costs {100 * share:.1f}% of the time (time outside compute() every "
-                f"rank waited; {limit}): raise --num-workers, or make per-sample preprocessing cheaper")
+        how = ("the real DataLoader's throughput against synthetic data on the device" if against else
+               "time outside compute() every rank waited")
+        return (f"input-bound: the input pipeline costs {100 * share:.1f}% of the time ({how}; {limit}): raise "
+                "--num-workers, or make per-sample preprocessing cheaper")
     if cause == "communication":
         return _comm_text(src, share, src.ledger.get("method"))
     return (f"host-bound: the GPU idles {100 * share:.1f}% of the time inside compute() with the batch in hand "
