@@ -7,6 +7,7 @@
 # Session 15 (one GPU, issues 23-29): smoke pytestgpu work26 check27 monitor28 plan29; then bert26 pytestnew.
 # Session 16 (one GPU, issues 32-36): build16 truth32 bert32 old32 vision32; then build16 smoke; then noise32 pytestgpu.
 # Session 17 had no device time; waiting for the next: build16 noise32 (issue 36: GradMarks' norms, ABBA), then build16 smoke.
+# Session 18 (one GPU, issue 40): build16 ledger40; then build16 smoke.
 set -u
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the tree this script runs in (build16 copies its native module beside it)
@@ -208,6 +209,13 @@ pytestnew() {  # the GPU tests of issues 26-28
 
 plan29() {  # issue 29: held-out points on one H200
   run plan-holdout 540 $PY benchmarks/plan_holdout.py gpu --json "$L/plan-holdout.json"
+}
+
+ledger40() {  # issue 40: a job waiting on its DataLoader, monitor and model --data both; the monitor's cost (ABBA),
+  # the noise scale's at noise_every 8 and the reference steps' with the default marks (DDP on this one GPU)
+  run ledger-loader 240 $PY benchmarks/ledger_gpu.py --json-dir "$L"
+  run ledger-overhead 200 $PY benchmarks/step_truth.py overhead --reps 5 --block 20
+  run ledger-noise 300 $PY benchmarks/step_truth.py noise reference --marks-only --reps 5 --block 20
 }
 
 for step in "$@"; do "$step"; done

@@ -16,7 +16,11 @@ set of 4 synthetic batches made before timing (ANCHORS, turn 4).
               attaches them for 2+ ranks only, where the noise scale can be estimated; on one
               rank the benchmark attaches them itself to time their cost).
 
-    python benchmarks/step_truth.py truth overhead noise --reps 5
+    reference the monitor's reference steps (issue 40: one step in 20 with the gradient sync off in
+              its backward and the all-reduce run after it) with the default marks, against plain
+              DDP (part of `noise`: name both).
+
+    python benchmarks/step_truth.py truth overhead noise reference --reps 5
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import time
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("parts", nargs="+", choices=["truth", "overhead", "noise"])
+    ap.add_argument("parts", nargs="+", choices=["truth", "overhead", "noise", "reference"])
     ap.add_argument("--model", default="350m")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=8)
@@ -139,7 +143,7 @@ def main() -> None:
             return t
         blocks("monitor (hot path)", plain, monitored)
 
-    if "noise" in args.parts:
+    if "noise" in args.parts or "reference" in args.parts:
         import torch.distributed as dist
 
         from mgpu_bench.gradsync import GradSync
@@ -195,7 +199,9 @@ def main() -> None:
             train(marked, i)
         marks_noise: list = []
 
-        def with_marks(every: int | None = None):
+        refs: list = []
+
+        def with_marks(every: int | None = None, reference_every: int | None = None):
             def run_blocks():
                 gm = GradMarks(cuda, noise=every is not None)
                 gm.attach(marked)
@@ -203,6 +209,13 @@ def main() -> None:
                                   count_flops=False, profile=False, ceiling=False, store=False, print=False,
                                   noise_scale=every is not None, noise_every=every or 8)
                 mon._sync = gm  # on one rank the monitor attaches nothing itself
+                if reference_every:  # the monitor's reference steps (monitor/reference.py), as it sets them up
+                    from mgpu_bench.monitor.reference import Reference
+
+                    ref = Reference(marked, cuda, reference_every)
+                    gm.after_backward = ref.after_backward
+                    mon._reference = ref
+                    refs.append(ref)
 
                 def run():
                     for i in range(args.block):
@@ -225,6 +238,15 @@ def main() -> None:
         for every in (8, 1):
             blocks(f"noise_scale=True, noise_every={every} (the monitor's default: GradMarks' norms, DDP untouched)",
                    plain, with_marks(every))
+        if "reference" in args.parts:
+            blocks("reference steps, 1 in 20 (gradient sync off in the backward, the all-reduce after it, timed)",
+                   plain, with_marks(None, 20))
+            taken = [c for r in refs for c in (r.figures() or {}).get("comm_s", [])]
+            if taken:
+                print(f"reference steps: {len(taken)} taken, their all-reduce (flatten, NCCL on one rank, copy back) "
+                      f"{1e3 * statistics.median(taken):.2f} ms median for "
+                      f"{sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9:.2f} GB of gradients",
+                      flush=True)
         got = [n for n in marks_noise if n.steps_total]
         if got:
             print(f"GradMarks' noise norms: {sum(n.steps_total for n in got)} norm steps, host time in its code "
