@@ -575,7 +575,7 @@ def relaunch(args: list[str], nprocs: int, timeout_s: float) -> int:
     return 0
 
 
-def run_elastic(lc, entrypoint, *args, children: str = "keep"):
+def run_elastic(lc, entrypoint, *args, children: str = "keep", last: bool = False):
     """elastic_launch(lc, entrypoint)(*args) with this process's signal handling kept (the first
     Ctrl-C or SIGTERM reaches the agent as its SignalException, later ones do not break its
     shutdown: errors.under_agent) and its workers bound to this process (they die with it, and
@@ -586,7 +586,9 @@ def run_elastic(lc, entrypoint, *args, children: str = "keep"):
       MgpuError), never torch's ChildFailedError and its traceback;
     - a stop signal once every rank has its result (the ranks tearing down, the agent shutting
       down) keeps the results: returned, the stop raised where the next launch would start
-      (errors.stop_pending, which also raises a stop that came earlier, before anything starts)."""
+      (errors.stop_pending, which also raises a stop that came earlier, before anything starts);
+    - `last`: the run's last launch: once it returns, a stop signal waits (errors.defer_sigterm)
+      while the launch's files go and the caller writes what was measured."""
     import dataclasses
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -594,7 +596,7 @@ def run_elastic(lc, entrypoint, *args, children: str = "keep"):
     from torch.distributed.launcher.api import elastic_launch
 
     from . import children as bound
-    from .errors import stop_pending, under_agent
+    from .errors import defer_sigterm, stop_pending, under_agent
 
     stop = stop_pending()
     if stop is not None:
@@ -605,7 +607,10 @@ def run_elastic(lc, entrypoint, *args, children: str = "keep"):
             with under_agent(getattr(lc, "signals_to_handle", None)) as signals, bound.spawning(children):
                 if signals is not None and hasattr(lc, "signals_to_handle"):
                     lc = dataclasses.replace(lc, signals_to_handle=signals)
-                return elastic_launch(lc, call[0])(*call[1:], *args)
+                results = elastic_launch(lc, call[0])(*call[1:], *args)
+                if last:  # every rank's result is in: nothing left to measure
+                    defer_sigterm()
+                return results
         except ChildFailedError as exc:
             if not callable(entrypoint):
                 raise  # CLI ranks print their own line; relaunch takes their exit codes

@@ -362,6 +362,27 @@ def test_every_child_started_through_child_env_runs_mgpu_bench():
     assert wrong == [], wrong
 
 
+def test_every_probe_defers_stop_signals_once_its_last_measurement_is_in():
+    """The class, not the examples: the runner defers stop signals only once probe.run returns, so
+    a signal while a probe's ranks, sessions, GPU buffers or child processes went after its last
+    measurement, or while it was analysed, lost the run (comm, then model). Every registered
+    probe calls errors.defer_sigterm() in its own package, where its last measurement is in."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    from mgpu_bench import probe as registry
+
+    missing = []
+    for name in registry.names():
+        folder = Path(importlib.import_module(type(registry.get(name)).__module__).__file__).parent
+        calls = {ast.unparse(node.func) for path in folder.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.Call)}
+        if not any(c.split(".")[-1] == "defer_sigterm" for c in calls):
+            missing.append(name)
+    assert missing == [], f"no errors.defer_sigterm() once the last measurement is in: {missing}"
+
+
 # -- signals at the end of a run ----------------------------------------------------------------------
 
 _FLOOD = (
@@ -476,15 +497,18 @@ _LAST_RUN = ["comm", "--backend", "torch", "--progress", "--sizes", "1K,2K", "--
 _LAST_SIZE = r"(?:^|[\s\[])1/2(?:[\s\]]|$)"
 
 
-def _last_second(folder, delay_s: float | None, sig: int = signal.SIGTERM, group: bool = False) -> dict:
-    """One short comm run into `folder`; `delay_s` after its last size began, `sig` to the tool (or,
-    with `group`, to its process group: the gloo ranks too, as a closing terminal or scancel does).
-    -> its exit code, stderr, and the seconds from the last size's start to its exit."""
+def _last_second(folder, delay_s: float | None, sig: int = signal.SIGTERM, group: bool = False,
+                 run: list[str] | None = None, until: str = _LAST_SIZE) -> dict:
+    """One short comm run into `folder` (or `run`: another command, its JSON and history database
+    in `folder` too); `delay_s` after `until` appears on its stderr (comm: its last size began),
+    `sig` to the tool (or, with `group`, to its process group: the gloo ranks too, as a closing
+    terminal or scancel does). -> its exit code, stderr, and the seconds from `until` to its exit."""
     folder.mkdir()
-    proc = _start([*_LAST_RUN, "--json", str(folder / "r.json"), "--db", str(folder / "h.sqlite3"), "--report",
-                   str(folder / "rep")], folder)
+    outputs = ["--json", str(folder / "r.json"), "--db", str(folder / "h.sqlite3")]
+    proc = _start([*run, *outputs] if run is not None else [*_LAST_RUN, *outputs, "--report", str(folder / "rep")],
+                  folder)
     try:
-        seen = wait_for_output(proc, _LAST_SIZE)
+        seen = wait_for_output(proc, until)
         began = time.monotonic()
         if delay_s is not None:
             time.sleep(delay_s)
@@ -549,3 +573,105 @@ def test_a_stop_signal_in_the_last_second_of_comm_keeps_the_json_the_history_row
         told.append(code == expected)
     # the signals did land in the runs, not after them
     assert sum(told) >= n // 2, [(round(t["delay_s"], 2), t["code"], round(t["window_s"], 2)) for t in trials]
+
+
+# One configuration of the tiny GPT on 2 gloo processes. Rank 0's line for its last pass (the
+# all-reduce timed in DDP's hook, after the timed steps) comes once the steps are measured; what
+# follows is the ranks handing their figures over and tearing their group down, the elastic agent's
+# end, the analysis, the history row and the JSON: the window.
+_MODEL_RUN = ["model", "--progress", "--nproc", "2", "--steps", "2", "--warmup-steps", "1", "--batch-size", "2",
+              "--seq-len", "64", "--no-exposed-comm"]
+_MODEL_LAST_PASS = r"communication hook \(not in the figures\): step (\d+)/\1\b"
+_SIGNALS = [(signal.SIGTERM, False), (signal.SIGHUP, True), (signal.SIGTERM, True), (signal.SIGHUP, False)]
+
+
+def _model_left(trial: dict) -> str:
+    """What a model run left, checked: the JSON, always; complete (the configuration's timed steps
+    on both ranks) with one history row holding it, or marked interrupted with a row only where
+    something was measured. -> "complete" or "stopped"."""
+    from mgpu_bench.history import History
+
+    folder, err = trial["folder"], trial["err"]
+    said = (trial["delay_s"], trial["code"], err[-3000:])
+    assert "Traceback" not in err, said
+    j, db = folder / "r.json", folder / "h.sqlite3"
+    assert j.exists(), said  # never nothing
+    doc = json.loads(j.read_text())  # whole: it parses
+    stored = []
+    if db.exists():
+        with History.open(str(db)) as h:
+            stored = [h.get(row.run_id).document for row in h.list()]
+    if doc["status"].get("stopped"):
+        assert doc["status"]["stopped"] == "interrupted" and len(stored) == (1 if doc["runs"] else 0), said
+        return "stopped"
+    (run,) = doc["runs"]
+    assert [len(r["phases"]["step"]) for r in run["ranks"]] == [2, 2], said
+    (row,) = stored
+    assert row["status"]["completed"] and [len(r["phases"]["step"]) for r in row["runs"][0]["ranks"]] == [2, 2], said
+    return "complete"
+
+
+@linux
+def test_a_stop_signal_in_the_last_seconds_of_model_keeps_the_json_and_the_history_row(tmp_path):
+    """SIGTERM or SIGHUP, to the tool or to its process group (the gloo ranks too), at points spread
+    over the end of a model run (the window measured by a first run: from rank 0's line for its
+    last pass to the exit): every trial leaves the JSON, complete with its history row, and exits
+    128 + the signal (or 0, where the signal came once the exit code was chosen); only a signal at
+    the line itself may come before the ranks handed their figures over, and its run says it was
+    interrupted. Once a signal after the ranks had returned (their analysis, the document) lost the
+    configuration or every output."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _cpu_only()
+    first = _last_second(tmp_path / "first", None, run=_MODEL_RUN, until=_MODEL_LAST_PASS)
+    assert first["code"] == 0 and _model_left(first) == "complete", first["err"][-3000:]
+    window = first["window_s"]
+    n = 5  # each run costs about 16 s of CPU (three processes importing torch): the test keeps to a minute on 2 cores
+    plans = [(tmp_path / f"t{k}", window * k / n, *_SIGNALS[k % len(_SIGNALS)]) for k in range(n)]
+    with ThreadPoolExecutor(2) as pool:  # two at a time: each run is three processes
+        trials = list(pool.map(lambda p: _last_second(*p, run=_MODEL_RUN, until=_MODEL_LAST_PASS), plans))
+    told = []
+    for t in trials:
+        what = _model_left(t)
+        code, expected = t["code"], 128 + t["sig"]
+        said = (t["delay_s"], code, t["err"][-3000:])
+        assert code in (0, expected), said
+        assert what != "stopped" or code == expected, said
+        assert what == "complete" or t["delay_s"] == 0, said  # the figures are handed over within ms of the line
+        told.append(code == expected)
+    # the signals did land in the runs, not after them
+    assert sum(told) >= n // 2, [(round(t["delay_s"], 2), t["code"], round(t["window_s"], 2)) for t in trials]
+
+
+# Run as `python -c _AT_ANALYSIS model ...`: the CLI, with SIGTERM sent to itself as the last
+# configuration's figures are analysed (the ranks gone, the runner not yet writing): a scancel
+# landing at that moment, every time.
+_AT_ANALYSIS = (
+    "import os, signal, sys\n"
+    "from mgpu_bench.probes.model import measure\n"
+    "analyse = measure.analyse\n"
+    "def stopped_while_read(*args, **kwargs):\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    return analyse(*args, **kwargs)\n"
+    "measure.analyse = stopped_while_read\n"
+    "from mgpu_bench.cli import main\n"
+    "sys.argv = ['mgpu-bench', *sys.argv[1:]]\n"
+    "main()\n"
+)
+
+
+@linux
+def test_sigterm_while_the_last_configuration_is_analysed_keeps_it(tmp_path):
+    """The narrow part of model's window, hit every time: SIGTERM after the last configuration's
+    ranks returned, while their figures are read. The run is kept whole (the JSON and its history
+    row, not a run marked interrupted with nothing in it) and exits 143. It once lost the
+    configuration: the signal raised in the analysis, before the runner deferred stop signals."""
+    _cpu_only()
+    folder = tmp_path / "run"
+    folder.mkdir()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-c", _AT_ANALYSIS, *_MODEL_RUN, "--json", str(folder / "r.json"), "--db",
+                           str(folder / "h.sqlite3")], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=scaled(DEADLINE_S), check=False, start_new_session=True)
+    trial = {"folder": folder, "err": proc.stderr, "code": proc.returncode, "delay_s": None}
+    assert proc.returncode == 143 and _model_left(trial) == "complete", proc.stderr[-3000:]

@@ -29,7 +29,15 @@ from pathlib import Path
 from mgpu_bench import children
 from mgpu_bench import probe as registry
 from mgpu_bench.document import envelope
-from mgpu_bench.errors import InputError, interruption, is_sigterm, signal_name, terminated, termination_signal
+from mgpu_bench.errors import (
+    InputError,
+    defer_sigterm,
+    interruption,
+    is_sigterm,
+    signal_name,
+    terminated,
+    termination_signal,
+)
 from mgpu_bench.probe import PlanContext, Step
 
 from .judge import ROUND_TITLES
@@ -138,12 +146,13 @@ def skip_reason(step: Step, ngpu: int) -> str:
     return f"needs {need}"
 
 
-def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None = None) -> dict:
+def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None = None, last: bool = False) -> dict:
     """Runs one probe as a child process in its own process group; its entry in the suite
     document. Past probe.timeout_s, or on Ctrl-C (forwarded to the group), the probe gets SIGINT
     and writes what it measured (SIGKILL after 60 s; later Ctrl-Cs are only noted, and the ones
     that abandon the suite kill it: errors.py); after a Ctrl-C, KeyboardInterrupt is raised again
-    once the entry is complete."""
+    once the entry is complete. `last`: the suite's last step; once its process has ended, a stop
+    signal waits while its entry and the suite's document are written."""
     entry = {"round": probe.round, "name": probe.name, "title": probe.title,
              "command": user_command(probe), "status": "skipped", "error": None, "seconds": 0.0,
              "document": None, "telemetry": None}
@@ -170,6 +179,8 @@ def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None
         try:
             try:
                 proc.wait(timeout=probe.timeout_s)
+                if last:  # the last probe has written what it measured: nothing left to measure
+                    defer_sigterm()
             except subprocess.TimeoutExpired:
                 timed_out = True
                 children.stop_group(proc)
@@ -243,7 +254,9 @@ def run_suite(cfg: SuiteConfig, bus_ids: dict[int, str], say: Callable[[str], No
                     step = step.prepare(step, run.probes, lambda s: run_probe(s, ngpu, Path(tmp)))
                 if say:
                     say(f"round {step.round} ({ROUND_TITLES[step.round]}), {i + 1}/{len(steps)}: {step.title}")
-                entry = run_probe(step, ngpu, Path(tmp), bus_ids)
+                entry = run_probe(step, ngpu, Path(tmp), bus_ids, last=i == len(steps) - 1)
+                if i == len(steps) - 1:  # measured (or the last step skipped): a stop signal now waits
+                    defer_sigterm()
             except KeyboardInterrupt as stop:  # in a probe (_Interrupted: its entry), or between two of them
                 if isinstance(stop, _Interrupted):
                     run.probes.append(stop.entry)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from mgpu_bench.errors import MgpuError
+from mgpu_bench.errors import MgpuError, defer_sigterm
 
 from .budget import Budget
 from .result import CheckConfig, CheckRun, Part
@@ -112,6 +112,7 @@ def run_check(cfg: CheckConfig, node: str, budget: Budget, environment: Mapping,
             budget.done(name, part.seconds)
             if part.status == "hung":
                 hung = name
+        defer_sigterm()  # measured: a stop signal now waits while the verdict is reached and the run is written
     except KeyboardInterrupt as exc:
         from mgpu_bench.errors import interruption
 

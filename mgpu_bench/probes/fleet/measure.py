@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from mgpu_bench.errors import CommTimeoutError, InputError
+from mgpu_bench.errors import CommTimeoutError, InputError, defer_sigterm
 from mgpu_bench.torch_timing import allreduce as _allreduce
 from mgpu_bench.torch_timing import copy_seconds as _copy_seconds
 from mgpu_bench.torch_timing import gemm_seconds as _gemm_seconds
@@ -382,6 +382,7 @@ def run_fleet(cfg: FleetConfig, le, say: Callable[[str], None] | None = None,
             phase = "isolate"
             dog.beat(phase)
             _isolate(cfg, run, nodes, device, place, decide, say, lambda: dog.beat("isolate"))
+        defer_sigterm()  # measured: a stop signal now waits while the verdicts go out and the group goes
     except InputError:
         raise
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - any fault: keep what was gathered, name who left

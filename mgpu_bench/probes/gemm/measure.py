@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mgpu_bench import hardware
-from mgpu_bench.errors import InputError
+from mgpu_bench.errors import InputError, defer_sigterm
 from mgpu_bench.per_gpu import Stopped, faults_end_the_run, on_gpus
 
 from .shape import GEMM_DTYPES, INITS, LAYOUTS, MAX_DIM  # the document's names and bounds, defined once there
@@ -398,6 +398,8 @@ def run_gemm(cfg: GemmConfig, devices: list[dict], progress: Callable[[str], Non
                         if progress:
                             progress(f"{dtype}: sustained {cfg.duration_s:g} s")
                         _sustain_all(cfg, run, devices, probes, dtype, sampler)
+                    if dtype == cfg.dtypes[-1]:  # measured: a stop signal now waits while the GPU memory is freed
+                        defer_sigterm()
                     probes.clear()
         finally:
             # Free the GPU memory now: a stopped worker's traceback can hold a probe in a

@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.errors import InputError, defer_sigterm
 
 from .result import ENGINES, LinkMeasurement, LinkSpec, LinksRun
 
@@ -69,6 +69,7 @@ def run_links(gpus: list[int], *, size: int = 256 << 20, iters: int = 10, warmup
             for direction in ("h2d", "d2h"):
                 t = _native.links_host_copy(g, size, direction == "h2d", warmup, iters)
                 run.measurements.append(LinkMeasurement(LinkSpec("host", g, None, direction=direction, bytes=size), tuple(t)))
+    defer_sigterm()  # measured: a stop signal now waits while the topology is read and the run is written
     run.host_seconds = time.perf_counter() - th
     run.wall_seconds = time.perf_counter() - t0
     run.per_pair_seconds = statistics.median(pair_walls) if pair_walls else 0.0

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgpu_bench.errors import InputError, MgpuError, interruption
+from mgpu_bench.errors import InputError, MgpuError, defer_sigterm, interruption
 
 from .shape import ALLOCATORS, HBM_KINDS, PATTERNS  # the document's names, defined once there
 
@@ -238,6 +238,7 @@ def run_memory(cfg: MemoryConfig, devices: list[dict], progress: Callable[[str],
                                                  ckpt, "default", first, cfg.timeout_s, image_size=cfg.max_batch_image)
                     run.max_batch.append({"model": cfg.max_batch_model, "seq_len": cfg.max_batch_seq,
                                           "image_size": cfg.max_batch_image, "checkpointing": ckpt, **res})
+        defer_sigterm()  # measured: a stop signal now waits while the run is written
     except KeyboardInterrupt as exc:
         run.stopped = "interrupted"
         run.stop_message = f"{interruption(exc)}: the results gathered so far are kept"

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from mgpu_bench.errors import InputError, MgpuError, interruption
+from mgpu_bench.errors import InputError, MgpuError, defer_sigterm, interruption
 
 from .analyse import PHASES, ModelRun, analyse, kernel_split, reconcile
 from .config import ModelConfig, ModelPlan
@@ -434,10 +434,11 @@ def profiled_kernels(prof) -> list[tuple[float, float, str]]:
 
 # ------------------------------------------------------------------------------------ launching
 
-def launch(cfg: ModelConfig, nprocs: int, dense_ops: Sequence[dict] | None = None) -> list[dict]:
+def launch(cfg: ModelConfig, nprocs: int, dense_ops: Sequence[dict] | None = None, last: bool = False) -> list[dict]:
     """Runs worker() on nprocs local processes through torch's elastic launcher (a c10d
     rendezvous on localhost) and returns each rank's result, rank order. Under an outer
-    launcher (RANK and WORLD_SIZE set) it runs this process's rank only. dense_ops: as worker()."""
+    launcher (RANK and WORLD_SIZE set) it runs this process's rank only. dense_ops: as worker().
+    `last`: the run's last configuration (run_elastic's `last`)."""
     from mgpu_bench import launch as launcher
 
     le = launcher.detect()
@@ -451,7 +452,7 @@ def launch(cfg: ModelConfig, nprocs: int, dense_ops: Sequence[dict] | None = Non
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launcher.free_port()}", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn")
     # the ranks die with this process, and at once on Ctrl-C (the agent stops them with SIGINT)
-    results = launcher.run_elastic(lc, worker, asdict(cfg), dense_ops, True, children="die")
+    results = launcher.run_elastic(lc, worker, asdict(cfg), dense_ops, True, children="die", last=last)
     return [results[r] for r in sorted(results)]
 
 
@@ -509,6 +510,7 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
         run.workload["flops"] = flop_facts(count)
     t0 = time.monotonic()
     budget = iter(budgets)
+    left = len(run.gpu_counts) * len(run.data_modes)  # configurations still to measure
     try:
         for n in run.gpu_counts:
             for mode in run.data_modes:
@@ -517,7 +519,10 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
                 share = next(budget, None)
                 c = ModelConfig(**{**asdict(cfg), "data": mode,
                                    "deadline": time.time() + share if share is not None else None})
-                ranks = launch(c, n, count.dense_ops if count is not None else None)
+                left -= 1
+                ranks = launch(c, n, count.dense_ops if count is not None else None, last=left == 0)
+                if left == 0:  # measured: a stop signal now waits while the ranks' group goes and the run is written
+                    defer_sigterm()
                 run.gpu_name = run.gpu_name or ranks[0].get("gpu_name")
                 counted = next((r["flop_count"] for r in ranks if r.get("flop_count")), None)
                 if "per_sample" not in (run.workload.get("flops") or {}) and counted:

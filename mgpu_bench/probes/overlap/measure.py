@@ -46,7 +46,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mgpu_bench.errors import InputError, MgpuError, interruption
+from mgpu_bench.errors import InputError, MgpuError, defer_sigterm, interruption
 
 from .analyse import NCCL_CTA_VARIABLES, PHASE_TITLES, OverlapConfig, OverlapRun, nccl_channels, ranks_text
 
@@ -349,7 +349,7 @@ def launch(cfg: OverlapConfig, nprocs: int, sink: str) -> list[dict]:
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launcher.free_port()}", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn")
     # The ranks die with this process, and end at once on Ctrl-C (their finished phases are on disk).
-    results = launcher.run_elastic(lc, worker, asdict(cfg), sink, children="die")
+    results = launcher.run_elastic(lc, worker, asdict(cfg), sink, children="die", last=True)  # the run's one launch
     return [results[r] for r in sorted(results)]
 
 
@@ -429,6 +429,7 @@ def run_overlap(cfg: OverlapConfig, nprocs: int, gpus: tuple[int, ...], say: Cal
             if say:
                 say(f"{ranks_text(nprocs, cfg.device == 'cuda')}, 3 phases of {cfg.duration_s:g} s")
             run.ranks = launch(cfg, nprocs, sink)
+            defer_sigterm()  # measured: a stop signal now waits while the ranks' group goes and the run is written
         except KeyboardInterrupt as exc:
             run.stopped, run.stop_message = "interrupted", f"{interruption(exc)}: the phases measured so far are kept"
         except InputError:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from mgpu_bench import children
+from mgpu_bench.errors import defer_sigterm
 
 TIMEOUT_S = 900.0
 GRACE_S = 60.0
@@ -43,7 +44,7 @@ def run_all(commands: list[list[str]], db: str, say=None, timeout_s: float = TIM
                 continue
             if say:
                 say(f"measuring {i + 1}/{len(commands)}: {line}")
-            entry, stopped = _run_one(args, db, Path(tmp) / f"{i}.log", timeout_s)
+            entry, stopped = _run_one(args, db, Path(tmp) / f"{i}.log", timeout_s, last=i == len(commands) - 1)
             entries.append(entry)
             if say:
                 say(f"  {entry['status']} in {entry['seconds']:.1f} s"
@@ -52,7 +53,9 @@ def run_all(commands: list[list[str]], db: str, say=None, timeout_s: float = TIM
     return entries, stopped
 
 
-def _run_one(args: list[str], db: str, log: Path, timeout_s: float) -> tuple[dict, bool]:
+def _run_one(args: list[str], db: str, log: Path, timeout_s: float, last: bool = False) -> tuple[dict, bool]:
+    """One command in a child process; `last`: the last one, after which a stop signal waits while
+    the plan is built from what was stored."""
     cmd = [sys.executable, "-m", "mgpu_bench.cli", *args, "--db", db, "--no-progress"]
     t0 = time.monotonic()
     interrupted = timed_out = False
@@ -62,6 +65,8 @@ def _run_one(args: list[str], db: str, log: Path, timeout_s: float) -> tuple[dic
         try:
             try:
                 proc.wait(timeout=timeout_s)
+                if last:  # measured and stored by the child: nothing left to measure
+                    defer_sigterm()
             except subprocess.TimeoutExpired:
                 timed_out = True
                 children.stop_group(proc, GRACE_S)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mgpu_bench.errors import OutOfMemoryError
+from mgpu_bench.errors import OutOfMemoryError, defer_sigterm
 from mgpu_bench.per_gpu import Stopped, faults_end_the_run, on_gpus
 
 from .analyse import locate_element, locate_gemm, locate_word, peer_groups, peer_mismatches
@@ -99,6 +99,7 @@ def run_sdc(cfg: SdcConfig, devices: Sequence[dict], progress: Callable[[str], N
                 if (cfg.duration_s > 0 and run.check_seconds >= cfg.duration_s) or \
                         (cfg.duration_s <= 0 and rep >= cfg.repetitions):
                     break
+            defer_sigterm()  # measured: a stop signal now waits while the probes and communicators go
     finally:
         if not run.references:  # stopped in the first repetition: the hashes made so far still count
             run.references = {g: hex64(p.reference_hash) for g, p in probes.items() if p.has_reference}
