@@ -360,10 +360,10 @@ def _loss_text(stats: StepStats, src: StepStats, cause: str, share: float, again
     if cause == "straggler":
         s = src.straggler or {}
         if s.get("named"):
-            from .straggler import straggler_text
+            from .straggler import cause_text
 
-            return (f"straggler-bound: waiting for another rank costs {100 * share:.1f}% of the time ({limit}): "
-                    + straggler_text(s, "").removeprefix("straggler: ").removeprefix("straggler, "))
+            return f"straggler-bound: waiting for another rank costs {100 * share:.1f}% of the time ({limit}): " + \
+                cause_text(s)
         return (f"rank imbalance: waiting for another rank costs {100 * share:.1f}% of the time ({limit}), and no one "
                 "rank is late more than the others: the ranks take turns (noise: shared cores or memory bandwidth, "
                 "an uneven host)")

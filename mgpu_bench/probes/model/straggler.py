@@ -184,6 +184,14 @@ def intermittent_text(x: dict, where: str) -> str:
             f"{100 * x['cost_share']:.1f}% of the time")
 
 
+def cause_text(s: dict) -> str:
+    """A named straggler in the verdict's words: who, by how much, why (its place is the finding's)."""
+    x = s.get("intermittent")
+    if s.get("by") == "intermittent" and x:
+        return intermittent_text(x, "")
+    return f"rank {s['rank']} lags the fastest rank by {1e3 * s['lag_s']:.1f} ms per step: {_BY[s['by']]}"
+
+
 def straggler_text(s: dict, where: str) -> str:
     """The finding's words: the rank, where it runs, its lag, the limit and the likely cause."""
     x = s.get("intermittent")
