@@ -787,3 +787,38 @@ def test_real_processes_store_a_real_sweep_and_gate_on_it(tmp_path, db):
         == f"mgpu-bench: error: no run r7 in {db}: see `mgpu-bench history list`"
     )
     assert "Traceback" not in r.stderr
+
+
+# -- issue 41: what `history show` says a run used, and what `history list` folds ----------------------------
+
+def test_show_names_only_the_software_a_run_used(cli, db):
+    gloo = FIX / "gpu" / "comm-small-1xh200.json"  # torch-gloo on a machine with an H200, CUDA 13.0, NCCL 2.28.3
+    gemm = FIX / "gpu" / "gemm-dtypes-1xh200.json"
+    assert json.loads(gloo.read_text())["environment"]["cuda_runtime"] == "13.0"
+    r = CliRunner().invoke(cli, ["history", "add", str(gloo), str(gemm), str(FIX / "comm_2x_h200.json"), "--db", str(db)])
+    assert r.exit_code == 0, r.output
+    shown = {run: CliRunner().invoke(cli, ["history", "show", run, "--db", str(db)]).output for run in ("r1", "r2", "r3")}
+    assert "torch 2.11.0 (torch-gloo): CPU processes, no GPU driver, CUDA or NCCL used" in shown["r1"], shown["r1"]
+    assert "CUDA 13.0" not in shown["r1"] and "NCCL 2." not in shown["r1"]
+    assert "driver 580.159.04, CUDA 13.0, torch" in shown["r2"] and "NCCL" not in shown["r2"]  # a GEMM calls no NCCL
+    assert "driver 580.159.04, CUDA 13.0, NCCL 2.28.9, torch 2.11.0" in shown["r3"]  # an NCCL comm run: all of it
+
+
+def test_list_folds_plan_runs_into_one_line_that_names_the_options_that_show_them(cli, db):
+    plan = FIX / "gpu" / "plan-1xh200.json"
+    files = [str(FIX / "comm_2x_h200.json"), str(plan), str(plan)]
+    r = CliRunner().invoke(cli, ["history", "add", *files, "--db", str(db)])
+    assert r.exit_code == 0 and "stored r3: plan" in r.output, r.output
+    r = CliRunner().invoke(cli, ["history", "list", "--db", str(db)])
+    assert r.exit_code == 0 and " r1 " in r.output and " r2 " not in r.output and " r3 " not in r.output, r.output
+    assert "2 plan run(s) not listed: --kind plan lists them, --all lists every run" in r.output
+    r = CliRunner().invoke(cli, ["history", "list", "--all", "--db", str(db)])
+    assert all(f" r{i} " in r.output for i in (1, 2, 3)) and "not listed" not in r.output, r.output
+    r = CliRunner().invoke(cli, ["history", "list", "--kind", "plan", "--limit", "1", "--db", str(db)])
+    assert " r3 " in r.output and " r2 " not in r.output and " r1 " not in r.output and "not listed" not in r.output
+    r = CliRunner().invoke(cli, ["history", "list", "--help"])
+    assert "--all" in r.output and "plan" in r.output
+    with History.open(db) as h:  # only plans: the listing says so, not "no runs"
+        h.prune(keep=None, older_than="2999-01-01T00:00:00+00:00", kind="comm")
+    r = CliRunner().invoke(cli, ["history", "list", "--db", str(db)])
+    assert "no measured runs stored in" in r.output and "2 plan run(s) not listed" in r.output, r.output

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import sqlite3
@@ -212,3 +213,50 @@ def test_a_database_path_that_is_not_utf8_lists_without_a_traceback(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert r.returncode == 0, r.stderr.decode(errors="replace")
     assert b"Traceback" not in r.stderr and b"check" in r.stdout
+
+
+# -- issue 41: the words of retention, the sizes said, ages beyond any date --------------------------------
+
+def _on_disk(db: Path) -> int:
+    return sum(Path(f"{db}{suffix}").stat().st_size for suffix in ("", "-wal", "-shm")
+               if Path(f"{db}{suffix}").exists())
+
+
+def test_prune_keep_0_is_refused_naming_the_fix_and_help_says_what_keep_means(tmp_path):
+    db = tmp_path / "h.sqlite3"
+    with History.open(db) as h:
+        for i in range(3):
+            h.save(check_doc("a", i))
+    code, out = _cli("history", "prune", "--keep", "0", "--db", str(db))
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert "--keep 0 would remove every run but the baselines" in out and "give --keep 1 or more" in out
+    assert len(_runs(db)) == 3  # nothing removed
+    code, out = _cli("history", "prune", "--help")
+    assert code == 0 and "Keep the newest N runs (N at least 1)" in out and "0 is refused" in out
+    code, out = _cli("check", "--help")  # check's own word: 0 keeps all (what prune refuses to read otherwise)
+    assert code == 0 and "0 keeps all" in " ".join(out.split())
+
+
+def test_prune_says_the_bytes_on_disk_after_compacting_the_write_ahead_log_included(tmp_path):
+    db = tmp_path / "h.sqlite3"
+    with History.open(db) as h:
+        for i in range(30):
+            h.save(check_doc("a", i % 60, day=1 + i // 60))
+    code, out = _cli("history", "prune", "--keep", "1", "--db", str(db))
+    assert code == 0 and "removed 29 of 30" in out, out
+    said = re.search(r": (\d+\.\d+) MB -> (\d+\.\d+) MB", out)
+    assert said, out
+    before, after = float(said.group(1)), float(said.group(2))
+    assert after < before  # VACUUM in WAL mode writes into the log; the checkpoint truncates it
+    assert round(_on_disk(db) / 1e6, 2) == after, (out, _on_disk(db))
+    assert not Path(f"{db}-wal").exists() or Path(f"{db}-wal").stat().st_size == 0
+
+
+@pytest.mark.parametrize("age", ["99999999999999d", "1e400d", "1e300y", "5000000y"])
+def test_an_age_beyond_any_date_removes_nothing_and_is_no_traceback(tmp_path, age):
+    db = tmp_path / "h.sqlite3"
+    with History.open(db) as h:
+        h.save(check_doc("a", 0))
+    code, out = _cli("history", "prune", "--older-than", age, "--db", str(db))
+    assert code == 0 and "removed 0 of 1 run(s) considered" in out, out
+    assert len(_runs(db)) == 1

@@ -46,7 +46,7 @@ def _one_line_exit_2(r, words: str) -> None:
 
 
 def _import(text: str, name: str = "x.log", **kw):
-    return [d for d, _ in imported.documents([(name, text, None)], **kw)]
+    return [d for d, _ in imported.documents([(name, text)], **kw)]
 
 
 def _printed_rows(path: Path) -> list[list[str]]:
@@ -135,7 +135,7 @@ def test_joined_logs_are_one_run_of_one_machine(cli, db):
     assert [x["program"] for x in doc["source"]["logs"]] == ["all_reduce_perf", "all_gather_perf"]
     other = logs.nccl_log("all_reduce", logs.h200_ranks(4, host="other"), SIZES)
     with pytest.raises(ValueError, match="different ranks or devices"):
-        imported.documents([("a.log", (SHARED / "all_reduce_perf_2xh200.log").read_text(), None), ("b.log", other, None)],
+        imported.documents([("a.log", (SHARED / "all_reduce_perf_2xh200.log").read_text()), ("b.log", other)],
                            join=True)
 
 
@@ -363,3 +363,194 @@ def test_a_failed_attempt_before_a_rerun_in_one_file_is_said_and_the_rerun_store
     (doc,) = _import(failed + real)
     assert len(doc.run.measurements) == 8 and doc["status"]["completed"] is True
     assert any("the run failed before its first result" in f and "(left out)" in f for f in doc.run.findings)
+
+
+# -- issue 41: a file stored whole or not at all, the log's own facts, bounds, linear time, finite numbers ----
+
+def _state(db: Path) -> list:
+    """Every row of the database (runs and metrics), to compare before and after a refused add."""
+    import sqlite3
+
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT id, kind, document FROM runs ORDER BY id").fetchall() + \
+            conn.execute("SELECT run, name, value FROM metrics ORDER BY run, name").fetchall()
+
+
+def _real() -> str:
+    return (SHARED / "all_reduce_perf_2xh200.log").read_text()
+
+
+def test_a_log_whose_second_run_is_malformed_stores_neither_run_nor_the_files_before_it(cli, db, tmp_path):
+    assert _run(cli, "history", "add", FIX / "comm_2x_h200.json", "--db", db).exit_code == 0
+    before = _state(db)
+    second = _real().replace("on         vm device  1", "on " + "h" * 200 + " device  1")  # a host Linux cannot name
+    p = tmp_path / "two.log"
+    p.write_text(_real() + second)
+    _one_line_exit_2(_run(cli, "history", "add", p, "--db", db), "host name (200 characters; at most 64)")
+    _one_line_exit_2(_run(cli, "history", "add", FIX / "comm_2x_h200.json", SHARED / "all_gather_perf_2xh200.log", p,
+                          "--db", db), "two.log: line 28")
+    _one_line_exit_2(_run(cli, "history", "add", "--join", SHARED / "all_gather_perf_2xh200.log", p, "--db", db),
+                     "two.log")
+    assert _state(db) == before  # neither the JSON nor the good log nor the first run of two.log
+    r = _run(cli, "history", "add", FIX / "comm_2x_h200.json", SHARED / "all_gather_perf_2xh200.log", "--db", db)
+    assert r.exit_code == 0 and "stored r2" in r.output and "stored r3" in r.output, r.output
+
+
+def test_the_logs_own_collective_wins_over_op_and_a_conflict_is_refused(cli, db, tmp_path):
+    r = _run(cli, "history", "add", "--op", "allgather", SHARED / "all_reduce_perf_2xh200.log", "--db", db)
+    _one_line_exit_2(r, "--op allgather, but the run at line 1 is the log of all_reduce_perf (allreduce)")
+    assert not db.exists()
+    r = _run(cli, "history", "add", "--op", "allreduce", SHARED / "all_reduce_perf_2xh200.log", "--db", db)
+    assert r.exit_code == 0 and "stored r1: comm, 8 headline metric(s)" in r.output, r.output
+    with History.open(db, readonly=True) as h:  # stored as allreduce, its busbw as printed (not halved)
+        assert any(m.name == "comm.allreduce.fp32.4GiB.out.2ranks.busbw" and round(m.value / 1e9, 2) == 346.29
+                   for m in h.metrics("r1"))
+    old = tmp_path / "old.log"  # no program line: the table tells allgather or alltoall, never allreduce
+    old.write_text(logs.nccl_log("all_gather", logs.h200_ranks(4), SIZES, opname="none", version=False))
+    _one_line_exit_2(_run(cli, "history", "add", "--op", "allreduce", old, "--db", db),
+                     "--op allreduce, but the table of the run at line 1 fits allgather or alltoall")
+    assert _run(cli, "history", "add", "--op", "alltoall", old, "--db", db).exit_code == 0
+
+
+def test_a_runs_ranks_are_the_ones_its_device_lines_show(cli, db, tmp_path):
+    claimed = _real().replace("nThread 2 nGpus 1", "nThread 1000 nGpus 1000")
+    (doc,) = _import(claimed)  # 2 device lines: 2 ranks, whatever the header claims
+    assert {m.spec.nranks for m in doc.run.measurements} == {2} and len(doc["environment"]["gpus"]) == 2
+    assert any("claims 1000000 GPU(s) per process" in f and "show 2: 2 rank(s) taken" in f for f in doc.run.findings)
+    for threads in ("1000", "100000"):  # no device lines: the header alone may not make a million ranks
+        p = tmp_path / f"claims{threads}.log"
+        p.write_text("".join(ln for ln in claimed.replace("nThread 1000 nGpus 1000", f"nThread {threads} nGpus "
+                                                          f"{threads}").splitlines(True) if " Rank " not in ln))
+        assert p.stat().st_size < 1500
+        _one_line_exit_2(_run(cli, "history", "add", p, "--db", db), "and the log has no device lines")
+        assert not db.exists()
+    small = tmp_path / "small.log"  # a header of 2 GPUs without device lines: 2 ranks, said
+    small.write_text("".join(ln for ln in _real().splitlines(True) if " Rank " not in ln))
+    r = _run(cli, "history", "add", small, "--db", db)
+    assert r.exit_code == 0 and "2 rank(s) from its nThread x nGpus" in r.output and db.stat().st_size < 200_000
+
+
+@pytest.mark.parametrize("edit, words", [
+    (("nThread 2 nGpus 1", "nThread 0 nGpus 0"), "the header says nThread 0, which nccl-tests cannot print"),
+    (("iters: 20", "iters: 99999999999999999999"), "the header says iters 99999999999999999999"),
+    (("device  1 [0000:00:07]", "device 99999 [0000:00:07]"), "a device line whose device (at most 65536)"),
+    (("NVIDIA H200\n#  Rank  1", "NVIDIA " + "H" * 300 + "\n#  Rank  1"), "GPU name (307 characters; at most 255)"),
+])
+def test_counts_and_fields_beyond_what_nccl_tests_prints_are_refused_before_anything_is_built(cli, db, tmp_path, edit,
+                                                                                              words):
+    p = tmp_path / "x.log"
+    p.write_text(_real().replace(*edit))
+    _one_line_exit_2(_run(cli, "history", "add", p, "--db", db), words)
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("column", ["time", "busbw", "#wrong"])
+@pytest.mark.parametrize("value", ["1e400", "nan", "-1", "1" * 40])
+def test_a_figure_that_is_no_finite_number_leaves_its_row_out_with_that_said(cli, db, tmp_path, column, value):
+    line = next(ln for ln in _real().splitlines() if ln.startswith("    67108864"))
+    tokens = line.split()
+    at = {"time": 5, "busbw": 7, "#wrong": 8}[column]
+    tokens[at] = value
+    p = tmp_path / "x.log"
+    p.write_text(_real().replace(line, "  ".join(tokens)))
+    r = _run(cli, "history", "add", p, "--db", db)
+    assert r.exit_code == 0 and "stored r1: comm, 6 headline metric(s)" in r.output, r.output  # both placements
+    assert "line 12: a row whose figures are not what nccl-tests prints there" in r.output
+    with History.open(db, readonly=True) as h:
+        values = [m.value for m in h.metrics("r1")]
+    import math
+
+    assert values and all(math.isfinite(v) and v > 0 for v in values)
+
+
+def test_the_reader_takes_linear_time_on_giant_fields(cli, db, tmp_path):
+    import time
+
+    real = _real()
+    cases = [  # (name, text, exit code, words)
+        ("number", real.replace("248.87", "2" * 40_000), 0, "line 12: 40,"),  # 169 s before
+        ("name", real.replace("NVIDIA H200\n#  Rank  1", "NVIDIA" + " " * 100_000 + "H200\n#  Rank  1"), 0,
+         "line 6: 100,"),  # 182 s before
+        ("field", real.replace("248.87", "2" * 3000), 0, "line 12: a row whose figures are not what"),
+        ("spaces", real.replace("NVIDIA H200\n#  Rank  1", "NVIDIA H200" + " " * 3000 + "\n#  Rank  1"), 0, "stored r"),
+        ("inner", real.replace("NVIDIA H200\n#  Rank  1", "NVIDIA" + " " * 3000 + "H200\n#  Rank  1"), 2,
+         "GPU name (3010 characters; at most 255)"),
+        ("lines", real + ("#" + " " * 4000 + "size\n") * 500 + ("1" * 4000 + "\n") * 500, 0, "stored r"),
+    ]
+    for name, text, code, words in cases:
+        p = tmp_path / f"{name}.log"
+        p.write_text(text)
+        t0 = time.process_time()
+        r = _run(cli, "history", "add", p, "--db", db)
+        spent = time.process_time() - t0
+        assert r.exit_code == code and words in r.output and "Traceback" not in r.output, (name, r.output)
+        assert code or "characters, more than any line" in r.output or name in ("field", "spaces", "lines")
+        assert spent < 2.0, f"{name}: {spent:.1f} s of CPU"
+    t0 = time.process_time()
+    for text in ("9" * 4000, "1." * 2000, "1e" + "9" * 4000, "." + "1" * 4000 + "x"):
+        with pytest.raises(ValueError):
+            nccl_tests.figure(text)
+    assert time.process_time() - t0 < 0.5
+
+
+def test_a_log_larger_than_any_log_is_refused_unread(cli, db, tmp_path):
+    p = tmp_path / "huge.log"
+    with open(p, "wb") as fh:
+        fh.write(_real().encode())
+        fh.truncate(nccl_tests.MAX_LOG_BYTES + 1)  # a sparse file: no disk spent
+    _one_line_exit_2(_run(cli, "history", "add", p, "--db", db), "more than a nccl-tests or rccl-tests log holds")
+    assert not db.exists()
+
+
+def test_an_imported_run_carries_its_wrong_elements_and_plan_takes_no_figure_from_it(cli, db, tmp_path):
+    log = tmp_path / "wrong.log"
+    log.write_text(logs.nccl_log("all_reduce", logs.h200_ranks(8), SIZES,
+                                 wrong=lambda s, i: 7 if s == SIZES[0] and not i else 0))  # one figure: 7 wrong
+    r = _run(cli, "history", "add", log, "--db", db)
+    assert r.exit_code == 0 and "7 wrong element(s)" in r.output, r.output
+    with History.open(db, readonly=True) as h:
+        doc = h.get("r1").document
+    assert doc["source"]["logs"][0]["wrong_elements"] == 7
+    assert sum(sum(m["wrong"] or []) for m in doc["measurements"]) == 7
+    r = _run(cli, "plan", "--model", "350m", "--tokens", "300B", "--gpus", "64", "--db", db, "--no-store")
+    assert "left out: r1, comm: 7 wrong element(s) in its figures" in r.output, r.output
+    assert not re.search(r"r1 \(allreduce", r.output), r.output
+
+
+def test_an_imported_runs_time_is_the_one_its_log_states_or_the_import_never_the_files_mtime(cli, db, tmp_path):
+    import datetime as dt
+    import os
+
+    p = tmp_path / "old.log"
+    p.write_text(_real())
+    os.utime(p, (978307200, 978307200))  # 2001-01-01: a copy's mtime says nothing of the run
+    r = _run(cli, "history", "add", p, "--db", db)
+    assert r.exit_code == 0 and "the time of the import: the log states no time of its own" in r.output, r.output
+    with History.open(db, readonly=True) as h:
+        rec = h.get("r1")
+    created = dt.datetime.fromisoformat(rec.created)
+    assert abs((dt.datetime.now(dt.UTC) - created).total_seconds()) < 600
+    assert rec.document["source"]["created_from"] == imported.CREATED_AT_IMPORT
+    r = _run(cli, "history", "show", "r1", "--db", db)
+    assert "(the time of the import" in r.output and "2001" not in r.output, r.output
+    # -S 1: nccl-tests prints the time after each row (the host's local time, no zone)
+    lines = []
+    for k, ln in enumerate(_real().splitlines()):
+        if ln.lstrip().startswith("#       size"):
+            ln += "  timestamp"
+        elif ln.strip() and ln.split()[0].isdigit():
+            ln += f"  2025-06-0{k % 9 + 1} 12:0{k % 10}:00"
+        lines.append(ln)
+    stamped = tmp_path / "stamped.log"
+    stamped.write_text("\n".join(lines) + "\n")
+    os.utime(stamped, (978307200, 978307200))
+    r = _run(cli, "history", "add", stamped, "--db", db)
+    assert r.exit_code == 0, r.output
+    with History.open(db, readonly=True) as h:
+        rec = h.get("r2")
+    first = next(ln for ln in lines if ln.startswith("    67108864")).split()[-2:]
+    assert rec.created == f"{first[0]}T{first[1]}+00:00" and rec.document["source"]["created_from"] == \
+        imported.CREATED_FROM_LOG
+    assert len(rec.document["measurements"]) == 8  # the timestamp column read past, every figure kept

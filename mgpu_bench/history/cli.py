@@ -29,6 +29,9 @@ EXIT_OUTPUT = 3
 # say neither passed nor failed); a regression still exits 1.
 EXIT_CANNOT_TELL = 4
 
+# Kinds `history list` leaves out unless asked (--all, --kind): a plan measures nothing, and every
+# `mgpu-bench plan` is stored.
+FOLDED_KINDS = ("plan",)
 _DB_HELP = "History database [default: $MGPU_BENCH_DB, else $XDG_DATA_HOME/mgpu-bench/history.sqlite3]."
 
 
@@ -168,11 +171,16 @@ def history_add(files, join, op_name, db_path) -> int:
     is a comm run with nccl-tests' size semantics, so its busbw per size compares with `mgpu-bench
     comm` at the same sizes; what the log could not tell (driver, topology) is said in its
     fingerprint, a log cut short or with wrong elements is stored with that said, and a log with
-    no usable row is refused (exit code 2). Every file is read and checked before any is stored."""
+    no usable row is refused (exit code 2). The log's own collective and ranks count: --op naming
+    another than the log's is refused. Every file is read and checked before any is stored, and
+    all are stored in one transaction: every run of every file, or none. A run's time is the one
+    its log states (nccl-tests -S 1), else the time of the import (said in its source)."""
     from mgpu_bench import probe as registry
     from mgpu_bench.nccl_tests import read_log
     from mgpu_bench.probe import load_document
     from mgpu_bench.schema import shown
+
+    from .store import prepare
 
     docs, logs = [], []  # docs: (place among the files, file, document), stored in the files' order
     for i, f in enumerate(files):
@@ -192,30 +200,29 @@ def history_add(files, join, op_name, db_path) -> int:
             if op not in OP_ORDER:
                 raise InputError(f"--op {safe_text(op_name)!s}: choose from {', '.join(OP_ORDER)}")
         build = registry.get("comm").role("imported", "documents")
-        for doc, held in build([(shown(os.path.basename(f)), text, os.stat(f).st_mtime) for f, _, text in logs],
-                               op=op, join=join):
+        for doc, held in build([(shown(os.path.basename(f)), text) for f, _, text in logs], op=op, join=join):
             docs.append((logs[held[0]][1], ", ".join(logs[k][0] for k in held), doc))
     docs.sort(key=lambda d: d[0])
+    prepared = [prepare(doc) for _, _, doc in docs]  # every document checked and read before the database opens
     lines = []
-    try:
-        with _open(db_path) as h:
-            for _, f, doc in docs:  # all stored first, then said: a reader that stops reading costs none of them
-                run_id = h.save(doc)
-                rec = h.get(run_id)
-                source = doc.get("source") if isinstance(doc.get("source"), dict) else None
-                what = ""
-                if source:
-                    ranks = len(doc.get("devices") or [])
-                    what = f" ({source.get('tool')}{' ' + source['version'] if source.get('version') else ''}, " \
-                           f"{ranks} rank(s))"
-                lines.append(f"stored {run_id}: {rec.kind}, {len(h.metrics(run_id))} headline metric(s), from {f}{what}")
-                if source:
-                    lines += [f"  warning: {x}" for x in doc.get("findings") or []]
-                    lines += [f"  note: {x}" for x in doc.get("notes") or []]
-    finally:
-        out = _out()
-        for line in lines:
-            out.print(safe_text(line), soft_wrap=True)
+    with _open(db_path) as h:
+        run_ids = h.save_all(prepared)  # one transaction: all of them or none
+    for (_, f, doc), run_id, p in zip(docs, run_ids, prepared, strict=True):
+        source = doc.get("source") if isinstance(doc.get("source"), dict) else None
+        what = ""
+        if source:
+            ranks = len(doc.get("devices") or [])
+            what = f" ({source.get('tool')}{' ' + source['version'] if source.get('version') else ''}, " \
+                   f"{ranks} rank(s))"
+        lines.append(f"stored {run_id}: {p.kind}, {len(p.metrics)} headline metric(s), from {f}{what}")
+        if source:
+            lines += [f"  warning: {x}" for x in doc.get("findings") or []]
+            lines += [f"  note: {x}" for x in doc.get("notes") or []]
+            if source.get("created_from"):
+                lines.append(f"  note: created {doc.get('created')}: {source['created_from']}")
+    out = _out()
+    for line in lines:
+        out.print(safe_text(line), soft_wrap=True)
     return 0
 
 
@@ -232,11 +239,15 @@ def history_add(files, join, op_name, db_path) -> int:
     default=None,
     help="Only runs of this kind (a command's name: comm, gemm, memory, model, links, fleet, sdc, overlap, suite).",
 )
+@click.option("--all", "show_all", is_flag=True,
+              help="List every run, plans included (without it `plan` runs, which measure nothing, are left out and "
+                   "counted in one line; --kind plan lists them alone).")
 @_db_option
-def history_list(limit, kind, db_path) -> int:
-    """The last runs, newest first; * marks the baseline of its kind; status says how each ended
-    (complete, interrupted by Ctrl-C, terminated by SIGTERM, stopped by a fault, or a suite's
-    failed probes), what was measured before kept in every case."""
+def history_list(limit, kind, show_all, db_path) -> int:
+    """The last measured runs, newest first; * marks the baseline of its kind; status says how
+    each ended (complete, interrupted by Ctrl-C, terminated by SIGTERM, stopped by a fault, or a
+    suite's failed probes), what was measured before kept in every case. `plan` runs (every
+    `mgpu-bench plan` is stored) are left out unless --all or --kind plan, and their count said."""
     from rich.table import Table
 
     from mgpu_bench import probe as registry
@@ -244,14 +255,21 @@ def history_list(limit, kind, db_path) -> int:
 
     if kind is not None and kind not in registry.names():
         raise InputError(f"--kind {safe_text(kind)!s}: not a kind of run; choose from {', '.join(registry.names())}")
+    folded = () if show_all or kind is not None else FOLDED_KINDS
     out = _out()
     with _open(db_path, readonly=True) as h:
-        runs = h.list(limit, kind)
+        runs = h.list(limit, kind, exclude=folded)
+        hidden = {k: h.count(k) for k in folded}
         path = h.path
         status = {run_id: _status_text(st) for run_id, st in h.statuses([r.run_id for r in runs]).items()}
         _notes(h)
+    hidden = {k: n for k, n in hidden.items() if n}
+    fold_line = "; ".join(f"{n:,} {k} run(s) not listed: --kind {k} lists them, --all lists every run"
+                          for k, n in hidden.items())
     if not runs:
-        out.print(safe_text(f"no {kind + ' ' if kind else ''}runs stored in {path}"))
+        out.print(safe_text(f"no {kind + ' ' if kind else 'measured ' if hidden else ''}runs stored in {path}"))
+        if fold_line:
+            out.print(fold_line, soft_wrap=True)
         return 0
     t = Table(box=None, pad_edge=False, header_style="bold")
     for name, just in (
@@ -276,6 +294,8 @@ def history_list(limit, kind, db_path) -> int:
             style="yellow" if status[r.run_id] != "complete" else None,
         )
     print_table(out, t)
+    if fold_line:
+        out.print(fold_line, soft_wrap=True)
     return 0
 
 
@@ -301,24 +321,39 @@ _AGE_UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 
 
 def parse_age(text: str) -> float:
-    """'90d', '12w', '1y', '36h' -> seconds; InputError naming the form."""
+    """'90d', '12w', '1y', '36h' -> seconds; InputError naming the form. An age beyond any date
+    (99999999999999d) is infinite: nothing was created that long ago."""
     t = str(text).strip().lower()
     number = ascii_float(t[:-1]) if t and t[-1] in _AGE_UNITS else None
-    if number is None or not math.isfinite(number) or number <= 0:
+    if number is None or math.isnan(number) or number <= 0:
         raise InputError(f"--older-than '{text}' is not an age: write e.g. 90d, 12w, 1y or 36h (hours, days, weeks, "
                          "years of 365 days)")
     return number * _AGE_UNITS[t[-1]]
 
 
+def age_cutoff(seconds: float) -> str:
+    """The UTC time `seconds` ago (ISO 8601); the first instant of year 1 where that is before it
+    (no run is older, and datetime goes no further back)."""
+    import datetime as _dt
+
+    now = _dt.datetime.now(_dt.UTC)
+    earliest = _dt.datetime(1, 1, 1, tzinfo=_dt.UTC)
+    if not math.isfinite(seconds) or seconds >= (now - earliest).total_seconds():
+        return earliest.isoformat(timespec="seconds")
+    return (now - _dt.timedelta(seconds=seconds)).isoformat(timespec="seconds")
+
+
 def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
+    """Bytes in MB: two decimals under 10 MB (a small history's change shows), one above."""
+    return f"{n / 1e6:.2f} MB" if n < 10e6 else f"{n / 1e6:.1f} MB"
 
 
 @history_group.command("prune")
 @click.option("--older-than", "age_text", default=None, metavar="AGE",
               help="Remove runs created more than AGE ago (90d, 12w, 1y, 36h).")
 @click.option("--keep", default=None, type=AsciiIntRange(0, 10_000_000), metavar="N",
-              help="Remove all but the newest N runs of each kind and host.")
+              help="Keep the newest N runs (N at least 1) of each kind and host, remove the rest. 0 is refused: "
+                   "`check --keep 0` keeps every check, so here it would read as the opposite of what it removes.")
 @click.option("--kind", default=None, help="Only runs of this kind (check, comm, ...).")
 @click.option("--host", default=None, help="Only runs of this host.")
 @click.option("--drop-samples", is_flag=True,
@@ -330,28 +365,32 @@ def history_prune(age_text, keep, kind, host, drop_samples, dry_run, db_path) ->
     """Thins the history by age and count, per kind and host. Baselines and the runs they
     reference (a baseline check's reference runs, a plan's sources) always stay. Without
     --drop-samples the chosen runs are removed and the file is compacted (VACUUM); a check
-    stores with its own limit already (`check --keep`, the newest 1000 per node)."""
-    import datetime as _dt
-
+    stores with its own limit already (`check --keep`, the newest 1000 per node). The sizes said
+    are the bytes on disk, the write-ahead log and its index included, the second after the
+    compaction and a checkpoint."""
     from mgpu_bench import probe as registry
+
+    from .store import files_size
 
     if age_text is None and keep is None:
         raise InputError("say what to prune: --older-than AGE (e.g. 90d), --keep N (the newest N runs of each kind "
                          "and host), or both")
+    if keep == 0:
+        raise InputError("--keep 0 would remove every run but the baselines (in `check --keep` 0 means keep all): give "
+                         "--keep 1 or more to keep the newest N of each kind and host, or leave --keep out")
     if kind is not None and kind not in registry.names():
         raise InputError(f"--kind {safe_text(kind)!s}: not a kind of run; choose from {', '.join(registry.names())}")
-    cutoff = None
-    if age_text is not None:
-        when = _dt.datetime.now(_dt.UTC) - _dt.timedelta(seconds=parse_age(age_text))
-        cutoff = when.isoformat(timespec="seconds")
+    cutoff = age_cutoff(parse_age(age_text)) if age_text is not None else None
     out = _out()
+    before = files_size(os.path.expanduser(_db(db_path)))  # as it lies on disk, before this command opens it
     with _open(db_path, create=False) as h:
-        before = h.size()
         done = h.prune(cutoff, keep, kind, host, drop_samples, dry_run)
         if not dry_run and (done.removed or done.thinned):
             h.vacuum()
-        after = h.size()
+        elif not dry_run:
+            h.checkpoint()
         path = h.path
+    after = files_size(path)  # closed: the last connection's -wal and -shm are gone, or counted
     n = sum(done.groups.values())
     groups = ", ".join(f"{k} on {hst or '-'}: {c:,}" for (k, hst), c in sorted(done.groups.items(),
                                                                                 key=lambda kv: (-kv[1], kv[0][0])))
@@ -401,20 +440,15 @@ def history_show(run, prom_path, db_path) -> int:
                 err=True,
             )
             return 1
+    source = rec.document.get("source") if isinstance(rec.document.get("source"), dict) else {}
     out.print(safe_text(
-        f"run {rec.run_id}: {rec.kind}{' (baseline)' if is_baseline else ''}, created {rec.created}, host "
-        f"{rec.host or '-'}"
-    ))
+        f"run {rec.run_id}: {rec.kind}{' (baseline)' if is_baseline else ''}, created {rec.created}"
+        + (f" ({source['created_from']})" if isinstance(source.get("created_from"), str) else "")
+        + f", host {rec.host or '-'}"
+    ), soft_wrap=True)
     if rec.command:
         out.print(safe_text(f"command: {rec.command}"), soft_wrap=True)
-    out.print(safe_text(
-        "driver {}, CUDA {}, NCCL {}, torch {}".format(
-            fp.get("nvidia_driver") or "-",
-            fp.get("cuda_runtime") or "-",
-            fp.get("nccl") or "-",
-            fp.get("torch") or "-",
-        )
-    ))
+    out.print(safe_text(software_line(rec)), soft_wrap=True)
     if not metrics:
         out.print("no headline metrics in this run")
     else:
@@ -438,6 +472,30 @@ def history_show(run, prom_path, db_path) -> int:
     if prom_path:
         out.print(safe_text(f"wrote {prom_path}"))
     return 0
+
+
+# Kinds whose measurements call no NCCL (a GEMM, a copy between GPUs): their runs' NCCL is not said.
+_NO_NCCL = ("gemm", "links")
+
+
+def software_line(rec) -> str:
+    """The software a stored run used, from its fingerprint: driver, CUDA, NCCL and torch for a
+    run on GPUs (NCCL where its kind calls it); torch alone, with the backend, for a run of CPU
+    processes (a gloo comm run, a model run on the CPU, a run whose machine showed no GPU), whose
+    machine's CUDA and NCCL it never loaded into its work."""
+    fp, doc = rec.fingerprint, rec.document
+    backend = str(doc.get("backend") or "") if rec.kind == "comm" else ""
+    config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    gpus = fp.get("gpus") if isinstance(fp.get("gpus"), list) else []
+    cpu = "gloo" in backend or config.get("device") == "cpu" or not gpus and not doc.get("source")
+    torch = fp.get("torch") or "-"
+    if cpu:
+        over = f" ({backend})" if backend else ""
+        return f"torch {torch}{over}: CPU processes, no GPU driver, CUDA or NCCL used"
+    parts = [f"driver {fp.get('nvidia_driver') or '-'}", f"CUDA {fp.get('cuda_runtime') or '-'}"]
+    if rec.kind not in _NO_NCCL:
+        parts.append(f"NCCL {fp.get('nccl') or '-'}")
+    return ", ".join([*parts, f"torch {torch}"])
 
 
 @history_group.command("trend")

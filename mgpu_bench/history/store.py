@@ -110,6 +110,15 @@ def _text(value):
     return value.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(value, str) else value
 
 
+def files_size(path: str | os.PathLike) -> int:
+    """The bytes on disk of the database at `path` with its -wal and -shm files (those present)."""
+    total = 0
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(f"{os.fspath(path)}{suffix}")
+    return total
+
+
 def run_label(row_id: int) -> str:
     """The public id of a run: 'r12'."""
     return f"r{row_id}"
@@ -155,6 +164,55 @@ class TrendPoint:
     value: float
     unit: str
     better: str
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A result document read and checked for storing (prepare()), before any database is touched."""
+
+    created: str
+    kind: str
+    command: str | None
+    host: object
+    fingerprint_json: str
+    document_json: str
+    metrics: tuple[Metric, ...]
+    keep: int | None
+
+
+def prepare(doc: Mapping, metrics: Sequence[Metric] | None = None) -> Prepared:
+    """A result document read for History.save / save_all: checked against its kind's declared
+    shape (InputError naming the field), its headline metrics (by default metrics_from_document),
+    its JSON. Reads no database: a command checks every document it will store before it opens one."""
+    if not isinstance(doc, Mapping) or doc.get("schema") != RESULT_SCHEMA:
+        raise InputError("not an mgpu-bench result document: give one written by a command's --json")
+    if metrics is None:  # read here for its metrics: its declared shape first (mgpu_bench.schema),
+        try:  # as the stored JSON holds it (a run's own document still has tuples, say)
+            validate(json.loads(json.dumps(doc)))
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, InputError):
+                raise
+            raise ValueError(f"the result document cannot be stored as JSON: {exc}") from None
+    kind = document_kind(doc) or "unknown"
+    metrics = _headline(doc) if metrics is None else list(metrics)
+    seen: set[str] = set()
+    for m in metrics:
+        if m.name in seen:
+            raise InputError(f"the {kind} document measures {m.name} twice: give one run's document, not two joined")
+        seen.add(m.name)
+    environment = doc.get("environment") if isinstance(doc.get("environment"), Mapping) else {}
+    command = doc.get("command")
+    if isinstance(command, (list, tuple)):
+        command = shlex.join(str(c) for c in command)
+    created = doc.get("created") if isinstance(doc.get("created"), str) else _now()
+    try:
+        document_json = json.dumps(doc)
+        fingerprint_json = json.dumps(environment)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the result document cannot be stored as JSON: {exc}") from None
+    keep = doc.get("keep")
+    return Prepared(created, kind, command, environment.get("host"), fingerprint_json, document_json, tuple(metrics),
+                    keep if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0 else None)
 
 
 class History:
@@ -292,64 +350,41 @@ class History:
         metrics_from_document(doc), after checking the document against its kind's declared
         shape: InputError naming the field); returns the run id ('r12'). One transaction: a run
         is stored with all its metrics or not at all."""
-        if not isinstance(doc, Mapping) or doc.get("schema") != RESULT_SCHEMA:
-            raise InputError("not an mgpu-bench result document: give one written by a command's --json")
-        if metrics is None:  # read here for its metrics: its declared shape first (mgpu_bench.schema),
-            try:  # as the stored JSON holds it (a run's own document still has tuples, say)
-                validate(json.loads(json.dumps(doc)))
-            except (TypeError, ValueError) as exc:
-                if isinstance(exc, InputError):
-                    raise
-                raise ValueError(f"the result document cannot be stored as JSON: {exc}") from None
-        kind = document_kind(doc) or "unknown"
-        metrics = _headline(doc) if metrics is None else list(metrics)
-        names = [m.name for m in metrics]
-        if len(set(names)) != len(names):
-            dup = next(n for n in names if names.count(n) > 1)
-            raise InputError(f"the {kind} document measures {dup} twice: give one run's document, not two joined")
-        environment = doc.get("environment") if isinstance(doc.get("environment"), Mapping) else {}
-        command = doc.get("command")
-        if isinstance(command, (list, tuple)):
-            command = shlex.join(str(c) for c in command)
-        created = doc.get("created") if isinstance(doc.get("created"), str) else _now()
-        try:
-            document_json = json.dumps(doc)
-            fingerprint_json = json.dumps(environment)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"the result document cannot be stored as JSON: {exc}") from None
+        prepared = prepare(doc, metrics)
         with self._write():
-            cur = self._conn.execute(
-                "INSERT INTO runs (created, kind, command, host, fingerprint, document) VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    _text(created),
-                    _text(kind),
-                    _text(command),
-                    _text(environment.get("host")),
-                    fingerprint_json,
-                    document_json,
-                ),
-            )
-            row = cur.lastrowid
-            self._conn.executemany(
-                "INSERT INTO metrics (run, name, value, unit, better, samples, labels) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        row,
-                        _text(m.name),
-                        float(m.value),
-                        m.unit,
-                        m.better,
-                        json.dumps([float(x) for x in m.samples]),
-                        json.dumps(dict(m.labels)),
-                    )
-                    for m in metrics
-                ],
-            )
-            keep = doc.get("keep")  # a document's own limit (a check: its node's newest checks kept)
-            if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0:
-                from .retention import apply_keep
+            return self._insert(prepared)
 
-                apply_keep(self._conn, _text(kind), _text(environment.get("host")), keep)
+    def save_all(self, runs: Sequence[Prepared]) -> builtins.list[str]:
+        """Stores runs prepare() has read and checked, in order, in one transaction: all of them or
+        none (a fault, a full disk or Ctrl-C midway leaves the database as it was). Their run ids."""
+        with self._write():
+            return [self._insert(p) for p in runs]
+
+    def _insert(self, p: Prepared) -> str:
+        cur = self._conn.execute(
+            "INSERT INTO runs (created, kind, command, host, fingerprint, document) VALUES (?, ?, ?, ?, ?, ?)",
+            (_text(p.created), _text(p.kind), _text(p.command), _text(p.host), p.fingerprint_json, p.document_json),
+        )
+        row = cur.lastrowid
+        self._conn.executemany(
+            "INSERT INTO metrics (run, name, value, unit, better, samples, labels) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    row,
+                    _text(m.name),
+                    float(m.value),
+                    m.unit,
+                    m.better,
+                    json.dumps([float(x) for x in m.samples]),
+                    json.dumps(dict(m.labels)),
+                )
+                for m in p.metrics
+            ],
+        )
+        if p.keep:  # a document's own limit (a check: its node's newest checks kept)
+            from .retention import apply_keep
+
+            apply_keep(self._conn, _text(p.kind), _text(p.host), p.keep)
         return run_label(row)
 
     def prune(self, older_than: str | None = None, keep: int | None = None, kind: str | None = None,
@@ -363,19 +398,26 @@ class History:
 
     def vacuum(self) -> None:
         """Gives the pages of removed runs back to the file system (SQLite's VACUUM: the file is
-        rewritten, which needs as much free space as it holds)."""
+        rewritten, which needs as much free space as it holds). In WAL mode VACUUM writes the new
+        pages into the write-ahead log; the checkpoint after it moves them into the file and
+        truncates the log, so that the bytes on disk (size()) are the compacted file's."""
         try:
             self._conn.execute("VACUUM")
+            self.checkpoint()
+        except sqlite3.DatabaseError as exc:
+            raise _db_error(self.path, exc) from None
+
+    def checkpoint(self) -> None:
+        """Moves the write-ahead log into the file and truncates it (PRAGMA wal_checkpoint(TRUNCATE));
+        a reader holding an older snapshot keeps part of the log until it ends (then not truncated)."""
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         except sqlite3.DatabaseError as exc:
             raise _db_error(self.path, exc) from None
 
     def size(self) -> int:
-        """The database's bytes on disk, its write-ahead log included."""
-        total = 0
-        for suffix in ("", "-wal"):
-            with contextlib.suppress(OSError):
-                total += os.path.getsize(f"{self.path}{suffix}")
-        return total
+        """The database's bytes on disk: the file, its write-ahead log (-wal) and the log's index (-shm)."""
+        return files_size(self.path)
 
     def set_baseline(self, run_id: str) -> str:
         """Makes `run_id` the baseline of its scope (replacing the previous one); returns the
@@ -532,8 +574,8 @@ class History:
             rows = self._conn.execute("SELECT scope, run FROM baselines ORDER BY scope").fetchall()
         return {k: run_label(r) for k, r in rows}
 
-    def list(self, limit: int = 20, kind: str | None = None) -> builtins.list[RunInfo]:
-        """The last `limit` runs (of `kind` when given), newest first."""
+    def list(self, limit: int = 20, kind: str | None = None, exclude: Sequence[str] = ()) -> builtins.list[RunInfo]:
+        """The last `limit` runs (of `kind` when given; not of the kinds in `exclude`), newest first."""
         sql = (
             "SELECT r.id, r.created, r.kind, r.host, r.command, "
             "(SELECT count(*) FROM metrics m WHERE m.run = r.id), "
@@ -543,6 +585,9 @@ class History:
         if kind is not None:
             sql += " WHERE r.kind = ?"
             args = (kind,)
+        elif exclude:
+            sql += f" WHERE r.kind NOT IN ({', '.join('?' * len(exclude))})"
+            args = tuple(exclude)
         with self._read():
             rows = self._conn.execute(sql + " ORDER BY r.id DESC LIMIT ?", (*args, int(limit))).fetchall()
         out = []
@@ -555,6 +600,11 @@ class History:
                 continue
             out.append(RunInfo(run_label(i), c, k, h, cmd, n, bool(b)))
         return out
+
+    def count(self, kind: str) -> int:
+        """How many runs of `kind` are stored (an index read: runs_by_kind)."""
+        with self._read():
+            return int(self._conn.execute("SELECT count(*) FROM runs WHERE kind = ?", (kind,)).fetchone()[0])
 
     # -- internals --------------------------------------------------------------------------
 

@@ -15,12 +15,19 @@ log) keeps the printed time and is said.
 
 A log with a problem is stored with it said (findings: wrong elements, a failed check, a run cut
 short, lines of another run); one with nothing usable is an InputError (exit code 2) and nothing
-is stored.
+is stored. The log's own facts win over options: a run's collective is the program it names (or
+the one its table fits), and `--op` naming another is an InputError; its rank count is the ranks
+its device lines show, never more (a header's nThread x nGpus only where the log has none, and
+then at most MAX_UNLISTED). Every document of the logs given is built and checked before any is
+stored, and `history add` stores them in one transaction: a file is stored whole or not at all.
+
+A run's time ("created") is the time the log states, where it states one (nccl-tests -S 1 prints
+the local time after each row; the first row's is taken, its zone unknown), else the time of the
+import, said in the source; never the file's modification time, which a copy resets.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +46,17 @@ from .plan import CommRun
 
 # What a log cannot tell, said in the run's fingerprint (the header and compare read them).
 NOT_IN_LOG = ("nvidia_driver", "cuda_runtime", "cuda_driver", "torch", "topology", "network", "env")
+# GPUs one process drives by its header alone, where the log shows no device lines: the most GPUs
+# one node holds (16: HGX-2, DGX-2); beyond it the log must show its ranks.
+MAX_UNLISTED = 16
+# Ranks x figures of one run: each figure lists its devices (4 Mi names: about 50 MB of JSON).
+MAX_DEVICE_NAMES = 1 << 22
+MAX_ITERS = 1 << 40  # iters x agg iters x graph launches, as the comm document declares them
+SAID = 5  # rows (wrong elements, types left out) named one by one; the rest counted
+CREATED_FROM_LOG = ("the log's own time: its first row's timestamp (nccl-tests -S 1), the test host's local time "
+                    "read as UTC (the log names no time zone)")
+CREATED_AT_IMPORT = ("the time of the import: the log states no time of its own (nccl-tests prints one per row only "
+                     "with -S 1)")
 TIME_NOTE = ("time: the log's per-iteration time, averaged over the ranks as nccl-tests does by default (-a 1; the "
              "log does not say which -a it ran with), where mgpu-bench comm takes the slowest rank's")
 
@@ -55,20 +73,22 @@ class Piece:
     measurements: list[CommMeasurement]
     findings: list[str]
     notes: list[str]
-    created: str | None
+    created: str | None  # the log's own time (naive ISO 8601, local to its host) or None
+    wrong: int = 0  # wrong elements its rows report (the #wrong columns)
     index: int = 0  # the log's place among those given
 
 
-def documents(logs: Sequence[tuple[str, str, float | None]], op: str | None = None,
+def documents(logs: Sequence[tuple[str, str]], op: str | None = None,
               join: bool = False) -> list[tuple[Document, list[int]]]:
-    """The comm documents of (file name, text, modification time) logs, each with the indices of
-    the logs it holds: one per run, or with `join` one for them all (one machine's logs, a file
-    per collective). `op` names the collective of a log that does not. InputError, naming the
-    file, where a log holds nothing to store."""
+    """The comm documents of (file name, text) logs, each with the indices of the logs it holds:
+    one per run, or with `join` one for them all (one machine's logs, a file per collective).
+    `op` names the collective of a log that does not; a log that names (or whose table fits)
+    another is an InputError. InputError, naming the file, where a log holds nothing to store or
+    says what nccl-tests cannot print."""
     if op is not None and op not in OP_ORDER:
         raise InputError(f"--op {op!r}: choose from {', '.join(OP_ORDER)}")
     pieces: list[Piece] = []
-    for index, (name, text, mtime) in enumerate(logs):
+    for index, (name, text) in enumerate(logs):
         try:
             sections = nccl_tests.parse(text)
         except nccl_tests.LogError as exc:
@@ -76,7 +96,7 @@ def documents(logs: Sequence[tuple[str, str, float | None]], op: str | None = No
         _refuse_interleaved(name, sections)
         kept, refused = [], []
         for s in sections:
-            piece = _piece(name, s, op, mtime)
+            piece = _piece(name, s, op)
             if isinstance(piece, str):
                 refused.append(piece)
                 continue
@@ -105,28 +125,34 @@ def _refuse_interleaved(name: str, sections: list[nccl_tests.Section]) -> None:
                      f"before the rows of the one before){why}")
 
 
-def _piece(name: str, s: nccl_tests.Section, op: str | None, mtime: float | None) -> Piece | str:
-    """The section read into measurements, or why it has nothing to store."""
+def _piece(name: str, s: nccl_tests.Section, op: str | None) -> Piece | str:
+    """The section read into measurements, or why it has nothing to store. InputError where it
+    claims what its own lines do not show, or contradicts --op."""
     if not s.rows:
         if s.errors:
             return f"the run failed before its first result ({s.errors[0]})"
         return (f"no result rows in the run at line {s.first_line} (the log ends at line {s.last_line}, before its "
                 "table)" if not s.finished else f"the run at line {s.first_line} printed no result rows")
-    why = "given with --op"
-    if op is None:
-        op, why = nccl_tests.op_of(s)
-        if op is None:
-            return f"{why}: give --op (one of {', '.join(OP_ORDER)})"
     findings, notes = [], []
-    nranks = s.nranks
-    if nranks is None:
-        nranks = s.params.get("nthread", 1) * s.params.get("ngpus", 1)
-        notes.append(f"the log has no device lines: {nranks} rank(s) from its nThread x nGpus (one process)")
-    if why != "given with --op" and not s.program:
-        notes.append(f"collective: {why}")
+    nranks = _ranks(name, s, findings, notes)
+    own, why = nccl_tests.op_of(s, nranks)
+    if op is None:
+        if own is None:
+            return f"{why}: give --op (one of {', '.join(OP_ORDER)})"
+        op = own
+        if not s.program:
+            notes.append(f"collective: {why}")
+    else:
+        _agrees(name, s, op, nranks)
+        if own is None:
+            why = f"given with --op ({why})"
+    iters = s.params.get("iters", 0) * max(s.params.get("agg_iters", 1), 1) * max(s.params.get("graph", 0), 1)
+    if iters > MAX_ITERS:
+        raise InputError(f"{name}: the run at line {s.first_line} claims {iters:,} timed iterations (iters x agg iters "
+                         f"x graph launches; at most {MAX_ITERS:,}): an edited or damaged log")
     groups: dict[tuple, list[tuple]] = {}
     skipped: dict[str, int] = {}
-    mismatched = []
+    mismatched, wrong_rows = [], []
     for r in s.rows:
         dtype = nccl_tests.DTYPES.get(r.type)
         redop = None if r.redop == "none" else r.redop
@@ -141,12 +167,21 @@ def _piece(name: str, s: nccl_tests.Section, op: str | None, mtime: float | None
             key = (dtype, redop, r.size, r.count, place == "in", max(r.root, 0))
             groups.setdefault(key, []).append((seconds, cell.wrong, r.line))
             if cell.wrong:
-                findings.append(f"{name} line {r.line}: {cell.wrong} wrong element(s) {'in' if place == 'in' else 'out-of'}"
-                                f"-place: the data did not arrive intact")
-    for what, n in skipped.items():
+                wrong_rows.append((r.line, place, cell.wrong))
+    for what, n in list(skipped.items())[:SAID]:
         notes.append(f"{n} row(s) of {what} left out: not a type and redop mgpu-bench comm measures")
     if not groups:
-        return "no row of a type and redop mgpu-bench comm measures (" + ", ".join(skipped) + ")"
+        return "no row of a type and redop mgpu-bench comm measures (" + ", ".join(list(skipped)[:SAID]) + ")"
+    if len(groups) * nranks > MAX_DEVICE_NAMES:
+        raise InputError(f"{name}: the run at line {s.first_line} has {len(groups):,} figures over {nranks:,} ranks, "
+                         f"more than one document holds (each figure names its devices; at most {MAX_DEVICE_NAMES:,} "
+                         "names): give its sizes in several logs")
+    for line, place, n in wrong_rows[:SAID]:
+        findings.append(f"{name} line {line}: {n} wrong element(s) {'in' if place == 'in' else 'out-of'}-place: the "
+                        "data did not arrive intact")
+    if len(wrong_rows) > SAID:
+        findings.append(f"{name}: {len(wrong_rows) - SAID:,} more figure(s) with wrong elements (lines "
+                        f"{_lines([w[0] for w in wrong_rows[SAID:]])})")
     if mismatched:
         findings.append(f"{name}: {len(mismatched)} figure(s) (lines {_lines(mismatched)}) whose algbw and busbw do not "
                         f"fit the time with {op}'s bus factor over {nranks} ranks: printed time kept (another rank "
@@ -159,8 +194,43 @@ def _piece(name: str, s: nccl_tests.Section, op: str | None, mtime: float | None
                      "time is the figure, each row a sample")
     if s.cputime:
         notes.append("the log's time column is CPU time (-C 1); the seconds stored follow its algbw and busbw")
-    return Piece(name, s, op, why, nranks, _measurements(s, op, nranks, groups), findings, notes,
-                 _created(mtime))
+    return Piece(name, s, op, why, nranks, _measurements(s, op, nranks, groups), findings, notes, s.started,
+                 sum(w[2] for w in wrong_rows))
+
+
+def _ranks(name: str, s: nccl_tests.Section, findings: list[str], notes: list[str]) -> int:
+    """The run's rank count: the ranks its device lines show; without any, its header's nThread x
+    nGpus (one process) up to MAX_UNLISTED, an InputError beyond."""
+    local = s.local_gpus
+    if s.nranks is None:
+        if local > MAX_UNLISTED:
+            raise InputError(f"{name}: the run at line {s.first_line} claims nThread {s.params.get('nthread')} x nGpus "
+                             f"{s.params.get('ngpus')} = {local:,} GPUs in one process, and the log has no device "
+                             "lines ('#  Rank  0 Group  0 Pid ...') to show them: give the log with its '# Using "
+                             "devices' lines")
+        notes.append(f"the log has no device lines: {local} rank(s) from its nThread x nGpus (one process)")
+        return local
+    if s.nranks < local:
+        findings.append(f"{name}: the run at line {s.first_line} claims {local} GPU(s) per process (nThread x nGpus), "
+                        f"its device lines show {s.nranks}: {s.nranks} rank(s) taken (lines missing, or a process's "
+                        "list cut at 2048 bytes)")
+    return s.nranks
+
+
+def _agrees(name: str, s: nccl_tests.Section, op: str, nranks: int) -> None:
+    """--op against the log's own collective: the program it names, else what its table fits."""
+    if s.program:
+        own, _ = nccl_tests.program_op(s.program)
+        if own != op:
+            raise InputError(f"{name}: --op {op}, but the run at line {s.first_line} is the log of {s.program}"
+                             + (f" ({own})" if own else "") + ": the log's own collective counts; leave --op out")
+        return
+    fits = nccl_tests.table_fits(s, nranks)
+    if fits is not None and op not in fits:
+        raise InputError(f"{name}: --op {op}, but the table of the run at line {s.first_line} fits "
+                         + (" or ".join(fits) if fits else "no collective mgpu-bench comm measures")
+                         + f" (its sizes, counts, root and busbw/algbw over {nranks} rank(s)): leave --op out, or give "
+                         f"the log of {op}")
 
 
 def fit_seconds(cell: nccl_tests.Cell, size: int, factor: float, cputime: bool = False) -> tuple[float, bool]:
@@ -177,7 +247,7 @@ def fit_seconds(cell: nccl_tests.Cell, size: int, factor: float, cputime: bool =
         lo = max(lo, size / top)
         if bottom > 0:
             hi = min(hi, size / bottom)
-    if lo <= hi and hi > 0:
+    if lo <= hi and 0 < hi < float("inf"):
         return (lo + hi) / 2, True
     return cell.time.value * 1e-6, False
 
@@ -229,12 +299,6 @@ def _lines(lines: list[int]) -> str:
     return ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if len(lines) > 5 else "")
 
 
-def _created(mtime: float | None) -> str | None:
-    if mtime is None:
-        return None
-    return _dt.datetime.fromtimestamp(mtime, _dt.UTC).isoformat(timespec="seconds")
-
-
 def _document(pieces: list[Piece]) -> Document:
     """One comm document of one or more pieces (joined: one machine's runs)."""
     first = pieces[0]
@@ -274,18 +338,18 @@ def _document(pieces: list[Piece]) -> Document:
     command = f"{' '.join(dict.fromkeys(p.section.program or p.op for p in pieces))} ({_tool_text(s)} log " \
               f"{', '.join(dict.fromkeys(p.file for p in pieces))})"
     doc = result_document(run, environment, command)
-    created = [p.created for p in pieces if p.created]
-    if created:
-        doc["created"] = min(created)
+    stated = [p.created for p in pieces if p.created]
+    if stated:  # else the envelope's: now, the time of the import
+        doc["created"] = f"{min(stated)}+00:00"
     doc["source"] = {
         "tool": tool, "version": s.version, "library": nccl_tests.version_text(s.library),
         "headers": nccl_tests.version_text(s.headers),
-        "created_from": "the log files' modification time (a log carries no date)" if created else None,
+        "created_from": CREATED_FROM_LOG if stated else CREATED_AT_IMPORT,
         "logs": [{"file": p.file, "lines": [p.section.first_line, p.section.last_line], "program": p.section.program,
                   "op": p.op, "op_from": p.op_from, "ranks": p.nranks, "params": p.section.params,
                   "average_busbw": None if p.section.avg_busbw is None else p.section.avg_busbw.value * 1e9,
                   "out_of_bounds": None if p.section.oob is None else {"count": p.section.oob[0], "ok": p.section.oob[1]},
-                  "finished": p.section.finished} for p in pieces],
+                  "wrong_elements": p.wrong, "started": p.created, "finished": p.section.finished} for p in pieces],
     }
     return Document.of(doc, run)
 

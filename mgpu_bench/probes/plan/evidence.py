@@ -182,12 +182,22 @@ class Reader:
                 if device is not None and not same_device(_comm_device(sub) if kind == "comm" else device_of(sub),
                                                           device):
                     continue
-                why = clean.taint(sub, beside)
+                why = clean.taint(sub, beside) or (_wrong_elements(sub) if kind == "comm" else None)
                 if why:
                     self.left_out.setdefault(label, f"{kind}: {why}")
                     continue
                 out.append((label, sub))
         return out[:limit]
+
+
+def _wrong_elements(doc: Mapping) -> str | None:
+    """Why a comm run is no evidence: its own figures report wrong elements (the data did not
+    arrive intact, so its other figures are not trusted either); None when none do."""
+    wrong = 0
+    for m in doc.get("measurements") or []:
+        counts = m.get("wrong") if isinstance(m, Mapping) else None
+        wrong += sum(c for c in counts or [] if isinstance(c, int) and not isinstance(c, bool) and c > 0)
+    return f"{wrong:,} wrong element(s) in its figures: the data did not arrive intact" if wrong else None
 
 
 def _of_kind(run: int, row_kind: str, doc: dict, kind: str) -> list[tuple[str, Mapping, Mapping | None]]:
