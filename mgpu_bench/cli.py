@@ -136,9 +136,22 @@ def _text_options(params: list, values: dict) -> None:
                              "single commas" + (f", as in {','.join(kept)}" if len(kept) > 1 else ""))
 
 
+def _path_options(params: list, values: dict) -> None:
+    """Every file or folder option (click.Path: --json, --csv, --report, --out, --prometheus,
+    --data-dir, ...) given as an empty or blank name is refused (paths.check_name): `--report ''`
+    wrote into the working folder, `--report ' '` made a folder named with a space."""
+    from .paths import check_name
+
+    for p in params:
+        if isinstance(p, click.Option) and isinstance(p.type, click.Path) and not p.multiple:
+            value = values.get(p.name)
+            if isinstance(value, str) and value != p.default:
+                check_name(value, max(p.opts, key=len))
+
+
 def _checking_text(command: click.Command) -> None:
-    """Has `command` (and, for a group, every command below it) check its text options
-    (_text_options) before it runs."""
+    """Has `command` (and, for a group, every command below it) check its text and path options
+    (_text_options, _path_options) before it runs."""
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             _checking_text(sub)
@@ -149,6 +162,7 @@ def _checking_text(command: click.Command) -> None:
 
     def checked(*args, **kwargs):
         _text_options(command.params, kwargs)
+        _path_options(command.params, kwargs)
         return callback(*args, **kwargs)
 
     checked._checks_text = True  # type: ignore[attr-defined]

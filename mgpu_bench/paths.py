@@ -17,9 +17,17 @@ existing file for append without truncating it), not by permission bits: root pa
 permission test, yet cannot create a file under /proc.
 
 Where files may go at all: never into a folder on a device or kernel file system (devtmpfs, proc,
-sysfs, cgroup, ... : SPECIAL_FS) nor into the /dev, /proc or /sys mount itself, or one below /proc
-or /sys, whatever its type (a container's /dev is a tmpfs); root may create files there, and must
-not. check_distinct()
+sysfs, cgroup, ... : SPECIAL_FS, by the mount table), nor anywhere below /dev, /proc or /sys by
+the path, whatever the file system there (a container's /dev is a tmpfs; /dev/shm is shared
+memory, gone at reboot and counted against RAM); root may create files there, and must not. A
+name that is empty or blank (`--report ''`, `--json ' '`, a component of spaces) is refused
+(check_name): it would write into the working folder, or make a folder named with a space.
+
+This module decides every place the tool writes by itself too: the state folder where a check
+stores its history when the default place cannot take it (state_folder(): $XDG_STATE_HOME/
+mgpu-bench, made with its parents as the XDG Base Directory specification says, else root's
+/var/lib/mgpu-bench, else a private folder under the temporary directory), each folder checked
+before anything is made (make_folder()). check_distinct()
 refuses, before measuring, two outputs of one command that are the same file and an output that
 is the history database (or its -wal, -shm or -journal file), by resolved path (relative paths,
 symbolic links) and by device and inode where the file exists (hard links); write_output() never
@@ -59,6 +67,8 @@ SPECIAL_FS = frozenset({
     "rpc_pipefs", "nsfs", "selinuxfs", "usbfs",
 })
 _SPECIAL_MOUNTS = ("/dev", "/proc", "/sys")
+_SPECIAL_WHAT = {"/dev": "devices and shared memory", "/proc": "devices and kernel state",
+                 "/sys": "devices and kernel state"}
 
 
 def _kind(mode: int) -> str | None:
@@ -114,20 +124,18 @@ def _mounts() -> list[tuple[str, str]]:
 
 
 def special_place(folder: str | os.PathLike) -> str | None:
-    """Why files must not be written in `folder` (resolved): its file system is a device or kernel
-    one (SPECIAL_FS), or it is the /dev, /proc or /sys mount itself; None for an ordinary folder."""
+    """Why files must not be written in `folder` (resolved): it lies below /dev, /proc or /sys
+    (by the path, whatever the file system: /dev/shm's tmpfs included), or its file system is a
+    device or kernel one (SPECIAL_FS, by the mount table); None for an ordinary folder."""
     real = os.path.realpath(os.path.abspath(folder))
-    mounts = _mounts()
-    for point, fstype in mounts:
+    for point, fstype in _mounts():  # longest mount point first: the one the folder is on
         if real == point or real.startswith(point.rstrip("/") + "/"):
             if fstype in SPECIAL_FS:
                 return f"on a {fstype} file system ({point}: devices and kernel state, not files)"
-            if point in _SPECIAL_MOUNTS or point.startswith(("/proc/", "/sys/")):
-                return f"in {point} (devices and kernel state, not files)"
-            return None
-    for point in _SPECIAL_MOUNTS if not mounts else ():  # no mount table: by the path alone
-        if (real == point or real.startswith(point + "/")) and not real.startswith("/dev/shm"):
-            return f"in {point} (devices and kernel state, not files)"
+            break
+    for top in _SPECIAL_MOUNTS:
+        if real == top or real.startswith(top + "/"):
+            return f"in {top} ({_SPECIAL_WHAT[top]}, not files)"
     return None
 
 
@@ -154,10 +162,28 @@ def _named(path: str | os.PathLike, flag: str | None) -> str:
     return f"{flag} {path}" if flag else str(path)
 
 
+def check_name(path: str | os.PathLike | None, flag: str | None = None) -> None:
+    """A given output name (None: not given) that is empty, or has a component of blanks only:
+    InputError naming the fix. `--report ''` would write into the working folder, `--report ' '`
+    make a folder named with a space."""
+    if path is None:
+        return
+    text = os.fspath(path)
+    text = text.decode("utf-8", "backslashreplace") if isinstance(text, bytes) else text
+    what = f"{flag} {text!r}" if flag else repr(text)
+    if not text.strip():
+        raise InputError(f"{what} is blank: give a name of visible characters" + (
+            f", or omit {flag}" if flag else ""))
+    if any(part and not part.strip() for part in text.split(os.sep)):
+        raise InputError(f"{what} has a folder or file name of blanks only in it: give names of visible characters")
+
+
 def check_writable(path: str | os.PathLike | None, flag: str | None = None) -> None:
     """An output file (`flag` names its option in the message) must be creatable before hours of
-    measurement depend on it: InputError (exit code 2) otherwise, with the fix."""
-    if not path:
+    measurement depend on it: InputError (exit code 2) otherwise, with the fix. None: no file
+    asked for; an empty or blank name is refused (check_name)."""
+    check_name(path, flag)
+    if path is None:
         return
     what = _named(path, flag)
     try:
@@ -187,6 +213,7 @@ def check_writable(path: str | os.PathLike | None, flag: str | None = None) -> N
 
 def check_folder(path: str | os.PathLike, flag: str) -> None:
     """An existing folder (or a link to one) where files can be created: InputError otherwise."""
+    check_name(path, flag)
     p = Path(path)
     try:
         is_dir = p.is_dir()
@@ -200,8 +227,10 @@ def check_folder(path: str | os.PathLike, flag: str) -> None:
 def check_report_dir(path: str | os.PathLike | None, flag: str | None = "--report") -> None:
     """A report folder: an existing folder (or a link to one) where files can be created, or a new
     folder inside an existing, writable one. The report files already in it must be regular files
-    (or links to them): they are replaced."""
-    if not path:
+    (or links to them): they are replaced (but never a history database: check_distinct). None:
+    no folder asked for; an empty or blank name is refused (check_name)."""
+    check_name(path, flag)
+    if path is None:
         return
     try:
         _check_report_dir(path, _named(path, flag))
@@ -285,10 +314,18 @@ def is_history(path: str | os.PathLike) -> bool:
     """Whether the file is an mgpu-bench history database (SQLite's header and the application
     id at byte 68, as history.store writes them)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(72)
+        # O_NONBLOCK: opening a FIFO for reading would wait for a writer; only a regular file is read
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.pread(fd, 72, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return len(head) == 72 and head[:16] == b"SQLite format 3\x00" and int.from_bytes(head[68:72], "big") == HISTORY_APPLICATION_ID
 
 
@@ -333,7 +370,8 @@ def check_distinct(outputs: Sequence[tuple[str, str | os.PathLike | None]], db: 
     """Before any measurement: InputError (exit code 2) when two of `outputs` ((flag, path); a
     flag ending in a folder option, --report or --out, names a report folder) are the same file,
     when a report folder would replace another output, or when one is the history database `db`
-    (or its -wal, -shm or -journal file) or a file in `keep` (an input the command reads)."""
+    (or its -wal, -shm or -journal file), any other mgpu-bench history database (by its header),
+    or a file in `keep` (an input the command reads)."""
     folders = ("--report", "--out")
     places = [_Place(f"{flag} {path}", path, folder=flag in folders) for flag, path in outputs if path]
     guarded: list[_Place] = []
@@ -355,11 +393,91 @@ def check_distinct(outputs: Sequence[tuple[str, str | os.PathLike | None]], db: 
                 if b is not a and not b.folder and any(m.same(b) for m in members):
                     raise InputError(f"{a.what} and {b.what} are the same file: one would replace the other; "
                                      "give each output its own path")
+        for m in members:  # any other database (write_output() would refuse it, after the measuring)
+            if m.inode is not None and is_history(m.real):
+                which = f"{m.real}, an mgpu-bench history database" if a.folder else "an mgpu-bench history database"
+                raise InputError(f"{a.what} would replace {which}: give the output another path")
 
 
 def write_json(path: str | os.PathLike, document: Mapping) -> Path:
     """A document as indented JSON, written by write_output()."""
     return write_output(path, json.dumps(document, indent=1))
+
+
+# -- the tool's own folders -----------------------------------------------------------------------
+
+
+def _nearest_existing(path: str) -> str:
+    p = os.path.abspath(path)
+    while not os.path.lexists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    return p
+
+
+def make_folder(path: str | os.PathLike, what: str, mode: int = 0o755, parents_mode: int | None = None,
+                fix: str = "give a folder elsewhere") -> Path:
+    """Makes the folder `path` (with the folders above it that are missing) for the tool's own
+    files, after checking, before anything is made, that it would not be in a special place
+    (special_place) and that the nearest folder that exists is one this process can create in;
+    InputError naming `what` (the variable or option that chose the place) and ending in `fix`
+    otherwise. `parents_mode`: the permission bits of the missing folders above it [default:
+    `mode`]."""
+    folder = os.path.abspath(os.fspath(path))
+    nearest = _nearest_existing(folder)
+    where = special_place(nearest)
+    if where:
+        raise InputError(f"{what}: {folder} would be {where}: {fix}")
+    if not os.path.isdir(nearest):
+        raise InputError(f"{what}: {nearest} is not a folder, so {folder} cannot be made: {fix}")
+    if nearest != folder and not os.access(nearest, os.W_OK | os.X_OK):
+        raise InputError(f"{what}: {folder} cannot be made ({nearest} is not writable): {fix}")
+    missing = []
+    p = folder
+    while p != nearest:
+        missing.append(p)
+        p = os.path.dirname(p)
+    for step in reversed(missing):
+        try:
+            os.mkdir(step, mode if step == folder or parents_mode is None else parents_mode)
+        except FileExistsError:
+            continue  # made meanwhile by another run
+        except OSError as exc:
+            raise InputError(f"{what}: cannot make {folder} ({exc.strerror or exc}): {fix}") from None
+    return Path(folder)
+
+
+def state_folder(root_folder: str, environ: Mapping | None = None) -> Path | None:
+    """Where a command keeps its state (the check's history) when the regular place cannot take
+    it, made when missing: $XDG_STATE_HOME/mgpu-bench where XDG_STATE_HOME is an absolute path
+    (the XDG Base Directory specification: made with its missing parents, they 0700 as it says;
+    a relative one is ignored); else `root_folder` for root (0755); else
+    <tmp>/mgpu-bench-<uid>, a folder of this user alone (0700; None when it is a link, another
+    user's or open to others). InputError when XDG_STATE_HOME names a place that cannot or must
+    not be used (under /dev, /proc or /sys, or not writable): refused before anything is made."""
+    import tempfile
+
+    environ = os.environ if environ is None else environ
+    state = environ.get("XDG_STATE_HOME") or ""
+    if os.path.isabs(state):
+        fix = "set XDG_STATE_HOME to a writable folder elsewhere, or give --db PATH"
+        folder = make_folder(os.path.join(state, "mgpu-bench"), f"XDG_STATE_HOME={state}", 0o755, parents_mode=0o700,
+                             fix=fix)
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+            raise InputError(f"XDG_STATE_HOME={state}: {folder} is not a writable folder: {fix}")
+        return folder
+    if os.geteuid() == 0:
+        folder, mode = os.path.abspath(root_folder), 0o755
+    else:
+        folder, mode = os.path.join(tempfile.gettempdir(), f"mgpu-bench-{os.geteuid()}"), 0o700
+    try:
+        make_folder(folder, folder, mode)
+        st = os.lstat(folder)
+    except (InputError, OSError):
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or (mode == 0o700 and st.st_mode & 0o077) \
+            or not os.access(folder, os.W_OK | os.X_OK):
+        return None  # a link, another user's folder, one open to others: never used
+    return Path(folder)
 
 
 # -- the libraries' own files under HOME ---------------------------------------------------------

@@ -441,9 +441,10 @@ def topo(json_path: str | None) -> int:
     from . import topo as topology
     from .output.console import err_console, out_console
     from .output.tables import print_table
-    from .paths import write_json
+    from .paths import check_distinct, write_json
 
     check_writable(json_path, "--json")
+    check_distinct([("--json", json_path)])  # never over a history database
     snapshot = topology.collect()
     failed = write_outputs([(json_path, lambda p: write_json(p, snapshot))], err_console())  # kept first, printed last
     topology.render(snapshot, out_console(), print_table=print_table)

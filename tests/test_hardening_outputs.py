@@ -122,6 +122,9 @@ def test_a_report_folder_never_replaces_the_database_or_another_output(before_me
             "same file")
     refused(invoke("comm", "--sizes", "1K", "--json", "out", "--csv", "./out", "--no-store"), "same file")
     refused(invoke("comm", "--sizes", "1K", "--json", "out", "--report", "out", "--no-store"), "same file")
+    # any history database the report would replace, not only the run's own (issue 41: it ran, then exit 1)
+    refused(invoke("comm", "--sizes", "1K", "--report", rep, "--no-store"), "--report", "history database")
+    inside.unlink()
     reached(invoke("comm", "--sizes", "1K", "--json", rep / "r.json", "--report", rep, "--no-store"))
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import stat
@@ -365,3 +366,155 @@ def test_markdown_of_stored_text_carries_no_control_character():
     out = md("gpu-node\x1b[2J\x1b]0;pwn\x07 | <b>")
     assert not any(ord(c) < 32 or ord(c) == 127 for c in out)
     assert "x1b" in out and "\\|" in out and "\\<b>" in out
+
+
+# -- one place decides where the tool writes (issue 41, item 3) -----------------------------------
+
+CHECK = [sys.executable, "-m", "mgpu_bench.cli", "check", "--budget", "40s", "--no-progress"]
+
+
+def _daemon_env(**extra) -> dict:
+    """A check's environment as a daemon gives it: no history of its own, no GPU, no launcher."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "TORCHELASTIC", "MGPU_BENCH", "XDG_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return {**env, "CUDA_VISIBLE_DEVICES": "", "SLURMD_NODENAME": "cpu-node", **extra}
+
+
+def _one_stderr_line(out: subprocess.CompletedProcess) -> str:
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mgpu-bench: error: "), out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    return lines[0]
+
+
+def test_special_places_are_refused_by_the_path_and_by_the_file_system(tmp_path):
+    from mgpu_bench.paths import special_place
+
+    for folder, words in (("/dev", "devtmpfs"), ("/dev/shm", "in /dev"), ("/dev/shm/new/deeper", "in /dev"),
+                          ("/proc/self", "proc"), ("/sys/kernel", "sys")):
+        where = special_place(folder)
+        assert where is not None and words in where, (folder, where)
+    link = tmp_path / "to-shm"
+    link.symlink_to("/dev/shm")
+    assert "in /dev" in (special_place(link) or "")  # resolved first
+    assert special_place(tmp_path) is None and special_place(tmp_path / "not-yet") is None
+
+
+@pytest.mark.parametrize("state", ["/dev", "/dev/shm/{tag}/state", "/proc/self/{tag}"])
+def test_a_check_never_makes_its_state_folder_in_a_special_place(state):
+    """HOME=/dev XDG_STATE_HOME=/dev mgpu-bench check made /dev/mgpu-bench: the state folder is
+    refused (exit 2, one line naming the fix) before anything is made there."""
+    tag = f"mgpu-bench-test-{os.getpid()}"
+    state = state.format(tag=tag)
+    made = Path(state, "mgpu-bench")
+    assert not made.exists()
+    try:
+        out = subprocess.run(CHECK, env=_daemon_env(HOME="/dev", XDG_STATE_HOME=state), capture_output=True,
+                             text=True, timeout=scaled(120), check=False)
+        line = _one_stderr_line(out)
+        assert f"XDG_STATE_HOME={state}" in line and "set XDG_STATE_HOME to a writable folder elsewhere" in line
+        assert not made.exists() and not Path("/dev/.local").exists()
+        assert not os.path.lexists(f"/dev/shm/{tag}")
+    finally:  # a regression must not leave a folder in /dev behind
+        for p in (made, Path("/dev/shm", tag, "state", "mgpu-bench"), Path("/dev/shm", tag, "state"),
+                  Path("/dev/shm", tag)):
+            if p.is_dir() and str(p).startswith("/dev/"):
+                try:
+                    p.rmdir()
+                except OSError:
+                    pass
+
+
+def test_a_set_xdg_state_home_that_is_not_there_yet_is_made_and_used(tmp_path):
+    """An XDG_STATE_HOME that is set but not yet made was skipped for /var/lib/mgpu-bench: it is
+    made as the XDG Base Directory specification says (its missing folders 0700) and the check's
+    history goes in its mgpu-bench folder."""
+    state = tmp_path / "deep" / "state"
+    out = subprocess.run(CHECK, env=_daemon_env(HOME="/dev", XDG_STATE_HOME=str(state)), capture_output=True,
+                         text=True, timeout=scaled(180), check=False)
+    db = state / "mgpu-bench" / "history.sqlite3"
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"stored in {db} instead" in out.stderr
+    assert stat.S_IMODE((tmp_path / "deep").stat().st_mode) == 0o700 and stat.S_IMODE(state.stat().st_mode) == 0o700
+    with History.open(db, readonly=True) as h:
+        assert [i.kind for i in h.list()] == ["check"]
+
+
+@pytest.fixture
+def shm_tag():
+    """A name under /dev/shm that the test checks is never made (removed should a regression make it)."""
+    tag = f"mgpu-bench-test-{os.getpid()}"
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    yield tag
+    p = Path("/dev/shm", tag)
+    if p.is_dir():
+        for q in sorted(p.rglob("*"), reverse=True):
+            q.rmdir() if q.is_dir() else q.unlink()
+        p.rmdir()
+    elif p.exists():
+        p.unlink()
+
+
+def test_shared_memory_is_refused_for_every_output_and_the_database(db, shm_tag, tmp_path):
+    """/dev/shm (a tmpfs under /dev: memory, gone at reboot) was taken for reports, JSON and the
+    database: refused, one line, nothing made there."""
+    shm = f"/dev/shm/{shm_tag}"
+    result = tmp_path / "r.json"
+    result.write_text(json.dumps(comm_document()))
+    comm = ["comm", "--sizes", "1K", "--ops", "allreduce"]
+    cases = [([*comm, "--json", shm, "--no-store"], "--json"), ([*comm, "--report", shm, "--no-store"], "--report"),
+             ([*comm, "--csv", shm, "--no-store"], "--csv"), ([*comm, "--prometheus", shm, "--no-store"], "--prometheus"),
+             ([*comm, "--db", shm], "history database"), (["history", "list", "--db", shm], "history database"),
+             (["report", result, "--out", shm], "--out"), (["side-by-side", "r1", "r2", "--db", db, "--json", shm], "--json"),
+             (["compare", "r2", "--db", db, "--json", shm], "--json"), (["topo", "--json", shm], "--json")]
+    for args, words in cases:
+        line = one_error_line(invoke(*args))
+        assert words in line and "/dev" in line, (args, line)
+        assert not os.path.lexists(shm), args
+    line = one_error_line(invoke(*comm, env={"MGPU_BENCH_DB": f"{shm}.sqlite3"}))
+    assert "in /dev" in line and not os.path.lexists(f"{shm}.sqlite3")
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["side-by-side", "r1", "r2", "--report"], "--report"), (["side-by-side", "r1", "r2", "--json"], "--json"),
+    (["report", "r1", "--out"], "--out"), (["compare", "r2", "--json"], "--json"),
+    (["history", "show", "r1", "--prometheus"], "--prometheus"), (["topo", "--json"], "--json"),
+    (["comm", "--sizes", "1K", "--no-store", "--report"], "--report"),
+    (["comm", "--sizes", "1K", "--no-store", "--csv"], "--csv"),
+    (["model", "--data", "loader", "--no-store", "--data-dir"], "--data-dir"),
+])
+@pytest.mark.parametrize("name", ["", " ", "\t", "rep/ "])
+def test_a_blank_output_name_is_refused_and_nothing_is_made(db, tmp_path, monkeypatch, args, flag, name):
+    """`side-by-side --report ''` wrote into the working folder and `--report ' '` made a folder
+    named with a space: a blank name (or a blank folder name in it) is refused, one line naming
+    the fix, and the working folder is left as it was."""
+    work = tmp_path / "work"
+    (work / "rep").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    db_args = ["--db", db] if args[0] in ("side-by-side", "report", "compare", "history") else []
+    line = one_error_line(invoke(*args, name, *db_args))
+    assert f"{flag} {name!r}" in line and ("is blank" in line or "blanks only" in line), line
+    assert "give a name of visible characters" in line or "give names of visible characters" in line
+    assert sorted(p.name for p in work.rglob("*")) == ["rep"]
+
+
+def test_a_report_folder_whose_report_file_is_a_database_is_refused_before_anything(db, tmp_path):
+    """`report --out` into a folder whose report.html is a history database ran, then exit 1 (the
+    write refused it): refused up front again, exit 2, the database untouched, for a result file
+    and for a stored run, and for a measuring command's --report."""
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(db, out / "report.html")
+    before = (out / "report.html").read_bytes()
+    result = tmp_path / "r.json"
+    result.write_text(json.dumps(comm_document()))
+    for args in (["report", result, "--out", out], ["report", "r1", "--db", db, "--out", out],
+                 ["comm", "--sizes", "1K", "--no-store", "--report", out],
+                 ["side-by-side", "r1", "r2", "--db", db, "--report", out]):
+        line = one_error_line(invoke(*args))
+        assert "history database" in line and "give the output another path" in line, (args, line)
+    line = one_error_line(invoke("comm", "--sizes", "1K", "--no-store", "--json", out / "report.html"))
+    assert "would replace an mgpu-bench history database" in line
+    assert (out / "report.html").read_bytes() == before and sorted(p.name for p in out.iterdir()) == ["report.html"]

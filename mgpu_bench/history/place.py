@@ -52,30 +52,14 @@ def default_place() -> tuple[Path, str | None]:
 
 
 def fallback_path() -> Path | None:
-    """Where such a command stores: $XDG_STATE_HOME/mgpu-bench (when absolute: the XDG Base
-    Directory specification's place for state, which a daemon's unit may set), else FALLBACK_DB for
-    root (its folder made, 0755), else <tmp>/mgpu-bench-<uid> in a folder of this user alone
-    (0700; refused when it is a link or another user's); the file history.sqlite3 there. None when
-    none can be had."""
-    import stat
-    import tempfile
+    """Where such a command stores: the file history.sqlite3 in paths.state_folder() (which
+    decides and makes the folder: $XDG_STATE_HOME/mgpu-bench, else FALLBACK_DB's folder for root,
+    else a private folder under the temporary directory). None when none can be had; InputError
+    for an XDG_STATE_HOME that must not or cannot be used (nothing made there)."""
+    from mgpu_bench.paths import state_folder
 
-    state = os.environ.get("XDG_STATE_HOME", "")
-    if os.path.isabs(state) and os.path.isdir(state):
-        folder, mode = os.path.join(state, "mgpu-bench"), 0o755
-    elif os.geteuid() == 0:
-        folder, mode = os.path.dirname(FALLBACK_DB), 0o755
-    else:
-        folder, mode = os.path.join(tempfile.gettempdir(), f"mgpu-bench-{os.geteuid()}"), 0o700
-    try:
-        os.makedirs(folder, mode=mode, exist_ok=True)
-        st = os.lstat(folder)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or (mode == 0o700 and st.st_mode & 0o077) \
-            or special_place(folder) or not os.access(folder, os.W_OK | os.X_OK):
-        return None
-    return Path(folder) / "history.sqlite3"
+    folder = state_folder(os.path.dirname(FALLBACK_DB))
+    return None if folder is None else folder / "history.sqlite3"
 
 
 def _regular_default() -> Path:
