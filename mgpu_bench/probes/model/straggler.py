@@ -151,10 +151,15 @@ def intermittent(per_step: Sequence[Sequence[float]], walls: Sequence[float], st
            "cost_share": cost[r] / total if total > 0 else 0.0}
     if len(idx) >= 2:
         out["every"] = (idx[-1] - idx[0]) / (len(idx) - 1)
-    if len(idx) >= 3:
-        gap = Counter(b - a for a, b in itertools.pairwise(idx)).most_common(1)[0][0]
-        if gap > 1 and Counter(i % gap for i in idx).most_common(1)[0][1] >= LATE_SHARE * len(idx):
-            out["period"] = gap
+    # the period from the large ones (at least half the largest lag: a save every 5th step beside a
+    # busy host's stray late steps, as stalls.py finds a stall's period)
+    top_lag = max(lag[i] for i in steps)
+    big = [j for j, i in zip(idx, steps) if lag[i] >= 0.5 * top_lag]
+    if len(big) >= 3:
+        gap = Counter(b - a for a, b in itertools.pairwise(big)).most_common(1)[0][0]
+        residue, on = Counter(i % gap for i in big).most_common(1)[0] if gap > 1 else (0, 0)
+        if gap > 1 and on >= LATE_SHARE * len(big):
+            out["period"], out["on_period"] = gap, sum(1 for i in idx if i % gap == residue)
     out["named"] = out["cost_share"] > STRAGGLER_LIMIT
     return out
 
@@ -179,6 +184,8 @@ def intermittent_text(x: dict, where: str) -> str:
     """A rank late in some steps: how often, by how much, what it costs."""
     how = (f"every {_nth(x['period'])} step" if x.get("period") else
            f"irregular, about one in {x['every']:.0f}" if x.get("every") else "once")
+    if x.get("period") and x.get("on_period") is not None and x["on_period"] < x["steps"]:
+        how += f"; {x['steps'] - x['on_period']} of them off it"
     return (f"rank {x['rank']}{where} is late in {x['steps']} of {x['of']} steps ({how}), "
             f"{1e3 * x['lag_s']:.1f} ms behind the fastest rank each time: the others' wait costs "
             f"{100 * x['cost_share']:.1f}% of the time")
