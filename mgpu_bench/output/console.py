@@ -193,7 +193,10 @@ class Progress:
     spinner with the text; lines: one printed line "<name>: <text>" per say(); plain (stderr
     not a terminal: CI logs, `| tee`, Slurm): a line "<name>: <text> [i/total], N s elapsed"
     when the text changes, at most every PLAIN_EVERY_S, and at least that often while the same
-    step runs. Off: nothing."""
+    step runs. Off a terminal the lines style keeps the same heartbeat: when PLAIN_EVERY_S pass
+    without a line (a probe in a child process, ranks starting), "<name>: <the last text>, N s
+    elapsed" ("starting" before the first), so that a log shows the command alive at least every
+    PLAIN_EVERY_S. Off: nothing."""
 
     def __init__(self, err, name: str, style: str, show: bool, every_s: float = PLAIN_EVERY_S) -> None:
         self.err, self.name, self.style, self.show = err, name, style, show
@@ -215,11 +218,23 @@ class Progress:
     def _said_estimate(self) -> None:
         text, self._estimate = getattr(self, "_estimate", None), None
         if text:
-            self.err.print(f"{self.name}: {text}", highlight=False)
+            self._line(f"{self.name}: {text}")
+
+    def _line(self, text: str) -> None:
+        """One line on stderr, its time kept for the heartbeat."""
+        with self._lock:
+            self.err.print(text, highlight=False)
+            self._last = time.monotonic()
+
+    @property
+    def _heartbeat(self) -> bool:
+        return self.show and (self.style == "plain" or (self.style == "lines" and not self.err.is_terminal))
 
     def __enter__(self) -> Self:
-        self._t0 = time.monotonic()
-        if self.show and self.style == "plain":
+        self._t0 = self._last = time.monotonic()
+        if self.style == "lines":  # the heartbeat's text until the first say()
+            self._state = self._printed = ("starting", None, None)
+        if self._heartbeat:
             threading.Thread(target=self._tick, daemon=True, name="progress").start()
             self._stack.callback(self._done.set)
         elif self.show and self.style == "bar":
@@ -250,7 +265,7 @@ class Progress:
             self._printed, self._last = self._state, now
 
     def _tick(self) -> None:
-        while not self._done.wait(1.0):
+        while not self._done.wait(min(1.0, self.every_s / 4)):
             self._plain(False)
 
     def say(self, text: str) -> None:
@@ -266,7 +281,8 @@ class Progress:
         elif self._status is not None:
             self._status.update(f"{self.name}: {text}")
         else:
-            self.err.print(f"{self.name}: {text}", highlight=False)
+            self._line(f"{self.name}: {text}")
+            self._state = self._printed = (text.strip(), None, None)
 
     def step(self, i: int, total: int, text: str) -> None:
         if not self.show:

@@ -85,25 +85,31 @@ def plan(cfg: SuiteConfig) -> list[Step]:
 
 
 def estimate(cfg: SuiteConfig) -> str:
-    """"about N min for K of M probes": each step that runs here configured from its own arguments and
-    estimated by its probe (Probe.estimate), or STEP_GUESS_S where the probe says nothing, plus a
-    process start-up each."""
+    """"about N min for K of M probes, start-up included": this process's start-up so far, each
+    step that runs here configured from its own arguments and estimated by its probe
+    (Probe.estimate) as the command a new process runs (startup.as_new_process(): its start-up
+    counted as a new process's on this host now, which a probe whose estimate leaves it out gets
+    added), or STEP_GUESS_S where the probe says nothing."""
     import click
 
+    from mgpu_bench import startup
+
+    spent = startup.spent_s()
     steps = [s for s in plan(cfg) if len(cfg.gpus) >= s.min_gpus]
-    total = 0.0
+    total = spent
     for s in steps:
-        seconds = STEP_GUESS_S
-        with contextlib.suppress(Exception):  # a step whose probe cannot say is guessed
+        seconds, said = STEP_GUESS_S, ""
+        with contextlib.suppress(Exception), startup.as_new_process():  # a step whose probe cannot say is guessed
             probe = registry.get(s.args[0])
             params = click.Command(s.args[0], params=probe.options()).make_context(s.args[0], list(s.args[1:])).params
             said = probe.estimate(probe.configure(params)) or ""
             m = re.search(r"about (\d+) (s|min)", said)
             if m:
                 seconds = int(m.group(1)) * (60 if m.group(2) == "min" else 1)
-        total += seconds + 3.0
-    when = f"about {total:.0f} s" if total < 120 else f"about {total / 60:.0f} min"
-    return f"{when} for {len(steps)} of {len(plan(cfg))} probe(s) (their own estimates, {STEP_GUESS_S:.0f} s where none)"
+        total += seconds + (0.0 if "start-up included" in said else startup.process_s(1))
+    return (f"{startup.seconds_text(total)} for {len(steps)} of {len(plan(cfg))} probe(s), start-up included ({spent:.0f} s "
+            f"before this line, each probe's process on this host now; their own estimates, {STEP_GUESS_S:.0f} s where "
+            "none)")
 
 
 STEP_GUESS_S = 30.0  # a probe that does not estimate itself
@@ -248,6 +254,10 @@ def run_suite(cfg: SuiteConfig, bus_ids: dict[int, str], say: Callable[[str], No
     # named with our pid: a later run removes it should we be killed (children.clean_stale)
     with children.temp_folder("mgpu-bench-suite-") as tmp:
         steps = plan(cfg)
+        if say:  # a first line at once; the estimate configures every step's probe, which takes seconds
+            here = sum(len(cfg.gpus) >= s.min_gpus for s in steps)
+            say(f"{here} of {len(steps)} probe(s) run here, each in a process of its own; estimating how long they take")
+            say(estimate(cfg))
         for i, step in enumerate(steps):
             try:
                 if step.prepare is not None:  # a step planned from what ran before it

@@ -147,7 +147,9 @@ class CheckProbe(Probe):
         return run(cfg)
 
     def estimate(self, cfg) -> str | None:
-        return f"at most {cfg.budget_s:g} s (--budget)"
+        from .budget import expected_text
+
+        return expected_text(cfg.budget_s, "gpu" if cfg.gpus else "cpu")
 
     def run(self, cfg, ctx):
         import os

@@ -72,6 +72,33 @@ def process_age_s() -> float:
     return process_seconds() or 0.0
 
 
+def command_age_s(budget_s: float, env=None) -> float | None:
+    """Seconds since the check command started (its interpreter's start-up included), as the
+    measuring process knows it: the command handed down its deadline for this process (CHILD_ENV:
+    the command's start + budget_s - reserve_s(budget_s)); None outside a check's measuring
+    process."""
+    env = os.environ if env is None else env
+    raw = (env.get(CHILD_ENV) or "").split(" ", 1)[0]
+    try:
+        child_end = float(raw)
+    except ValueError:
+        return None
+    return max(0.0, time.time() - (child_end + reserve_s(budget_s) - budget_s))
+
+
+def expected_text(budget_s: float, kind: str, env=None) -> str:
+    """The check's estimate, said before its parts run: 'about 14 s, start-up included (5 s of it
+    before this line); at most 60 s (--budget)': the command's start-up so far (command_age_s(),
+    measured) and the expected cost of the parts (EXPECTED_S for this kind of device) and of the
+    end (storing, writing, the command's own last line)."""
+    spent = command_age_s(budget_s, env)
+    if spent is None:
+        spent = process_age_s()
+    total = spent + sum(EXPECTED_S[kind].values()) + CHILD_END_S + reserve_s(budget_s)
+    return (f"about {min(total, budget_s):.0f} s, start-up included ({spent:.0f} s of it before this line); at most "
+            f"{budget_s:g} s (--budget)")
+
+
 @dataclass
 class Budget:
     """The measuring process's plan: `deadline` (time.monotonic()) by which its parts end; each part

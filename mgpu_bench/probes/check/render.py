@@ -37,7 +37,11 @@ def render_terminal(doc: Mapping, console) -> None:
                   "stored for this node)", highlight=False, soft_wrap=True)
     state = v.get("state", "unknown")
     wall = doc.get("wall_seconds") or 0.0
+    from .budget import command_age_s
+
+    age = command_age_s(float(doc.get("budget_s") or 0.0))  # drawn by the check itself: its whole time so far
+    when = f"{age:.1f} s ({wall:.1f} s of it measuring)" if age is not None and age > wall else f"{wall:.1f} s"
     tail = {"ok": f"{', '.join(v.get('judged') or [])} judged", "problem": v.get("reason") or "",
             "unknown": v.get("fix") or ""}[state]
-    console.print(f"check {safe_text(doc.get('node'))}: {state} in {wall:.1f} s of --budget {doc.get('budget_s', 0):g}s: "
+    console.print(f"check {safe_text(doc.get('node'))}: {state} in {when} of --budget {doc.get('budget_s', 0):g}s: "
                   f"{safe_text(tail)}", highlight=False, soft_wrap=True)

@@ -229,15 +229,17 @@ class ModelProbe(Probe):
         return ModelPlan(cfg, tuple(counts), modes, peak, chosen, facts, count, note, budgets, notes)
 
     def estimate(self, plan) -> str | None:
-        """Every configuration's start-up and steps at a guessed rate (sizing.py). A guess to say
-        how long to wait, never a figure; on CPU processes each configuration keeps to its share."""
+        """The whole command: start-up (this process's so far, each configuration's processes on
+        this host now, the end) and every configuration's steps at a guessed rate (sizing.whole).
+        A guess to say how long to wait, never a figure; on CPU processes each configuration keeps
+        to its share."""
         from . import sizing
 
         cfg = plan.config
         per_sample = sizing.flops_per_sample(plan.workload, plan.count)
-        total = sum(plan.budgets or sizing.seconds(cfg, plan.counts, plan.modes, per_sample, plan.peak))
+        total, spent, start = sizing.whole(cfg, plan.counts, plan.modes, per_sample, plan.peak, plan.budgets)
         return sizing.text(total, len(plan.counts) * len(plan.modes), cfg, cfg.device == "cuda", plan.peak,
-                           max(plan.counts))
+                           max(plan.counts), spent, start)
 
     def run(self, plan, ctx):
         from dataclasses import replace

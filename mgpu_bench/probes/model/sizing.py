@@ -27,6 +27,15 @@ CPU_TARGET_S = 120.0
 GUESS_CPU_FLOPS = 8e9
 GUESS_GPU_SHARE = 0.40  # of the dense peak
 START_GPU_S, START_CPU_S, START_WORKER_S = 15.0, 8.0, 1.5  # a configuration's start-up; each DataLoader worker's
+# The estimate said before the run counts start-up as measured and modelled here now (mgpu_bench/
+# startup.py): this process's own start-up so far, and per configuration on CPU processes its
+# ranks' start on this host's share of the CPUs: a spawned gloo rank spends about RANK_CPU_S of CPU
+# before its first step (a Python importing torch and the tool, the model built, the group formed,
+# DDP's first broadcast), a single rank run in this process about IN_PROCESS_CPU_S (the model
+# built); then END_CPU_S for the end (the analysis, the report's plots, the history row). Measured
+# on the 2-core CI host (torch 2.14, 2026-12-07): 2 ranks of the tiny GPT 19 s of CPU in all against
+# 9 s for 1 in-process rank, the end 2-3 s.
+RANK_CPU_S, IN_PROCESS_CPU_S, END_CPU_S = 4.5, 1.0, 3.0
 # The stable window needs 5 steps (STABLE_K): a run cut to keep its deadline keeps at least these.
 MIN_TIMED_STEPS = 5
 DEFAULT_STEPS, DEFAULT_WARMUP = 30, 5
@@ -59,6 +68,11 @@ def rate(on_gpu: bool, peak, ranks: int) -> float:
 def seconds(cfg, counts, modes, per_sample: float | None, peak) -> list[float]:
     """The guessed seconds of each configuration (GPU count x data mode), in run order; None
     FLOPs: start-up only."""
+    return [start + work for start, work in parts(cfg, counts, modes, per_sample, peak)]
+
+
+def parts(cfg, counts, modes, per_sample: float | None, peak) -> list[tuple[float, float]]:
+    """(start-up as guessed, steps) seconds of each configuration, in run order (seconds())."""
     on_gpu = cfg.device == "cuda"
     out = []
     for n in counts:
@@ -70,8 +84,36 @@ def seconds(cfg, counts, modes, per_sample: float | None, peak) -> list[float]:
             if mode == "loader":
                 start += START_WORKER_S * cfg.num_workers * (n if not on_gpu else 1)
                 step = max(step, cfg.preprocess_ms / 1e3 * cfg.batch_size / max(1, cfg.num_workers))
-            out.append(start + steps * step)
+            out.append((start, steps * step))
     return out
+
+
+def whole(cfg, counts, modes, per_sample: float | None, peak, budgets=()) -> tuple[float, float, float]:
+    """(total, spent, start-up) seconds of the whole command as said before it runs: what this
+    process has spent so far (startup.spent_s()), every configuration's start-up on this host now
+    (its ranks' processes on CPU, modelled by startup.process_s(); START_GPU_S on GPUs) and its
+    steps (the share the configuration keeps to on CPU processes: `budgets` less its guessed
+    start-up), and the end (END_CPU_S on this host's share of a CPU)."""
+    from mgpu_bench import startup
+
+    on_gpu = cfg.device == "cuda"
+    spent = startup.spent_s()
+    guessed = parts(cfg, counts, modes, per_sample, peak)
+    budgets = list(budgets) or [start + work for start, work in guessed]
+    starts = work = 0.0
+    i = 0
+    for n in counts:
+        for mode in modes:
+            start, _ = guessed[i]
+            work += max(0.0, budgets[i] - start)
+            if on_gpu:
+                starts += start
+            else:
+                loader = START_WORKER_S * cfg.num_workers * n if mode == "loader" else 0.0
+                starts += startup.process_s(n, RANK_CPU_S if n > 1 else IN_PROCESS_CPU_S) + loader
+            i += 1
+    end = startup.process_s(1, END_CPU_S)
+    return spent + starts + work + end, spent, spent + starts + end
 
 
 def size_for_cpu(cfg, counts, modes, per_sample: float | None, given: dict) -> tuple[object, str | None]:
@@ -113,9 +155,15 @@ def timed_steps(steps: int, passes: int, step_s: float, remaining_s: float) -> i
     return max(min(steps, MIN_TIMED_STEPS), min(steps, int(remaining_s / (passes * step_s))))
 
 
-def text(total: float, configs: int, cfg, on_gpu: bool, peak, ranks: int) -> str:
-    when = f"about {total:.0f} s" if total < 120 else f"about {total / 60:.0f} min"
+def text(total: float, configs: int, cfg, on_gpu: bool, peak, ranks: int, spent: float = 0.0,
+         start: float = 0.0) -> str:
+    """'about 55 s for 1 configuration(s) of 5 + 30 steps, start-up included (26 s of it: 9 s before
+    this line, the ranks' processes on this host now, the end) (a guess at ...)'."""
+    from mgpu_bench.startup import seconds_text
+
     r = rate(on_gpu, peak, ranks)
-    return (f"{when} for {configs} configuration(s) of {cfg.warmup_steps} + {cfg.steps} steps (a guess at "
+    return (f"{seconds_text(total)} for {configs} configuration(s) of {cfg.warmup_steps} + {cfg.steps} steps, start-up "
+            f"included ({start:.0f} s of it: {spent:.0f} s before this line, the "
+            f"{'GPUs' if on_gpu else 'ranks'}' processes on this host now, the end) (a guess at "
             f"{r / 1e12:.3g} TFLOP/s per {'GPU' if on_gpu else 'process'}"
-            + ("" if on_gpu else "; on CPU processes each configuration keeps to its share of it") + ")")
+            + ("" if on_gpu else "; on CPU processes each configuration keeps to its share of the steps' time") + ")")
