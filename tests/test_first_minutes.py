@@ -225,3 +225,23 @@ def test_the_heartbeat_says_the_last_step_again_when_nothing_else_is_said():
         bar.say("on a terminal")
         time.sleep(0.8)
     assert quiet.file.getvalue().splitlines() == ["suite: on a terminal"]  # a terminal shows the line as it is
+
+
+@cpu_only
+@pytest.mark.timing
+def test_check_says_its_whole_time_start_up_included(tmp_path):
+    """check's closing line said "ok in 8.2 s" of a command that took 22 s (its measuring alone):
+    the estimate it says first and the closing line both count from the command's start, the
+    interpreter's own start-up included, which --budget bounds; the measuring is said beside."""
+    code, lines, wall = _timed_lines(["check", "--no-store", "--json", str(tmp_path / "c.json")], tmp_path, 300)
+    text = "\n".join(f"{t:6.1f} {line}" for t, line in lines)
+    assert code == 0, text
+    first = next(line for _, line in lines if line.startswith("check: "))  # after the history's own notes
+    assert first.startswith("check: about ") and "start-up included" in first, text
+    assert first.endswith("at most 60 s (--budget)"), text
+    closing = next(line for _, line in lines if line.startswith("check ") and " of --budget 60s" in line)
+    m = re.search(r": ok in ([\d.]+) s \(([\d.]+) s of it measuring\) of --budget", closing)
+    assert m, closing
+    whole, measuring = float(m.group(1)), float(m.group(2))
+    said_at = next(t for t, line in lines if line == closing)
+    assert measuring < whole <= said_at + 0.5 and whole <= wall, text  # the command's time when it said it
