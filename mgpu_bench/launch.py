@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .errors import InputError, MgpuError
+from .slurm import compress_hostlist  # noqa: F401 - its home before slurm.py
 
 DEFAULT_PORT = 29500
 
@@ -757,37 +758,6 @@ def _quiet_torch_logs():
     finally:
         for lg, was in zip(loggers, before, strict=True):
             lg.disabled = was
-
-
-def compress_hostlist(names: list[str]) -> str:
-    """Host names in Slurm's hostlist syntax, as `scontrol show hostlist` writes them:
-    gpu01,gpu02,gpu03,gpu07 -> gpu[01-03,07]; names without a trailing number stay as they are.
-    expand_hostlist() reads it back."""
-    groups: dict[tuple[str, int], list[int]] = {}
-    plain: list[str] = []
-    for name in dict.fromkeys(names):
-        m = re.fullmatch(r"(.*?)(\d+)", name)
-        if m and "[" not in name and "," not in name:
-            groups.setdefault((m.group(1), len(m.group(2))), []).append(int(m.group(2)))
-        else:
-            plain.append(name)
-    parts = []
-    for (prefix, width), nums in groups.items():
-        nums = sorted(set(nums))
-        if len(nums) == 1:
-            parts.append(f"{prefix}{nums[0]:0{width}d}")
-            continue
-        spans, lo, hi = [], nums[0], nums[0]
-        for x in nums[1:]:
-            if x == hi + 1:
-                hi = x
-                continue
-            spans.append((lo, hi))
-            lo = hi = x
-        spans.append((lo, hi))
-        parts.append(prefix + "[" + ",".join(f"{a:0{width}d}" + (f"-{b:0{width}d}" if b != a else "")
-                                             for a, b in spans) + "]")
-    return ",".join(parts + plain)
 
 
 def parse_hostlist(text: str, what: str = "--expect") -> list[str]:

@@ -405,15 +405,8 @@ class StepMonitor(Ending):
         return n
 
     def _reference_off(self) -> None:
-        """No more reference steps, and DDP's gradient sync on (a step the monitor turned it off in
-        must never leave it off)."""
-        ref = self._reference
-        if ref is not None:
-            ref.error = ref.error or "the monitor stopped"
-            if ref.active:
-                ref.active = False
-                with contextlib.suppress(Exception):
-                    ref.ddp.require_backward_grad_sync = True
+        if self._reference is not None:
+            self._reference.off()
 
     def _fault(self, exc: BaseException) -> None:
         """The monitor's own fault: it stops measuring, the training goes on."""
@@ -638,13 +631,7 @@ class StepMonitor(Ending):
         if isinstance(sync, GradMarks) and self.reference_every:
             from . import reference
 
-            why = reference.usable(ddp, self.model)
-            if why is None:
-                self._reference = reference.Reference(ddp, cuda, self.reference_every)
-                sync.after_backward = self._reference.after_backward
-            else:
-                self._notes.append(f"no reference steps ({why}): exposed communication from the marks alone, which "
-                                   "miss what the all-reduce costs the compute beside it")
+            self._reference = reference.attach(sync, ddp, self.model, cuda, self.reference_every, self._notes)
 
     def _edge(self) -> None:
         """The pool is full: the one before it is read (its steps ended a window ago), and the

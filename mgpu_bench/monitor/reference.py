@@ -11,7 +11,7 @@ backward) and, when the backward is done (GradMarks' end-of-backward callback, b
 optimizer), all-reduces the gradients itself, flattened per dtype into chunks of CHUNK_BYTES,
 divided by the world size (what DDP computes: the mean of the ranks' gradients), timed alone. The
 step less that all-reduce is the step without communication; the usual step less it is the
-exposed communication (analyse.reference_exposed takes the medians). The training's gradients are
+exposed communication (ledger.reference_exposed takes the medians). The training's gradients are
 the ranks' mean either way (float sums in another order).
 
 Averaging is linear, so a step that runs more backwards (gradient accumulation, with or without
@@ -26,6 +26,7 @@ deciding by the same step number. Base units: seconds.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -45,6 +46,19 @@ def usable(ddp: Any, model: Any) -> str | None:
     if not hasattr(ddp, "require_backward_grad_sync"):
         return "this DDP has no require_backward_grad_sync"
     return None
+
+
+def attach(marks: Any, ddp: Any, model: Any, cuda: bool, every: int, notes: list[str]) -> Reference | None:
+    """A Reference on `ddp` whose after_backward GradMarks `marks` calls, or None with the reason
+    in `notes` where reference steps cannot run."""
+    why = usable(ddp, model)
+    if why is not None:
+        notes.append(f"no reference steps ({why}): exposed communication from the marks alone, which miss what "
+                     "the all-reduce costs the compute beside it")
+        return None
+    ref = Reference(ddp, cuda, every)
+    marks.after_backward = ref.after_backward
+    return ref
 
 
 class Reference:
@@ -146,6 +160,15 @@ class Reference:
             if p.grad is not None:
                 p.grad.copy_(flat[at:at + n].view_as(g))
             at += n
+
+    def off(self) -> None:
+        """No more reference steps, and DDP's gradient sync on (a step the monitor turned it off in
+        must never leave it off): the monitor's fault or its finish()."""
+        self.error = self.error or "the monitor stopped"
+        if self.active:
+            self.active = False
+            with contextlib.suppress(Exception):
+                self.ddp.require_backward_grad_sync = True
 
     def figures(self) -> dict | None:
         """What a record keeps: {"steps": [numbers], "comm_s": [seconds], "count", "left_out"}."""

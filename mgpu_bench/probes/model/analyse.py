@@ -22,8 +22,10 @@ from typing import Any
 
 from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding, Verdict
 
+from . import ledger
 from . import stalls as stall_rule
 from .config import ModelConfig
+from .kernels import ATTENTION_WORDS, MATMUL_WORDS, NCCL_WORDS, kernel_split  # noqa: F401 - their home before
 from .wallclock import job_stalls, rank_totals, straggler_of, sync_figures
 
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -44,13 +46,6 @@ IDLE_LIMIT = 0.10
 # Without a profile, a step whose model FLOP rate reaches this share of what the GPU's matmuls
 # reach alone on the model's shapes is called compute-bound; below it the gap is unexplained.
 NEAR_CEILING = 0.70
-# Kernel names, lower case, by what they do (cuBLAS/cuBLASLt on Hopper: sm90_xmma_gemm_*,
-# nvjet_*; CUTLASS; flash and memory-efficient attention behind SDPA).
-NCCL_WORDS = ("nccl",)
-MATMUL_WORDS = ("gemm", "xmma", "nvjet", "cutlass", "cublas", "matmul", "wgmma")
-ATTENTION_WORDS = ("flash", "fmha", "attention", "attn", "sdpa")  # cudnn_generated_fort_native_sdpa_sm90_flash_*
-
-
 def stable_window(times: Sequence[float], warmup: int, tol: float = STABLE_TOLERANCE,
                   k: int = STABLE_K) -> tuple[int, int, bool]:
     """(start, end, stable) of the window the figures are taken over: after `warmup`, from the
@@ -188,7 +183,7 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
         d["exposed_comm_share"] = max(0.0, (step_s - d["no_sync_step_s"]) / step_s)
         st.comm_method = "no_sync"
     d.update(sync_figures(good, start, end, step_s, world))
-    ref = reference_exposed(good)
+    ref = ledger.reference_exposed(good)
     if d.get("exposed_comm_share") is None and ref is not None:
         d["reference_step_s"], d["reference_steps"] = ref["step_s"], ref["steps"]
         d["exposed_comm_share"] = max(0.0, (step_s - ref["step_s"]) / step_s)
@@ -219,69 +214,12 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
     st.derived = d
     if len(good) > 1:
         st.straggler = straggler_of(good, start, end, step_s)
-    st.ledger = _ledger(cfg, st, good, n)
+    st.ledger = ledger.of_run(cfg.device == "cuda", st, good, n)
     if all(r.get("noise") for r in good):
         from mgpu_bench import noise_scale
 
         st.noise = noise_scale.combine([r["noise"] for r in good], step_s)
     return st
-
-
-def reference_exposed(good: list[dict]) -> dict | None:
-    """From the in-job monitor's reference steps (monitor/reference.py): per reference step the
-    job's wall (the longest rank's) and that wall less the all-reduce run after its backward (the
-    least over the ranks: the last to arrive waits the least, its time is the all-reduce alone);
-    {"step_s": the median step without communication, "steps", "wall_s": their walls in all}.
-    None without at least REFERENCE_MIN of them on every rank."""
-    refs = [r.get("reference") for r in good]
-    if not all(refs):
-        return None
-    common = set.intersection(*(set(x["steps"]) for x in refs))
-    rows, walls = [], []
-    for i in sorted(common):
-        at = [x["steps"].index(i) for x in refs]
-        wall = max(x["wall_s"][k] for x, k in zip(refs, at))
-        comm = min(x["comm_s"][k] for x, k in zip(refs, at))
-        rows.append(max(0.0, wall - comm))
-        walls.append(wall)
-    if len(rows) < REFERENCE_MIN:
-        return None
-    return {"step_s": statistics.median(rows), "steps": len(rows), "wall_s": sum(walls)}
-
-
-# Reference steps the monitor's exposed communication needs at least (fewer: the marks' figure).
-REFERENCE_MIN = 3
-
-
-def _ledger(cfg: ModelConfig, st: StepStats, good: list[dict], n: int) -> dict | None:
-    """ledger.build over every aligned timed step, with the exposed communication measured against
-    a reference where one ran (no_sync or the monitor's reference steps; else the marks' per step),
-    the profile's GPU idle, and the monitor's windows."""
-    from . import ledger
-
-    d = st.derived
-    exposed_s = None
-    if st.comm_method in ("no_sync", "reference") and d.get("exposed_comm_share") is not None:
-        exposed_s = d["exposed_comm_share"] * d["step_s"]
-    prof = good[0].get("profile")
-    idle = prof["idle_s"] / prof["steps"] if prof and prof.get("steps") and prof.get("window_s") else None
-    index = good[0].get("steps_index")
-    groups, names = (), None
-    windows = good[0].get("windows")
-    if index and windows:
-        groups = ledger.windows_of(index[:n], windows)
-    if index:
-        names = list(index[:n])
-    try:
-        out = ledger.build(good, n, exposed_s=exposed_s, method=st.comm_method, idle_s_per_step=idle,
-                           cuda=cfg.device == "cuda", groups=groups)
-    except (KeyError, TypeError, ValueError, IndexError):  # a rank without phases per step: no ledger
-        return None
-    if names:
-        for w in out["windows"]:
-            w["first"], w["last"] = names[w["first"]], names[w["last"]]
-        out["first"], out["last"] = names[0], names[-1]
-    return out
 
 
 _COMM_METHOD = {"no_sync": "the same steps with and without gradient sync, no_sync()",
@@ -466,51 +404,6 @@ def _rate_text(d: dict) -> str:
         parts.append(f"{100 * d['of_ceiling']:.0f}% of the {d['matmul_ceiling'] / 1e12:.0f} TFLOP/s this GPU's "
                      "matmuls reach on the model's shapes")
     return ", ".join(parts) or "no peak figure for MFU"
-
-
-def kernel_split(kernels: Sequence[tuple[float, float, str]]) -> dict:
-    """Where profiled GPU time went, from kernel intervals (start and end in microseconds, name):
-    a sweep over the interval boundaries, so that kernels on several streams at once are counted
-    once. Seconds: window_s (first start to last end), busy_s (any kernel), idle_s, nccl_s (any
-    NCCL kernel), nccl_exposed_s (NCCL with no other kernel beside it), matmul_s, attention_s (no
-    matmul beside it), other_s (neither beside it)."""
-    edges = []
-    for start, end, name in kernels:
-        if end <= start:
-            continue
-        low = name.lower()
-        # attention first: cuDNN's fused SDPA kernels carry "wgmma" in their names too
-        kind = ("nccl" if any(w in low for w in NCCL_WORDS) else "attention" if any(w in low for w in ATTENTION_WORDS)
-                else "matmul" if any(w in low for w in MATMUL_WORDS) else "other")
-        edges += [(start, 1, kind), (end, -1, kind)]
-    out = dict.fromkeys(("window_s", "busy_s", "idle_s", "nccl_s", "nccl_exposed_s", "matmul_s", "attention_s",
-                         "other_s"), 0.0)
-    if not edges:
-        return out
-    edges.sort()
-    active = dict.fromkeys(("nccl", "matmul", "attention", "other"), 0)
-    last = edges[0][0]
-    for t, step, kind in edges:
-        span = (t - last) / 1e6
-        if span > 0:
-            compute = active["matmul"] or active["attention"] or active["other"]
-            if compute or active["nccl"]:
-                out["busy_s"] += span
-            if active["nccl"]:
-                out["nccl_s"] += span
-                if not compute:
-                    out["nccl_exposed_s"] += span
-            if active["matmul"]:
-                out["matmul_s"] += span
-            elif active["attention"]:
-                out["attention_s"] += span
-            elif active["other"]:
-                out["other_s"] += span
-        active[kind] += step
-        last = t
-    out["window_s"] = (edges[-1][0] - edges[0][0]) / 1e6
-    out["idle_s"] = max(0.0, out["window_s"] - out["busy_s"])
-    return out
 
 
 def input_loss(effective: StepStats, gross: StepStats | None) -> float | None:

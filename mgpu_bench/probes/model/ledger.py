@@ -183,3 +183,59 @@ def windows_of(index: Sequence[int], windows: Sequence[dict]) -> list[tuple[int,
         if pos:
             out.append((pos[0], pos[-1] + 1))
     return out
+
+
+def reference_exposed(good: list[dict]) -> dict | None:
+    """From the in-job monitor's reference steps (monitor/reference.py): per reference step the
+    job's wall (the longest rank's) and that wall less the all-reduce run after its backward (the
+    least over the ranks: the last to arrive waits the least, its time is the all-reduce alone);
+    {"step_s": the median step without communication, "steps", "wall_s": their walls in all}.
+    None without at least REFERENCE_MIN of them on every rank."""
+    refs = [r.get("reference") for r in good]
+    if not all(refs):
+        return None
+    common = set.intersection(*(set(x["steps"]) for x in refs))
+    rows, walls = [], []
+    for i in sorted(common):
+        at = [x["steps"].index(i) for x in refs]
+        wall = max(x["wall_s"][k] for x, k in zip(refs, at))
+        comm = min(x["comm_s"][k] for x, k in zip(refs, at))
+        rows.append(max(0.0, wall - comm))
+        walls.append(wall)
+    if len(rows) < REFERENCE_MIN:
+        return None
+    return {"step_s": statistics.median(rows), "steps": len(rows), "wall_s": sum(walls)}
+
+
+# Reference steps the monitor's exposed communication needs at least (fewer: the marks' figure).
+REFERENCE_MIN = 3
+
+
+def of_run(cuda: bool, st, good: list[dict], n: int) -> dict | None:
+    """build() over every aligned timed step of a configuration (analyse.StepStats `st` of `good`
+    ranks), with the exposed communication measured against a reference where one ran (no_sync or
+    the monitor's reference steps; else the marks' per step), the profile's GPU idle, and the
+    monitor's windows."""
+    d = st.derived
+    exposed_s = None
+    if st.comm_method in ("no_sync", "reference") and d.get("exposed_comm_share") is not None:
+        exposed_s = d["exposed_comm_share"] * d["step_s"]
+    prof = good[0].get("profile")
+    idle = prof["idle_s"] / prof["steps"] if prof and prof.get("steps") and prof.get("window_s") else None
+    index = good[0].get("steps_index")
+    groups, names = (), None
+    windows = good[0].get("windows")
+    if index and windows:
+        groups = windows_of(index[:n], windows)
+    if index:
+        names = list(index[:n])
+    try:
+        out = build(good, n, exposed_s=exposed_s, method=st.comm_method, idle_s_per_step=idle,
+                           cuda=cuda, groups=groups)
+    except (KeyError, TypeError, ValueError, IndexError):  # a rank without phases per step: no ledger
+        return None
+    if names:
+        for w in out["windows"]:
+            w["first"], w["last"] = names[w["first"]], names[w["last"]]
+        out["first"], out["last"] = names[0], names[-1]
+    return out
