@@ -538,7 +538,7 @@ def test_add_list_show_trend_baseline_compare(cli, tmp_path, db):
     r = run(cli, ["history", "add", base, slow, "--db", str(db)])
     assert r.exit_code == 0, r.output
     assert (
-        "stored r1: model, 10 headline metric(s)" in r.output
+        "stored r1: model, 22 headline metric(s)" in r.output  # 10, and the step ledger's 6 causes per configuration
         and "stored r2: model" in r.output
     )
     r = run(cli, ["history", "list", "--db", str(db)])

@@ -284,7 +284,7 @@ def test_zero_1_and_2_are_planned_beside_ddp_and_fsdp(tmp_path, h200):
         doc, out = docs[stage], outs[stage]
         assert doc["layout"]["shard"] == stage and doc["layout"]["text"] == words and doc["config"]["parallel"] == stage
         assert f"plan: fit ({words}): 350m at batch 8 needs" in out and f"64 GPUs (8 nodes of 8) with {words}:" in out
-        assert f"{words}, batch 8 per GPU on NVIDIA H200" in out
+        assert f"{words}, batch 8 per GPU on NVIDIA H200" in " ".join(out.split())  # a title wraps at COLUMNS
         assert f"{words} reduce-scatters the 16-bit gradients" in _fig(doc, "gradient traffic")["source"]
         hidden = _fig(doc, "collective hidden by backward")
         assert hidden["value"] == 0 and "never hidden" in hidden["source"]
