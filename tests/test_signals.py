@@ -559,7 +559,7 @@ def test_a_stop_signal_in_the_last_second_of_comm_keeps_the_json_the_history_row
     assert first["code"] == 0 and _kept_whole(first) == "complete", first["err"][-3000:]
     window = first["window_s"]
     kinds = [(signal.SIGTERM, False), (signal.SIGHUP, True), (signal.SIGTERM, True), (signal.SIGHUP, False)]
-    n = 8
+    n = 6  # every signal kind, spread over the window (CI's minutes: each trial is a comm run of its own)
     plans = [(tmp_path / f"t{k}", window * k / n, *kinds[k % len(kinds)]) for k in range(n)]
     with ThreadPoolExecutor(4) as pool:  # four at a time: the test's time, and a host as busy as a real one
         trials = list(pool.map(lambda p: _last_second(*p), plans))
@@ -626,7 +626,7 @@ def test_a_stop_signal_in_the_last_seconds_of_model_keeps_the_json_and_the_histo
     first = _last_second(tmp_path / "first", None, run=_MODEL_RUN, until=_MODEL_LAST_PASS)
     assert first["code"] == 0 and _model_left(first) == "complete", first["err"][-3000:]
     window = first["window_s"]
-    n = 5  # each run costs about 16 s of CPU (three processes importing torch): the test keeps to a minute on 2 cores
+    n = 4  # each run costs about 16 s of CPU (three processes importing torch): the test keeps to a minute on 2 cores
     plans = [(tmp_path / f"t{k}", window * k / n, *_SIGNALS[k % len(_SIGNALS)]) for k in range(n)]
     with ThreadPoolExecutor(2) as pool:  # two at a time: each run is three processes
         trials = list(pool.map(lambda p: _last_second(*p, run=_MODEL_RUN, until=_MODEL_LAST_PASS), plans))
