@@ -14,6 +14,7 @@ import socket
 
 from . import _libs, _native
 from .errors import MgpuError
+from .startup import process_seconds  # noqa: F401 - read here by comm and check; its home is startup.py
 
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "CUDA_", "NVSHMEM_")
 ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_DISTRIBUTED_DEBUG", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
@@ -125,14 +126,3 @@ def host_load() -> dict | None:
         return None
 
 
-def process_seconds() -> float | None:
-    """Seconds since this process started (Linux: its start time in /proc/self/stat against the
-    system's uptime), start-up of the interpreter and its imports included; None elsewhere."""
-    try:
-        with open("/proc/self/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        with open("/proc/uptime") as fh:
-            uptime = float(fh.read().split()[0])
-        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return None

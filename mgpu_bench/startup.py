@@ -72,8 +72,9 @@ def process_s(n: int = 1, cpu_s: float = PROCESS_CPU_S) -> float:
     return cpu_s * host_share(n)
 
 
-def _own_age() -> float:
-    """Seconds since this process started, its interpreter's start-up included (0 where unknown)."""
+def process_seconds() -> float | None:
+    """Seconds since this process started (Linux: its start time in /proc/self/stat against the
+    system's uptime), start-up of the interpreter and its imports included; None elsewhere."""
     try:
         with open("/proc/self/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
@@ -81,7 +82,7 @@ def _own_age() -> float:
             uptime = float(fh.read().split()[0])
         return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
-        return 0.0
+        return None
 
 
 def spent_s() -> float:
@@ -89,7 +90,7 @@ def spent_s() -> float:
     as_new_process(), a new process's start-up (process_s(1))."""
     if getattr(_state, "new_process", False):
         return process_s(1)
-    return _own_age()
+    return process_seconds() or 0.0
 
 
 @contextlib.contextmanager

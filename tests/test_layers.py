@@ -95,7 +95,7 @@ def test_no_import_cycles():
 SHARED = {"errors", "sizes", "paths", "hardware", "measurement", "ops", "theory", "topo", "telemetry", "env",
           "launch", "models", "workloads", "selection", "metrics", "document", "nccl_log", "nccl_tests", "_libs",
           "children", "schema",
-          "per_gpu", "occupancy", "slurm", "torch_timing", "numbers",
+          "per_gpu", "occupancy", "slurm", "torch_timing", "numbers", "startup",
           "_build_config"}  # _build_config: CMake writes it beside the module in an in-place build
 
 

@@ -33,9 +33,6 @@ to be projected from and always runs. Every rank decides from the same agreed fi
 from __future__ import annotations
 
 import math
-import os
-import statistics
-import time
 from dataclasses import dataclass
 
 from mgpu_bench.measurement import TimingOptions
@@ -71,9 +68,8 @@ GUESS_STARTUP_S = 5.0  # Python, torch and the processes' start-up and rendezvou
 
 # The guess is an idle host's. Beside other running processes the ranks get a share of the CPUs:
 # the first estimate is slowed by what the host runs when it is made (see host_slowdown), read from
-# /proc/loadavg's count of runnable tasks (proc(5)), sampled SLOWDOWN_SAMPLES times over about
-# 0.1 s (a single reading catches a moment). Under SLOWDOWN_SAY the estimate says nothing of it.
-SLOWDOWN_SAMPLES = 9
+# /proc/loadavg's count of runnable tasks (proc(5)), sampled over about 0.1 s by startup.others(). Under
+# SLOWDOWN_SAY the estimate says nothing of it.
 SLOWDOWN_SAY = 1.2
 _slowdown: dict[int, tuple[float, int, int]] = {}
 
@@ -86,17 +82,9 @@ def host_slowdown(nranks: int) -> tuple[float, int, int]:
     (1.0, 0, cpus) where /proc/loadavg cannot be read."""
     if nranks in _slowdown:
         return _slowdown[nranks]
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    seen = []
-    try:
-        for i in range(SLOWDOWN_SAMPLES):
-            if i:
-                time.sleep(0.012)
-            with open("/proc/loadavg") as f:  # "0.52 0.58 0.59 3/913 12345": runnable / all tasks
-                seen.append(int(f.read().split()[3].split("/")[0]) - 1)  # less this process, running to read it
-    except (OSError, ValueError, IndexError):
-        seen = []
-    others = max(0, round(statistics.median(seen))) if seen else 0
+    from mgpu_bench import startup
+
+    cpus, others = startup.cpus(), startup.others()  # /proc/loadavg's runnable count, read once per process
     _slowdown[nranks] = (slowdown_factor(others, nranks, cpus), others, cpus)
     return _slowdown[nranks]
 
