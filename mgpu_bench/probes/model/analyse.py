@@ -101,7 +101,7 @@ class StepStats:
     flops_per_sample: float | None = None
     stalls: dict | None = None  # stalls.describe of the rank whose stalls say most (None: documents before them)
     comm_method: str | None = None  # how exposed_comm_share was measured: "no_sync", "hook", "profile"
-    straggler: dict | None = None  # straggler.straggler over the stable window (2+ ranks)
+    straggler: dict | None = None  # straggler.straggler over every timed step (2+ ranks)
     noise: dict | None = None  # noise_scale.combine of the ranks' gradient norms (noise_scale on)
     ledger: dict | None = None  # ledger.build: the timed steps' wall clock by cause (None: documents before it)
 
@@ -213,7 +213,9 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
         d["total_memory"] = good[0].get("total_memory")
     st.derived = d
     if len(good) > 1:
-        st.straggler = straggler_of(good, start, end, step_s)
+        # over every timed step, as the ledger counts them: the stable window is the steady state's, and it
+        # leaves out the very steps an intermittent straggler makes late (on a busy host it shrank to 5 steps)
+        st.straggler = straggler_of(good, 0, n, step_s)
     st.ledger = ledger.of_run(cfg.device == "cuda", st, good, n)
     if all(r.get("noise") for r in good):
         from mgpu_bench import noise_scale

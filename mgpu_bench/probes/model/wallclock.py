@@ -89,7 +89,7 @@ def sync_figures(good: list[dict], start: int, end: int, step_s: float, world: i
 
 
 def straggler_of(good: list[dict], start: int, end: int, step_s: float) -> dict | None:
-    """straggler.straggler over the stable window, with the ranks' arrival where gradsync marked
+    """straggler.straggler over the steps start:end, with the ranks' arrival where gradsync marked
     it; the rank's own number in "rank"."""
     from .straggler import straggler
 
