@@ -30,7 +30,7 @@ def run(mode: str, ops: str, sizes: str, nproc: int, out: Path) -> dict[tuple[st
         raise SystemExit(f"{mode} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     doc = json.loads(out.read_text())
     assert doc["backend"] == "native", doc["backend"]
-    from mgpu_bench.measurement import CommMeasurement
+    from mgpu_bench.results.measurement import CommMeasurement
 
     ms = [CommMeasurement.from_dict(d) for d in doc["measurements"]]
     return {(m.spec.op, m.spec.bytes): m.busbw for m in ms if m.spec.scope == "world"}

@@ -14,12 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from mgpu_bench import document
-from mgpu_bench.env import fingerprint
-from mgpu_bench.measurement import TimingOptions
+from mgpu_bench.machine.env import fingerprint
 from mgpu_bench.probes.comm import document as comm_document
 from mgpu_bench.probes.comm import measure as comm
 from mgpu_bench.probes.comm import plan as comm_plan
+from mgpu_bench.results import document
+from mgpu_bench.results.measurement import TimingOptions
 
 # nccl-tests busbw, GB/s, 2x H200 NV18, fp32 out-of-place, NCCL 2.28.9, NVLS off (ANCHORS.md).
 ANCHORS = {

@@ -16,9 +16,9 @@ import time
 
 import torch
 
+from mgpu_bench.machine.selection import require_gpus
 from mgpu_bench.probes.gemm import measure as gemm
 from mgpu_bench.probes.gemm.measure import GemmConfig, Shape
-from mgpu_bench.selection import require_gpus
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32,
                 "fp64": torch.float64}

@@ -152,7 +152,7 @@ if [ "${MGPU_SMOKE_CPU:-0}" = 1 ]; then
   NGPU=0
   export CUDA_VISIBLE_DEVICES=  # CPU processes even where GPUs are
 else
-  NGPU=$($PY -c 'from mgpu_bench.selection import visible_gpu_count as n; print(n())' 2>/dev/null || echo 0)
+  NGPU=$($PY -c 'from mgpu_bench.machine.selection import visible_gpu_count as n; print(n())' 2>/dev/null || echo 0)
 fi
 if [ "$NGPU" -gt 0 ]; then
   MODEL=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)

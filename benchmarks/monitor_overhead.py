@@ -51,7 +51,8 @@ def main() -> None:
 
     import torch
 
-    from mgpu_bench import StepMonitor, models
+    from mgpu_bench import StepMonitor
+    from mgpu_bench.workloads import gpt as models
 
     spec = models.get_model_spec(args.model)
     if args.vocab:

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from mgpu_bench import models
+from mgpu_bench.workloads import gpt as models
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ import tempfile
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mgpu_bench import models
 from mgpu_bench.probes.model.analyse import kernel_split
+from mgpu_bench.workloads import gpt as models
 
 
 def main() -> None:

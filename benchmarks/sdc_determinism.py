@@ -18,11 +18,11 @@ import argparse
 import statistics
 import sys
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.machine.selection import require_gpus
 from mgpu_bench.probes.sdc import analyse
 from mgpu_bench.probes.sdc import measure as sdc
-from mgpu_bench.selection import require_gpus
-from mgpu_bench.sizes import parse_size
+from mgpu_bench.results.sizes import parse_size
 
 
 def main() -> int:

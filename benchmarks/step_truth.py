@@ -49,7 +49,8 @@ def main() -> None:
 
     import torch
 
-    from mgpu_bench import StepMonitor, models
+    from mgpu_bench import StepMonitor
+    from mgpu_bench.workloads import gpt as models
 
     cuda = args.device == "cuda"
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -146,7 +147,7 @@ def main() -> None:
     if "noise" in args.parts or "reference" in args.parts:
         import torch.distributed as dist
 
-        from mgpu_bench.gradsync import GradSync
+        from mgpu_bench.training.gradsync import GradSync
 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29655")
@@ -185,10 +186,10 @@ def main() -> None:
                 return t
             return run_blocks
 
-        from mgpu_bench.gradsync import Noise
+        from mgpu_bench.training.gradsync import Noise
 
         noise_obj = sync.noise
-        from mgpu_bench.gradsync import GradMarks
+        from mgpu_bench.training.gradsync import GradMarks
 
         # The monitor's default for a DDP model: GradMarks (three marks a step from hooks on the model's tensors),
         # and with noise_scale=True its norms (per-parameter hooks in the steps that take them, one multi-tensor
@@ -263,7 +264,7 @@ def main() -> None:
                    with_monitor(every, True))
         sync.noise = noise_obj
         nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        from mgpu_bench.gradsync import norm_cost
+        from mgpu_bench.training.gradsync import norm_cost
 
         print(f"noise scale's device norms, timed alone: {1e3 * (norm_cost(nbytes, dev) if cuda else 0):.3f} ms per "
               f"norm step for {nbytes / 1e9:.2f} GB of gradients; host time in its code "

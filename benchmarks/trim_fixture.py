@@ -21,7 +21,7 @@ Per-rank and per-GPU lists (burst_seconds, wrong, devices, ranks) and the record
 (measurements, candidates, checks, trials) are kept whole; no field is removed; derived figures
 stay as measured (they are the document's, not recomputed from the cut samples).
 
-Each trimmed document is checked against its declared shape (mgpu_bench.probe.validate) before
+Each trimmed document is checked against its declared shape (mgpu_bench.results.probe.validate) before
 it is written, with the same file name under --out, indented as --json writes it, or on one line
 where that stays under 50 KB and indented would not; the sizes before and after are printed, and
 a fixture still over 50 KB is said (aim below it: the repository and CI's checkout stay small; a
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         failed += not _write(doc, args.out / path.name, args.keep, path.stat().st_size)
         if args.parts and doc.get("kind") == "suite":
-            from mgpu_bench.schema import file_stem
+            from mgpu_bench.results.schema import file_stem
 
             for entry in doc.get("probes") or []:
                 part = entry.get("document") if isinstance(entry, dict) else None
@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _write(doc: dict, target: Path, keep: int, size_before: int) -> bool:
     """The trimmed `doc` at `target` once it passes its declared shape; False (said) otherwise."""
-    from mgpu_bench.probe import validate
-    from mgpu_bench.schema import SchemaError
+    from mgpu_bench.results.probe import validate
+    from mgpu_bench.results.schema import SchemaError
 
     small = trim(doc, keep)
     try:

@@ -17,13 +17,14 @@ import sys
 
 import click
 
-from . import probe as registry
-from . import runner, selection
-from .errors import InputError, Terminated, terminated, termination_code, termination_signal
+from .core.errors import InputError, Terminated, terminated, termination_code, termination_signal
 from .history.cli import HelpGroup
 from .history.cli import register as register_history
+from .machine import selection
 from .output.console import safe_text
-from .probe import Probe, option
+from .results import probe as registry
+from .results.probe import Probe, option
+from .run import runner
 
 
 class _Group(HelpGroup):
@@ -53,7 +54,7 @@ class _Group(HelpGroup):
         if terminated() and code in (0, runner.EXIT_INTERRUPTED):  # SIGTERM or SIGHUP, perhaps while writing
             code = termination_code()  # 143 SIGTERM, 129 SIGHUP
         elif code == 0:
-            from .errors import interrupted
+            from .core.errors import interrupted
 
             if interrupted():  # Ctrl-C while the results were written (they were)
                 code = runner.EXIT_INTERRUPTED
@@ -116,7 +117,7 @@ def _text_options(params: list, values: dict) -> None:
     end stays allowed: `--gpus 2,` is GPU 2, where `--gpus 2` is the first two): one mechanism for
     every command, before any of them reads the value. JSON text (`[...]`, `{...}`) is left to its
     reader."""
-    from .numbers import AsciiText
+    from .results.numbers import AsciiText
 
     for p in params:
         if not isinstance(p, click.Option) or not isinstance(p.type, AsciiText) or p.multiple:
@@ -140,7 +141,7 @@ def _path_options(params: list, values: dict) -> None:
     """Every file or folder option (click.Path: --json, --csv, --report, --out, --prometheus,
     --data-dir, ...) given as an empty or blank name is refused (paths.check_name): `--report ''`
     wrote into the working folder, `--report ' '` made a folder named with a space."""
-    from .paths import check_name
+    from .core.paths import check_name
 
     for p in params:
         if isinstance(p, click.Option) and isinstance(p.type, click.Path) and not p.multiple:
@@ -232,10 +233,10 @@ cli.help = f"{inspect.cleandoc(cli.help or '')}\n\n{_without[0].upper()}{_withou
 
 
 def main() -> None:
-    from .children import hand_down_command
-    from .errors import handle_stop_signals
+    from .core.children import hand_down_command
+    from .core.errors import handle_stop_signals
+    from .core.paths import private_caches
     from .output.console import guard_stdio
-    from .paths import private_caches
 
     guard_stdio()  # a closed or full stdout never costs a run (output/console.py)
     hand_down_command()  # a run a child stores records what the user typed (children.user_command)

@@ -4,7 +4,7 @@ import pytest
 
 
 def _gpu_count() -> int:
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     return visible_gpu_count()
 
@@ -238,7 +238,7 @@ def _stop_state_per_test():
     a later test's interruption (exit 130)."""
     import signal
 
-    from mgpu_bench import errors
+    from mgpu_bench.core import errors
 
     state = {k: getattr(errors, k) for k in _STOP_STATE}
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -257,7 +257,7 @@ class Measuring(Exception):
 def before_measuring(monkeypatch, tmp_path):
     """CPU ranks, no launcher, the current folder a scratch one, each probe stopped where it would
     start measuring (its delegate raises Measuring)."""
-    from mgpu_bench import probe as registry
+    from mgpu_bench.results import probe as registry
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS",

@@ -1,5 +1,5 @@
 """Logs of nccl-tests and rccl-tests written with their own printf formats, for the tests of the
-import (mgpu_bench/nccl_tests.py, probes/comm/imported.py).
+import (mgpu_bench/results/nccl_tests.py, probes/comm/imported.py).
 
 Every line below is the format string of the source that prints it, given to Python's `%`
 operator, which formats %12li, %6.2f, %g, %*s and %*.2f as C's printf does:

@@ -245,7 +245,7 @@ def _gemm(dev, value, n=10, spread=0.01):
 
 
 def test_a_gpu_below_its_datasheet_floor_is_a_problem_named_in_80_bytes():
-    from mgpu_bench import hardware
+    from mgpu_bench.machine import hardware
 
     peak = hardware.find_gpu(H200).peak["bf16"].value
     v = analyse.verdict_of([_part("gemm", [_gemm("gpu0", 0.72 * peak), _gemm("gpu1", 0.38 * peak)])], _devices(), None,

@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from slurm_cluster import processes
 
-from mgpu_bench import slurm
 from mgpu_bench.cli import cli
+from mgpu_bench.core import slurm
 from mgpu_bench.history import History
 from mgpu_bench.probes.check import analyse, contract, reference
 

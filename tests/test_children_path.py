@@ -25,7 +25,7 @@ import pytest
 from conftest import scaled
 
 import mgpu_bench
-from mgpu_bench import children
+from mgpu_bench.core import children
 
 DECOY = '''import os
 with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "decoy-imported"), "a") as f:

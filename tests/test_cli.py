@@ -22,7 +22,7 @@ def test_help_lists_comm_and_its_stopping_rule():
     assert r.exit_code == 0 and "comm" in r.output
     r = invoke("comm", "--help")
     assert r.exit_code == 0
-    from mgpu_bench.measurement import TimingOptions
+    from mgpu_bench.results.measurement import TimingOptions
 
     assert f"--min-time ({TimingOptions.min_time_s:g} s)" in r.output and "busbw = algbw x 2(n-1)/n" in r.output
 
@@ -66,7 +66,7 @@ def test_bad_input_is_one_line_and_exit_2(args, words):
 
 
 def test_gpu_requests_without_gpus_say_so(monkeypatch):
-    from mgpu_bench import selection
+    from mgpu_bench.machine import selection
 
     monkeypatch.setattr(selection, "visible_gpu_count", lambda: 0)
     r = invoke("comm", "--gpus", "0,1", "--sizes", "1K")
@@ -87,7 +87,7 @@ def test_native_backend_without_a_driver_names_what_is_missing():
 
 def test_gloo_sweep_end_to_end_writes_json_and_csv(tmp_path, monkeypatch):
     """The whole command on 2 real CPU processes (torch.distributed with gloo)."""
-    from mgpu_bench import selection
+    from mgpu_bench.machine import selection
 
     monkeypatch.setattr(selection, "visible_gpu_count", lambda: 0)
     j, c = tmp_path / "r.json", tmp_path / "r.csv"
@@ -125,7 +125,7 @@ def test_ctrl_c_keeps_finished_sizes(tmp_path):
 
 
 def test_summary_lines_are_not_wrapped(tmp_path, monkeypatch):
-    from mgpu_bench import selection
+    from mgpu_bench.machine import selection
 
     monkeypatch.setattr(selection, "visible_gpu_count", lambda: 0)
     r = invoke("comm", "--ops", "reducescatter", "--sizes", "64M", "--outofplace", "--iters", "2",

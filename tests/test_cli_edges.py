@@ -31,7 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mgpu_bench.cli import cli
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 FIX = Path(__file__).with_name("fixtures")
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,7 +174,7 @@ def test_the_libraries_never_write_into_a_special_home(tmp_path, where):
 
 
 def test_private_caches_moves_only_what_is_unusable(tmp_path, monkeypatch):
-    from mgpu_bench import paths
+    from mgpu_bench.core import paths
 
     home = tmp_path / "home"
     home.mkdir()
@@ -321,9 +321,9 @@ def test_a_child_records_the_command_its_parent_was_given(tmp_path):
     """check's measuring process stored `cli.py check --json /tmp/.../check.json`: a process the
     tool starts (child_env) records the command the user typed; a process that merely inherits the
     variable from elsewhere (no mark from a live parent) records its own."""
-    from mgpu_bench import children
+    from mgpu_bench.core import children
 
-    probe = "import mgpu_bench, json; from mgpu_bench.children import user_command; print(json.dumps(user_command()))"
+    probe = "import mgpu_bench, json; from mgpu_bench.core.children import user_command; print(json.dumps(user_command()))"
     typed = ["mgpu-bench", "check", "--drain", "--format", "npd"]
     env = {**_env(), children.COMMAND_ENV: json.dumps(typed), children.ENV: f"{os.getpid()}:keep"}
     got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
@@ -355,7 +355,7 @@ def test_a_value_out_of_its_range_never_reads_as_inside_it(low, span, step):
     """`--preprocess-ms 60000.0000001: at most 60000` and `--peak-tflops 1e+06: at most 1000000`: the
     value and its bound are printed with the same exactness, so the value shown is the value given
     and never equals the bound it broke."""
-    from mgpu_bench.probe import within
+    from mgpu_bench.results.probe import within
 
     high = float(low + span)
     for value, side in ((high + step, "at most"), (low - step, "at least")):

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import theory
 from mgpu_bench.cli import cli
+from mgpu_bench.machine import theory
 from mgpu_bench.probes.comm import analyse as comm_analyse
 from mgpu_bench.probes.comm import document as comm_document
 from mgpu_bench.probes.comm import report as comm_report
@@ -81,7 +81,7 @@ def test_report_folder_must_be_creatable(tmp_path):
 
 
 def test_busbw_above_theory_is_explained_never_bare(run):
-    from mgpu_bench import nccl_log
+    from mgpu_bench.machine import nccl_log
 
     log = (FIX / "nccl_info_2x_h200.log").read_text()
     table = nccl_log.tuning_table(log)

@@ -11,7 +11,6 @@ import re
 import numpy as np
 import pytest
 
-from mgpu_bench.measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
 from mgpu_bench.probes.comm import tune, tune_run
 from mgpu_bench.probes.comm.plan import CommRun
 from mgpu_bench.probes.comm.tune import (
@@ -28,6 +27,7 @@ from mgpu_bench.probes.comm.tune import (
     decide,
     evaluate,
 )
+from mgpu_bench.results.measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
 
 MIB = 1 << 20
 SMALL = Band("small", (1 * MIB, 4 * MIB))
@@ -205,7 +205,7 @@ def test_env_lines_are_exact_and_quoted_for_a_shell():
 
 
 def test_bands_take_the_ends_of_each():
-    from mgpu_bench.sizes import parse_sizes
+    from mgpu_bench.results.sizes import parse_sizes
 
     bands = tune.cut_bands(parse_sizes("1M-1G", None, None))
     assert [(b.name, b.sizes) for b in bands] == [("small", (MIB, 4 * MIB)), ("medium", (8 * MIB, 64 * MIB)),
@@ -335,7 +335,7 @@ def test_bad_tune_input_is_one_line_and_exit_2(args, words):
 
 
 def test_a_trial_process_without_a_gpu_ends_with_the_driver_s_message():
-    from mgpu_bench import selection
+    from mgpu_bench.machine import selection
 
     if selection.visible_gpu_count():
         pytest.skip("a GPU is visible: the trial would run (tests/test_gpu_comm_tune.py covers it)")

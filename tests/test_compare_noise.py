@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_bench.history.compare import NOISE_K, compare
-from mgpu_bench.metrics import Metric
+from mgpu_bench.results.metrics import Metric
 
 pytestmark = pytest.mark.timing  # judges measured speed (against what the same run measured)
 

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from mgpu_bench.measurement import TimingOptions
+from mgpu_bench.machine.selection import visible_gpu_count
 from mgpu_bench.probes.comm import cpu_sizing as cs
-from mgpu_bench.selection import visible_gpu_count
+from mgpu_bench.results.measurement import TimingOptions
 
 T = TimingOptions()
 MiB = 1 << 20

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import probe as registry
-from mgpu_bench import selection
 from mgpu_bench.cli import cli
+from mgpu_bench.machine import selection
+from mgpu_bench.results import probe as registry
 
 FIX = Path(__file__).parent / "fixtures"
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -117,10 +117,10 @@ def test_model_and_suite_say_how_long_they_expect_to_take_start_up_included():
     """The estimate is the whole command's: model "about 18 s" took 93 s and suite "about 83 s"
     200 s when start-up was left out. Now it says it is included, and it is at least this
     process's own start-up so far plus, per configuration or probe, a new process's start-up on
-    this host now (mgpu_bench/startup.py)."""
+    this host now (mgpu_bench/core/startup.py)."""
     import click
 
-    from mgpu_bench import startup
+    from mgpu_bench.core import startup
     from mgpu_bench.suite.run import estimate as suite_estimate
 
     for name, args in (("model", ["--scaling", "1,2"]), ("suite", ["--quick"])):
@@ -287,8 +287,8 @@ def test_the_fleet_heatmap_uses_the_tables_unit(monkeypatch):
 
 
 def test_fp8_is_one_type_under_both_names_in_both_commands():
-    from mgpu_bench.ops import parse_dtype
     from mgpu_bench.probes.gemm.measure import parse_dtypes
+    from mgpu_bench.results.ops import parse_dtype
 
     assert {parse_dtype(x) for x in ("fp8", "fp8_e4m3", "fp8-e4m3", "e4m3", "FP8")} == {"fp8_e4m3"}
     assert {parse_dtypes(x) for x in ("fp8", "fp8_e4m3", "fp8-e4m3", "e4m3")} == {("fp8",)}
@@ -298,7 +298,7 @@ def test_fp8_is_one_type_under_both_names_in_both_commands():
 
 
 def test_the_suite_shows_the_command_a_user_would_type():
-    from mgpu_bench.probe import Step
+    from mgpu_bench.results.probe import Step
     from mgpu_bench.suite.run import user_command
 
     step = Step(2, 40, "overlap", "compute and communication together",

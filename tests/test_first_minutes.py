@@ -17,11 +17,11 @@ from click.testing import CliRunner
 
 from mgpu_bench.cli import cli
 from mgpu_bench.history.compare import noise
-from mgpu_bench.measurement import CommRequest, TimingOptions
+from mgpu_bench.machine.selection import visible_gpu_count, without_gpu
 from mgpu_bench.probes.comm import torch_backend as tb
 from mgpu_bench.probes.comm.measure import sized_out_notes
 from mgpu_bench.probes.model.headline import headline as model_headline
-from mgpu_bench.selection import visible_gpu_count, without_gpu
+from mgpu_bench.results.measurement import CommRequest, TimingOptions
 
 FIX = Path(__file__).parent / "fixtures"
 cpu_only = pytest.mark.skipif(visible_gpu_count() > 0, reason="checks what a machine without a GPU does")
@@ -123,7 +123,7 @@ def test_compare_says_when_a_host_is_too_noisy_to_compare(tmp_path):
     busy host, or whose figures spread over 10% within the run, is said to be too noisy; the
     changes keep their own noise-aware status."""
     from mgpu_bench.history import History, compare_runs
-    from mgpu_bench.metrics import Metric
+    from mgpu_bench.results.metrics import Metric
 
     suite = json.loads((FIX / "suite" / "suite.json").read_text())
     doc = next(p["document"] for p in suite["probes"] if p["name"] == "model-scaling")

@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import scaled
 
-from mgpu_bench import launch
 from mgpu_bench.cli import cli
+from mgpu_bench.core import launch
 from mgpu_bench.probes.fleet import analyse, schedule
 
 NODES = 8

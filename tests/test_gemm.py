@@ -9,14 +9,15 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import hardware, sizes
 from mgpu_bench.cli import cli
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.machine import hardware
 from mgpu_bench.probes.gemm import analyse as gemm_analyse
 from mgpu_bench.probes.gemm import document as gemm_document
 from mgpu_bench.probes.gemm import measure as gemm
 from mgpu_bench.probes.gemm import render as gemm_render
 from mgpu_bench.probes.gemm.measure import Candidate, GemmConfig, GemmResult, GemmRun, Shape
+from mgpu_bench.results import sizes
 
 H200 = hardware.Figure(989e12, "FLOP/s", "nvidia-h200-datasheet")
 
@@ -253,7 +254,7 @@ def test_cli_bad_input_is_one_line_exit_2(args, text):
 
 
 def test_cli_without_gpu_says_so_exit_2():
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("this machine has GPUs")

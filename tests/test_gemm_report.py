@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from mgpu_bench import hardware, telemetry
+from mgpu_bench.machine import hardware, telemetry
 from mgpu_bench.probes.gemm import analyse as gemm_analyse
 from mgpu_bench.probes.gemm import render as gemm_render
 from mgpu_bench.probes.gemm import report as gemm_report

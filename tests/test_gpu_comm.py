@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from conftest import interrupt_comm
 
-from mgpu_bench import _native, ops
-from mgpu_bench.errors import CommTimeoutError, CudaError, NcclError, OutOfMemoryError
-from mgpu_bench.measurement import TimingOptions
+from mgpu_bench import _native
+from mgpu_bench.core.errors import CommTimeoutError, CudaError, NcclError, OutOfMemoryError
 from mgpu_bench.probes.comm import measure as comm
 from mgpu_bench.probes.comm import plan as comm_plan
+from mgpu_bench.results import ops
+from mgpu_bench.results.measurement import TimingOptions
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu(2)]
 
@@ -228,7 +229,7 @@ def test_native_under_torchrun_matches_the_single_process_sweep(tmp_path):
             assert proc.stdout.count("allreduce  (2 ranks, native") == 1  # rank 0 alone prints
             assert doc["environment"]["launcher"]["kind"] == "torchrun"
             assert all(len(m["samples"]) == 2 and sum(m["wrong"]) == 0 for m in doc["measurements"])
-    from mgpu_bench.measurement import CommMeasurement
+    from mgpu_bench.results.measurement import CommMeasurement
 
     for size, single in figures["single"].items():
         a = CommMeasurement.from_dict(single).busbw

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from mgpu_bench.measurement import CommRequest, TimingOptions
 from mgpu_bench.probes.comm import tune, tune_run
+from mgpu_bench.results.measurement import CommRequest, TimingOptions
 
 EXPORT = re.compile(r"^export (NCCL_[A-Z_]+)=(\S+)$")
 TARGET_S = 60.0  # issue 18: allreduce 1M-1G tuned in under 60 s on 2 GPUs

@@ -36,9 +36,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import hardware, telemetry
 from mgpu_bench.cli import cli
-from mgpu_bench.probe import headline, validate
+from mgpu_bench.machine import hardware, telemetry
+from mgpu_bench.results.probe import headline, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).with_name("fixtures")
@@ -388,9 +388,9 @@ def model_documents() -> dict[str, dict]:
 
 def links_documents() -> dict[str, dict]:
     """`links` on one H200 (host copies only: no pair) and on two (every pair both engines)."""
+    from mgpu_bench.machine.theory import Hop
     from mgpu_bench.probes.links import document as ld
     from mgpu_bench.probes.links.result import LinkMeasurement, LinkSpec, LinksRun
-    from mgpu_bench.theory import Hop
 
     size = 256 << 20
     out = {}
@@ -513,7 +513,7 @@ def _cli(*args: str):
 def _shared(doc: dict) -> bool:
     """Whether the run shared its GPU with another job that ran kernels: compare refuses such a
     run, even against itself, with exit code 1 ("not comparable", `compare --help`)."""
-    from mgpu_bench.occupancy import competing, from_document
+    from mgpu_bench.machine.occupancy import competing, from_document
 
     return bool(competing(from_document(doc)))
 

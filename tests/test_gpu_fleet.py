@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from mgpu_bench.machine.selection import require_gpus
 from mgpu_bench.probes.fleet.measure import FleetConfig, node_pass
-from mgpu_bench.selection import require_gpus
 
 pytestmark = pytest.mark.gpu
 

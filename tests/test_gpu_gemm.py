@@ -10,9 +10,9 @@ import sys
 import pytest
 from conftest import interrupt_cli
 
+from mgpu_bench.machine.selection import require_gpus
 from mgpu_bench.probes.gemm import measure as gemm
 from mgpu_bench.probes.gemm.measure import GemmConfig, Shape
-from mgpu_bench.selection import require_gpus
 
 pytestmark = pytest.mark.gpu
 

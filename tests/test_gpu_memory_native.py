@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from mgpu_bench import _native
-from mgpu_bench.errors import CudaError, OutOfMemoryError
+from mgpu_bench.core.errors import CudaError, OutOfMemoryError
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -22,9 +22,9 @@ def _run(tmp_path, *args, timeout=600):
 
 
 def test_one_gpu_measures_the_gemm_beside_a_stand_in_and_says_it_needs_two(tmp_path):
-    from mgpu_bench.probe import headline
     from mgpu_bench.probes.overlap import PROBE
     from mgpu_bench.probes.overlap import analyse as ov
+    from mgpu_bench.results.probe import headline
 
     doc, proc = _run(tmp_path, "--gpus", "1", "--duration", "2s", "--report", str(tmp_path / "rep"))
     assert doc["world"] == 1 and doc["ranks"][0]["comm_op"] == "elementwise stand-in"

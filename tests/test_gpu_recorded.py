@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_bench import occupancy
-from mgpu_bench import probe as registry
+from mgpu_bench.machine import occupancy
 from mgpu_bench.probes.model.analyse import kernel_split
+from mgpu_bench.results import probe as registry
 
 GPU = Path(__file__).parent / "fixtures" / "gpu"
 
@@ -48,7 +48,7 @@ def test_another_job_on_the_gpu_is_named_first_and_as_the_cause():
 
 
 def test_the_recorded_power_limits_make_the_cap_information():
-    from mgpu_bench.telemetry import concerns
+    from mgpu_bench.machine.telemetry import concerns
 
     nv = _doc("nvml-processes.json")
     summary = {"power_limit_w": nv["enforced_mw"] / 1000, "power_default_w": nv["default_limit_mw"] / 1000,

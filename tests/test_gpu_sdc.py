@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from conftest import interrupt_cli
 
-from mgpu_bench.probe import validate
+from mgpu_bench.machine.selection import require_gpus
 from mgpu_bench.probes.sdc import analyse as an
 from mgpu_bench.probes.sdc import measure as me
-from mgpu_bench.selection import require_gpus
+from mgpu_bench.results.probe import validate
 
 pytestmark = pytest.mark.gpu
 
@@ -83,7 +83,7 @@ def test_command_writes_its_documents(tmp_path):
     assert len(doc["checks"]) == 9 and doc["gpus"][0]["verdict"] == "ok"
     assert doc["gpus"][0]["reference_hash"] in proc.stdout
     assert doc["gpus"][0]["hbm_bytes"] > 0 and doc["algo"]["blob"]
-    from mgpu_bench.probe import headline
+    from mgpu_bench.results.probe import headline
 
     names = {m.name for m in headline(doc)}
     assert {"sdc.gpu0.wrong_checks", "sdc.gpu0.gemm.tflops", "sdc.gpu0.hbm.check_bandwidth"} <= names

@@ -47,7 +47,7 @@ def _sync_under_test(pending: list):
     """A GradSync of 2 ranks whose all-reduce leaves its future to the test: (tensor, future) in
     `pending`; the test completes it with the sum of two equal ranks' buffers (the rank's own
     gradient, as DDP's average of equal gradients is)."""
-    from mgpu_bench.gradsync import GradSync
+    from mgpu_bench.training.gradsync import GradSync
 
     sync = GradSync(False, noise=True)
     sync.world = 2
@@ -80,7 +80,7 @@ def _complete(pending: list, order: list[int], threads: int) -> None:
 
 
 def test_bucket_callbacks_completing_in_any_order_mark_each_bucket_by_its_index():
-    from mgpu_bench.gradsync import Slot, _hook, read
+    from mgpu_bench.training.gradsync import Slot, _hook, read
 
     rng = random.Random(40)
     pending: list = []
@@ -125,7 +125,7 @@ def test_bucket_callbacks_completing_in_any_order_mark_each_bucket_by_its_index(
 
 
 def test_a_fault_in_the_hooks_bookkeeping_is_one_note_and_the_all_reduce_goes_on():
-    from mgpu_bench.gradsync import Slot, _hook, read
+    from mgpu_bench.training.gradsync import Slot, _hook, read
 
     pending: list = []
     sync = _sync_under_test(pending)
@@ -156,7 +156,7 @@ def test_a_fault_in_the_hooks_bookkeeping_is_one_note_and_the_all_reduce_goes_on
 
 
 def test_grad_marks_count_backwards_call_after_backward_and_survive_their_own_faults():
-    from mgpu_bench.gradsync import GradMarks, read_marks
+    from mgpu_bench.training.gradsync import GradMarks, read_marks
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     gm = GradMarks(False)
@@ -198,7 +198,7 @@ def test_grad_marks_count_backwards_call_after_backward_and_survive_their_own_fa
 
 
 def test_norms_are_taken_in_each_gradient_dtype_and_summed_in_float64():
-    from mgpu_bench.gradsync import Noise
+    from mgpu_bench.training.gradsync import Noise
 
     for dtype in DTYPES.values():
         noise = Noise(False)
@@ -282,7 +282,7 @@ def job() -> dict:
 
     import torch.distributed as dist
 
-    from mgpu_bench import gradsync
+    from mgpu_bench.training import gradsync
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -327,7 +327,7 @@ def ranks():
 
     from torch.distributed.launcher.api import LaunchConfig
 
-    from mgpu_bench import launch
+    from mgpu_bench.core import launch
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=f"faults-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,

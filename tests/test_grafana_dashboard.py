@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_bench.output.prometheus import render
-from mgpu_bench.probe import headline
+from mgpu_bench.results.probe import headline
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = importlib.resources.files("mgpu_bench").joinpath("data/grafana/mgpu-bench.json")  # package data

@@ -147,7 +147,7 @@ def test_compare_show_and_report_never_write_over_the_database(db, tmp_path, mon
 
 def test_write_output_never_replaces_a_history_database(db):
     """The last line of defence, whatever a caller checked: the one writer of every output."""
-    from mgpu_bench.paths import write_output
+    from mgpu_bench.core.paths import write_output
 
     before = _files(db)
     (db.parent / "link.db").symlink_to(db.name)
@@ -307,7 +307,7 @@ def test_sighup_to_the_process_group_keeps_the_run(tmp_path):
 def test_sighup_is_a_stop_signal_unless_ignored(monkeypatch):
     import multiprocessing.resource_tracker as tracker
 
-    from mgpu_bench import errors
+    from mgpu_bench.core import errors
 
     monkeypatch.setattr(tracker, "_IGNORED_SIGNALS", (signal.SIGINT, signal.SIGTERM))
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -418,8 +418,8 @@ def test_a_run_the_database_does_not_take_is_kept_for_history_add(tmp_path, monk
     """A real sweep whose database stays locked past the busy timeout: the line names the file
     that holds its document (none was asked for with --json) and the `history add` that stores it
     later, which then does."""
-    from mgpu_bench import selection
     from mgpu_bench.history import store
+    from mgpu_bench.machine import selection
 
     monkeypatch.setattr(selection, "visible_gpu_count", lambda: 0)
     monkeypatch.setattr(store, "BUSY_TIMEOUT_S", 1.0)

@@ -34,10 +34,10 @@ from conftest import scaled
 from test_headline import comm_document
 
 from mgpu_bench.cli import cli
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.core.paths import check_report_dir, check_writable, write_output
 from mgpu_bench.history import History
 from mgpu_bench.output.console import safe_text
-from mgpu_bench.paths import check_report_dir, check_writable, write_output
 
 # Under /proc no file can be created, whoever asks: root passes every permission-bit test but not
 # this one, so the checks must try, not look.
@@ -389,7 +389,7 @@ def _one_stderr_line(out: subprocess.CompletedProcess) -> str:
 
 
 def test_special_places_are_refused_by_the_path_and_by_the_file_system(tmp_path):
-    from mgpu_bench.paths import special_place
+    from mgpu_bench.core.paths import special_place
 
     for folder, words in (("/dev", "devtmpfs"), ("/dev/shm", "in /dev"), ("/dev/shm/new/deeper", "in /dev"),
                           ("/proc/self", "proc"), ("/sys/kernel", "sys")):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from mgpu_bench import hardware as hw
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.machine import hardware as hw
 
 
 @pytest.fixture()

@@ -12,11 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mgpu_bench import document, env, hardware
-from mgpu_bench.document import document_kind
-from mgpu_bench.measurement import CommMeasurement, CommSpec
-from mgpu_bench.metrics import Metric
-from mgpu_bench.probe import headline as metrics_from_document
+from mgpu_bench.machine import env, hardware
 from mgpu_bench.probes.comm import analyse as comm_analyse
 from mgpu_bench.probes.comm import document as comm_docs
 from mgpu_bench.probes.comm.headline import LARGE
@@ -30,6 +26,11 @@ from mgpu_bench.probes.memory import measure as memory
 from mgpu_bench.probes.model import analyse as model_analyse
 from mgpu_bench.probes.model import document as model_docs
 from mgpu_bench.probes.model import measure as mb
+from mgpu_bench.results import document
+from mgpu_bench.results.document import document_kind
+from mgpu_bench.results.measurement import CommMeasurement, CommSpec
+from mgpu_bench.results.metrics import Metric
+from mgpu_bench.results.probe import headline as metrics_from_document
 
 GiB = 1 << 30
 MiB = 1 << 20

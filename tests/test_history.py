@@ -19,11 +19,11 @@ import pytest
 from click.testing import CliRunner
 from test_headline import comm_document, gemm_document, model_document, suite_document
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 from mgpu_bench.history import History, compare, fingerprint_diff, noise, topology_hash
 from mgpu_bench.history import store as hist
-from mgpu_bench.metrics import Metric
-from mgpu_bench.probe import headline as metrics_from_document
+from mgpu_bench.results.metrics import Metric
+from mgpu_bench.results.probe import headline as metrics_from_document
 
 FIX = Path(__file__).with_name("fixtures")
 
@@ -252,7 +252,7 @@ def test_migrations_apply_in_order_in_one_transaction(db, monkeypatch):
 _WRITER = textwrap.dedent("""
     import sys, time
     from mgpu_bench.history.store import History
-    from mgpu_bench.metrics import Metric
+    from mgpu_bench.results.metrics import Metric
     db, tag, start, n = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
     while time.time() < start:
         time.sleep(0.001)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mgpu_bench.history import History
-from mgpu_bench.probe import headline
+from mgpu_bench.results.probe import headline
 
 RELEASE = Path(__file__).parent / "fixtures" / "history" / "release-0.1.0.sqlite3"
 

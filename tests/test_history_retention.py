@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from mgpu_bench.cli import cli
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 from mgpu_bench.history import History
 from mgpu_bench.history.retention import references
 
@@ -188,7 +188,7 @@ import json, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_history_retention import check_doc
 from mgpu_bench.history import History
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 h = History.open("/mnt/h.sqlite3")
 try:
     for i in range(200):

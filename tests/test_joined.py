@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mgpu_bench.launch import Group, Member, scopes
-from mgpu_bench.measurement import CommMeasurement, CommSpec
+from mgpu_bench.core.launch import Group, Member, scopes
 from mgpu_bench.probes.comm import joined
+from mgpu_bench.results.measurement import CommMeasurement, CommSpec
 
 
 def members(per_node: list[int]) -> list[Member]:
@@ -72,7 +72,7 @@ def test_the_rank_that_arrives_late_measures_least_and_is_named():
 
 
 def test_mpi_round_robin_placement_is_numbered_by_host():
-    from mgpu_bench.launch import nodes_by_host
+    from mgpu_bench.core.launch import nodes_by_host
 
     # mpirun --map-by node over hosts a, b: rank // ranks-per-node would put a and b in one "node"
     ms = [Member(r, "ab"[r % 2], r // 2, r // 2, f"cuda:{r // 2}") for r in range(4)]

@@ -25,8 +25,8 @@ from conftest import (
     wait_for_output,
 )
 
-from mgpu_bench import launch
-from mgpu_bench.errors import InputError
+from mgpu_bench.core import launch
+from mgpu_bench.core.errors import InputError
 
 TORCHRUN = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
             "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "x"}
@@ -98,7 +98,7 @@ def _torchrun(args: list[str], tmp_path, timeout=None):
 
 
 def test_torchrun_two_gloo_ranks_rank0_prints_and_writes(tmp_path):
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("the GPU tests launch NCCL ranks instead")
@@ -116,7 +116,7 @@ def test_torchrun_two_gloo_ranks_rank0_prints_and_writes(tmp_path):
 
 
 def test_torchrun_ranks_with_different_arguments_stop_with_one_line(tmp_path):
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0 or shutil.which("sh") is None:
         pytest.skip("CPU only")
@@ -131,7 +131,7 @@ def test_torchrun_ranks_with_different_arguments_stop_with_one_line(tmp_path):
 
 
 def test_torchrun_model_rank0_reports_the_whole_job(tmp_path):
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -160,7 +160,7 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout(tmp_path, rank, e
     import os
     import time
 
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -192,7 +192,7 @@ def test_every_waiting_rank_names_the_missing_one(tmp_path):
     """Ranks 0 and 1 of a three-rank job: both stop after --timeout naming rank 2."""
     import os
 
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -215,7 +215,7 @@ def test_every_waiting_rank_names_the_missing_one(tmp_path):
 
 
 def test_torchrun_model_both_data_sources_and_argument_agreement(tmp_path):
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -235,7 +235,7 @@ def test_torchrun_model_both_data_sources_and_argument_agreement(tmp_path):
 def test_launch_processes_reruns_the_command_under_the_elastic_launcher(tmp_path):
     """`comm --launch processes`: one process per rank started by torch's elastic launcher,
     joined as under torchrun; rank 0 alone prints and writes."""
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -263,7 +263,7 @@ def test_launch_processes_reruns_the_command_under_the_elastic_launcher(tmp_path
 
 
 def test_gpu_choice_maps_through_an_existing_cuda_visible_devices(monkeypatch):
-    from mgpu_bench.selection import pin_gpus as _pin_gpus
+    from mgpu_bench.machine.selection import pin_gpus as _pin_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,GPU-abc")
     _pin_gpus([1, 2])
@@ -276,7 +276,7 @@ def test_gpu_choice_maps_through_an_existing_cuda_visible_devices(monkeypatch):
 def test_two_torchrun_agents_as_two_nodes_split_intra_and_inter_node(tmp_path):
     """Two torchrun agents (--nnodes 2) on one machine: the job is measured as a whole, per
     node and across nodes (one communicator per local rank); rank 0 alone writes."""
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -368,7 +368,7 @@ def _two_ranks_then_signal(tmp_path, sig, command=COMM_SWEEP, victim=1, until=FI
 def test_a_rank_that_leaves_mid_sweep_is_named_and_rank0_keeps_its_measurements(tmp_path, sig, word):
     import signal
 
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -384,7 +384,7 @@ def test_a_rank_that_leaves_mid_sweep_is_named_and_rank0_keeps_its_measurements(
 def test_when_rank_0_dies_the_others_say_that_nothing_was_written(tmp_path):
     import signal
 
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -398,7 +398,7 @@ def test_when_rank_0_dies_the_others_say_that_nothing_was_written(tmp_path):
 def test_a_rank_killed_mid_training_is_named(tmp_path):
     import signal
 
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -447,7 +447,7 @@ def test_a_stopped_rank_0_does_not_call_busy_ranks_gone():
 
     import torch.distributed as dist
 
-    from mgpu_bench.errors import Terminated
+    from mgpu_bench.core.errors import Terminated
 
     store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
     env = lambda rank: launch.LaunchEnv("torchrun", rank, 3, rank, 3, 0, 1, "127.0.0.1", store.port, "h0")
@@ -465,7 +465,7 @@ def test_sigterm_keeps_what_was_measured_and_exits_143(tmp_path):
     job's time limit does: the JSON holds the sizes measured, the line says so, exit code 143."""
     import signal
 
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -502,7 +502,7 @@ def test_sigterm_while_the_results_are_written_waits_for_them(tmp_path):
     """SIGTERM (a batch job's time limit) right after the sweep, once the history row is in and while
     the files are written (the tables print last): the JSON, the report and the history entry are
     all written, then exit 143."""
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")
@@ -517,7 +517,7 @@ def test_sigterm_while_the_results_are_written_waits_for_them(tmp_path):
 def test_sigterm_to_model_under_its_own_launcher_is_143_with_the_configurations_kept(tmp_path):
     """`model` starts its ranks through torch's elastic agent, which takes SIGTERM over while it
     runs them: still "terminated (SIGTERM)", exit 143, the finished configuration kept."""
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_bench import probe as registry
+from mgpu_bench.results import probe as registry
 
 PKG = Path(__file__).resolve().parent.parent / "mgpu_bench"
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -65,7 +65,7 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_graph_is_read_from_the_real_tree():
     g = _graph()
-    assert "mgpu_bench.runner" in g["mgpu_bench.cli"]
+    assert "mgpu_bench.run.runner" in g["mgpu_bench.cli"]
     assert "mgpu_bench.probes.comm.plan" in g["mgpu_bench.probes.comm.measure"]
     assert len(g) > 50
 
@@ -92,42 +92,73 @@ def test_no_import_cycles():
             visit(n)
 
 
-SHARED = {"errors", "sizes", "paths", "hardware", "measurement", "ops", "theory", "topo", "telemetry", "env",
-          "launch", "models", "workloads", "selection", "metrics", "document", "nccl_log", "nccl_tests", "_libs",
-          "children", "schema",
-          "per_gpu", "occupancy", "slurm", "torch_timing", "numbers", "startup",
-          "_build_config"}  # _build_config: CMake writes it beside the module in an in-place build
+# The layers from the bottom up: a module may import its own layer and those below it, never one above.
+# workloads and training stand beside results; probes reach each other only through the registry and no
+# history; history and output import no probe; the package's own modules (its __init__, the native loader,
+# the native module, the CLI) stand outside the order.
+ORDER = ("core", "machine", "results", "training", "workloads", "output", "history", "probes", "run", "monitor",
+         "suite")
+PACKAGE = {"__init__", "_libs", "_native", "_build_config"}  # _build_config: CMake writes it in an in-place build
 
 
 def _layer(module: str) -> str:
     parts = module.split(".")
-    if len(parts) == 1:
+    if len(parts) == 1 or parts[1] in PACKAGE:
         return "package"
-    if parts[1] in SHARED:
-        return "shared"
-    return parts[1]  # probes, suite, history, output, cli, runner, probe, _native
+    return parts[1]  # a folder, or cli
 
 
 def test_layers_point_one_way():
-    """shared facts import nothing above them; output and history import no probe and no backend;
-    a probe imports no other probe, no suite and nothing of the CLI or the runner."""
+    """Each layer imports only itself and those below it; a probe imports no other probe and no
+    history; history and output import no probe (the registry, results/probe.py, reads them)."""
     bad = []
     for n, targets in _graph().items():
         layer = _layer(n)
         for t in targets:
             tl = _layer(t)
-            if layer == "shared" and tl not in ("shared", "_native", "package"):
+            if tl == "package":
+                continue
+            if tl == "cli" or (layer in ORDER and tl in ORDER and ORDER.index(tl) > ORDER.index(layer)):
                 bad.append((n, t))
-            if layer in ("output", "history") and (tl in ("probes", "suite", "_native", "cli", "runner")):
-                bad.append((n, t))
-            if layer == "probes":
-                if tl in ("suite", "cli", "runner", "history"):
-                    bad.append((n, t))
-                if tl == "probes" and t.split(".")[2] != n.split(".")[2]:
-                    bad.append((n, t))  # one probe reaches another only through the registry
-            if layer in ("probe",) and tl not in ("shared", "package"):
-                bad.append((n, t))
+            if layer == "probes" and (tl == "history" or (tl == "probes" and t.split(".")[2] != n.split(".")[2])):
+                bad.append((n, t))  # one probe reaches another only through the registry
+            if layer in ("training", "workloads") and tl in ("training", "workloads") and tl != layer:
+                bad.append((n, t))  # side by side, neither above the other
     assert bad == []
+
+
+def test_the_package_root_holds_its_entry_points_and_every_folder_says_what_it_holds():
+    """The root: the package's __init__, the CLI and the native loader (and the build's own facts);
+    every other module in a folder whose __init__ says, first, what it holds and what it may import."""
+    root = sorted(p.name for p in PKG.glob("*.py") if p.name != "_build_config.py")
+    assert root == ["__init__.py", "_libs.py", "cli.py"], root
+    for folder in sorted(p for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+        assert len(doc.split()) >= 8 and "placeholder" not in doc, folder.name
+        if folder.name in ORDER and folder.name not in ("probes", "suite", "monitor", "history", "workloads"):
+            assert "import" in doc.split("\n\n")[0].lower(), (folder.name, doc)  # what it may import, said up front
+        listed = {line.split()[0] for line in doc.splitlines() if line.startswith("    ") and line.split()[0].endswith(".py")}
+        own = {p.name for p in folder.glob("*.py") if p.name != "__init__.py"}
+        assert not listed or listed <= own, (folder.name, listed - own)  # no file named that is not there
+
+
+def test_the_old_module_names_still_import_with_a_warning_naming_the_new_place():
+    """Scripts written against the flat layout (mgpu_bench.topo, from mgpu_bench import models) keep
+    working: the same module object, a DeprecationWarning saying where it lives now."""
+    code = """
+import warnings, json
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as w:
+    import mgpu_bench.topo as old
+    from mgpu_bench import models, hardware
+import mgpu_bench.machine.topo as new, mgpu_bench.workloads.gpt as gpt, mgpu_bench.machine.hardware as hw
+print(json.dumps({"same": old is new and models is gpt and hardware is hw, "said": [str(x.message) for x in w]}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["same"], got
+    assert "mgpu_bench.topo is now mgpu_bench.machine.topo" in got["said"], got
+    assert "mgpu_bench.models is now mgpu_bench.workloads.gpt" in got["said"], got
 
 
 def test_modules_stay_readable():
@@ -153,7 +184,7 @@ def test_history_and_output_import_no_probe_backend():
 import json, sys, tempfile, pathlib
 from mgpu_bench.history import History
 from mgpu_bench.output.prometheus import render
-from mgpu_bench.probe import headline
+from mgpu_bench.results.probe import headline
 suite = json.loads(pathlib.Path({str(FIXTURES / "suite" / "suite.json")!r}).read_text())
 docs = [suite] + [p["document"] for p in suite["probes"] if p["document"]]
 metrics = [m for d in docs for m in headline(d)]

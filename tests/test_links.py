@@ -111,7 +111,7 @@ def test_real_pairs_on_nvlink():
 
 
 def test_a_copy_far_below_the_link_theory_is_a_finding():
-    from mgpu_bench.theory import Hop
+    from mgpu_bench.machine.theory import Hop
 
     run = synthetic({(0, 1): 393.4, (1, 0): 250.0})
     hops = {(0, 1): Hop(0, 1, "nvlink", 450e9, "NVLink 4 x18"), (1, 0): Hop(1, 0, "nvlink", 450e9, "NVLink 4 x18")}

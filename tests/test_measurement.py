@@ -5,12 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from mgpu_bench import document
-from mgpu_bench.measurement import CommMeasurement, CommSpec
 from mgpu_bench.probes.comm import analyse as comm_analyse
 from mgpu_bench.probes.comm import document as comm_document
 from mgpu_bench.probes.comm import render as report
 from mgpu_bench.probes.comm.plan import CommRun
+from mgpu_bench.results import document
+from mgpu_bench.results.measurement import CommMeasurement, CommSpec
 
 
 def make(op="allreduce", nbytes=1 << 30, nranks=2, burst=(0.004, 0.005), samples=None, wrong=(0, 0),

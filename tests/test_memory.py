@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from mgpu_bench.cli import cli
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 from mgpu_bench.probes.memory import analyse as memory_analyse
 from mgpu_bench.probes.memory import measure as memory
 from mgpu_bench.probes.memory.measure import ChurnResult, HbmResult, MemoryConfig, MemoryRun
@@ -129,7 +129,7 @@ def test_cli_bad_input_is_one_line_exit_2(args, text):
 
 
 def test_cli_without_gpu_says_so_exit_2():
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("this machine has GPUs")

@@ -11,10 +11,10 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import models
 from mgpu_bench.cli import cli
 from mgpu_bench.probes.model import analyse as model_analyse
 from mgpu_bench.probes.model import measure as mb
+from mgpu_bench.workloads import gpt as models
 
 
 def test_stable_window_skips_a_slow_start_and_a_drift():
@@ -81,7 +81,7 @@ def test_verdicts():
 
 def test_two_gloo_processes_end_to_end(tmp_path):
     """A real run: the tiny GPT on 2 CPU processes (gloo) through torch's elastic launcher."""
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("on GPU machines the GPU tests cover this")
@@ -119,7 +119,7 @@ def test_two_gloo_processes_end_to_end(tmp_path):
     (["--peak-tflops", "-1"], "--peak-tflops"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, text):
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0 and "--seq-len" in args:
         pytest.skip("GPU defaults differ")

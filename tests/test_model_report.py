@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from mgpu_bench import hardware
+from mgpu_bench.machine import hardware
 from mgpu_bench.probes.model import report as model_report
 from mgpu_bench.probes.model.analyse import ModelRun, StepStats
 from mgpu_bench.probes.model.config import ModelConfig

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.models import (
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.workloads.gpt import (
     GPT,
     MODELS,
     ModelSpec,

@@ -27,7 +27,7 @@ SLEEP_S = 0.08  # the slowed DataLoader's cost per batch: several times a step o
 
 def _mini():
     """A real GPT of the package, small enough for a loaded CPU (2 blocks, width 64, 512 tokens)."""
-    from mgpu_bench import models
+    from mgpu_bench.workloads import gpt as models
 
     spec = models.ModelSpec("mini", layers=2, d_model=64, heads=2, vocab=512, max_seq=64)
     torch.manual_seed(0)
@@ -53,7 +53,7 @@ class SlowTokens(torch.utils.data.Dataset):
 
 
 def _train(mon, model, opt, loader, spec, on_step=None):
-    from mgpu_bench import models
+    from mgpu_bench.workloads import gpt as models
 
     for i, (x, y) in enumerate(loader):
         with mon.step(samples=x.shape[0]):
@@ -89,7 +89,7 @@ def slow_run(tmp_path_factory):
 
 def test_a_slowed_loader_is_input_bound_with_its_data_wait(slow_run, capsys):
     doc = slow_run["doc"]
-    from mgpu_bench.probe import validate
+    from mgpu_bench.results.probe import validate
 
     validate(json.loads(json.dumps(doc)), "the monitor's document")
     assert doc["kind"] == "model" and doc["config"]["model"] == "job:slow-loader-test"
@@ -115,8 +115,8 @@ def test_a_slowed_loader_is_input_bound_with_its_data_wait(slow_run, capsys):
 
 
 def test_the_flops_are_counted_once_on_the_first_step_as_the_workload_counts_them(slow_run):
-    from mgpu_bench import models
     from mgpu_bench.workloads import count_flops
+    from mgpu_bench.workloads import gpt as models
 
     spec = slow_run["spec"]
     torch.manual_seed(1)
@@ -234,7 +234,7 @@ def test_the_ranks_meet_in_a_real_store_without_waiting_for_each_other():
 
     from torch.distributed import TCPStore
 
-    from mgpu_bench.launch import free_port
+    from mgpu_bench.core.launch import free_port
 
     store = TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
     a, b = (ranks.Exchange(store, "t/job/0", r, 2) for r in (0, 1))

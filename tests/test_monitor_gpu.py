@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 
 def _loop(mon, model, opt, spec, device, steps, batch=8, seq=512):
-    from mgpu_bench import models
+    from mgpu_bench.workloads import gpt as models
 
     gen = torch.Generator(device=device).manual_seed(0)
     for _ in range(steps):
@@ -24,8 +24,9 @@ def _loop(mon, model, opt, spec, device, steps, batch=8, seq=512):
 
 
 def test_one_gpu_profile_ceiling_and_mfu(tmp_path):
-    from mgpu_bench import StepMonitor, models
-    from mgpu_bench.probe import validate
+    from mgpu_bench import StepMonitor
+    from mgpu_bench.results.probe import validate
+    from mgpu_bench.workloads import gpt as models
 
     dev = torch.device("cuda", 0)
     spec = models.get_model_spec("125m")
@@ -49,7 +50,8 @@ def _two_gpu_job(db: str) -> dict:
 
     import torch.distributed as dist
 
-    from mgpu_bench import StepMonitor, models
+    from mgpu_bench import StepMonitor
+    from mgpu_bench.workloads import gpt as models
 
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -73,7 +75,7 @@ def test_two_gpus_under_ddp(tmp_path):
 
     from torch.distributed.launcher.api import LaunchConfig
 
-    from mgpu_bench import launch
+    from mgpu_bench.core import launch
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=f"monitor-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,

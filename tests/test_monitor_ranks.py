@@ -1,5 +1,5 @@
 """StepMonitor in a real two-process job: gloo ranks started by torch's elastic launcher (through
-mgpu_bench.launch, as `mgpu-bench model` starts its own), each training the package's GPT under
+mgpu_bench.core.launch, as `mgpu-bench model` starts its own), each training the package's GPT under
 DDP with its own DataLoader. Two monitored runs in the same job: both ranks' loaders slowed on
 purpose (the verdict: input-bound), then rank 1's alone (rank 1 named the straggler, its lag the
 sleep). Rank 0 stores both runs; every rank gets rank 0's document; the history shows them and
@@ -43,7 +43,8 @@ def job(db: str, sleep_s: float) -> list[dict]:
     sleeps `sleep_s` per batch."""
     import torch.distributed as dist
 
-    from mgpu_bench import StepMonitor, models
+    from mgpu_bench import StepMonitor
+    from mgpu_bench.workloads import gpt as models
 
     torch.set_num_threads(1)  # as torchrun sets OMP_NUM_THREADS=1 for several processes on a host
     dist.init_process_group("gloo")
@@ -79,7 +80,7 @@ def two_ranks(tmp_path_factory):
     from conftest import slowdown
     from torch.distributed.launcher.api import LaunchConfig
 
-    from mgpu_bench import launch
+    from mgpu_bench.core import launch
 
     db = str(tmp_path_factory.mktemp("ranks") / "h.sqlite3")
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=f"monitor-{uuid.uuid4().hex[:8]}",
@@ -91,7 +92,7 @@ def two_ranks(tmp_path_factory):
 
 
 def test_both_loaders_slowed_the_job_is_input_bound(two_ranks):
-    from mgpu_bench.probe import validate
+    from mgpu_bench.results.probe import validate
 
     doc = two_ranks["ranks"][0][0]
     validate(json.loads(json.dumps(doc)), "rank 0's document")
@@ -111,7 +112,7 @@ def test_one_rank_slowed_is_named_the_straggler_with_its_lag(two_ranks):
     assert s["per_rank_lag_s"][0] < 0.5 * s["lag_s"]  # rank 0 waits for it (beside 8 busy processes: a third)
     assert any(f.startswith("straggler: rank 1 (cpu on ") for f in doc["findings"])
     # drawn again from the document (mgpu-bench report rN, the suite page): the same finding
-    from mgpu_bench.probe import get
+    from mgpu_bench.results.probe import get
 
     again = [f.text for f in get("model").findings(json.loads(json.dumps(doc)))]
     assert sum(t.startswith("straggler: rank 1 (cpu on ") for t in again) == 1

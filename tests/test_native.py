@@ -10,7 +10,7 @@ import pytest
 
 import mgpu_bench
 from mgpu_bench import _native
-from mgpu_bench.errors import CublasError, CudaError, MgpuError, NcclError
+from mgpu_bench.core.errors import CublasError, CudaError, MgpuError, NcclError
 
 
 def test_module_is_the_compiled_extension():

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mgpu_bench import nccl_log
+from mgpu_bench.machine import nccl_log
 
 LOG = (Path(__file__).with_name("fixtures") / "nccl_info_2x_h200.log").read_text()
 

@@ -1,4 +1,4 @@
-"""nccl-tests and rccl-tests logs into the history (mgpu_bench/nccl_tests.py, probes/comm/imported.py,
+"""nccl-tests and rccl-tests logs into the history (mgpu_bench/results/nccl_tests.py, probes/comm/imported.py,
 `mgpu-bench history add LOG`): the real 2x H200 logs of nccl-tests 2.19.6 figure for figure, the
 other collectives and forms from the tests' own printf formats (nccl_log_formats.py), the
 logs that are stored with a problem said and those refused with one line."""
@@ -13,10 +13,10 @@ import nccl_log_formats as logs
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import nccl_tests
 from mgpu_bench.history import History
-from mgpu_bench.probe import get as probe
 from mgpu_bench.probes.comm import imported
+from mgpu_bench.results import nccl_tests
+from mgpu_bench.results.probe import get as probe
 
 FIX = Path(__file__).with_name("fixtures")
 SHARED = FIX / "nccl-tests"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from mgpu_bench import noise_scale
+from mgpu_bench.training import noise_scale
 
 torch = pytest.importorskip("torch")
 
@@ -60,7 +60,7 @@ def _run(nproc: int, db: str, *params) -> dict:
 
     from torch.distributed.launcher.api import LaunchConfig
 
-    from mgpu_bench import launch
+    from mgpu_bench.core import launch
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"noise-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,
@@ -133,7 +133,7 @@ def test_the_norms_without_a_communication_hook_are_taken_per_parameter_in_the_s
     parameter in an armed step, the multi-tensor norm after the backward. With no DDP between them
     the two are the same gradient; with accumulation, the step's accumulated one; unarmed steps
     leave no hook behind; a failing norm stops the norms, never the backward."""
-    from mgpu_bench.gradsync import GradMarks
+    from mgpu_bench.training.gradsync import GradMarks
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
     gm = GradMarks(False, noise=True)

@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from mgpu_bench import noise_scale
-from mgpu_bench.noise_scale import mann_kendall, trend_words
+from mgpu_bench.training import noise_scale
+from mgpu_bench.training.noise_scale import mann_kendall, trend_words
 
 
 def _s(xs) -> int:

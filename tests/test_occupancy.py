@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import occupancy
 from mgpu_bench.history import History, compare_runs
+from mgpu_bench.machine import occupancy
 from mgpu_bench.probes.gemm import analyse as gemm_analyse
 from mgpu_bench.probes.gemm.measure import GemmConfig, GemmRun
-from mgpu_bench.runner import _because
+from mgpu_bench.run.runner import _because
 
 BUS = "00000000:18:00.0"
 GIB = 1 << 30
@@ -83,7 +83,7 @@ def test_a_sibling_under_a_launcher_is_ours(orphan):
     """Under torchrun every rank is a child of the node's agent: a sibling's process is the job's."""
     sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        code = (f"import os; from mgpu_bench.occupancy import owner; "
+        code = (f"import os; from mgpu_bench.machine.occupancy import owner; "
                 f"print(owner({sibling.pid}, launched=True), owner({sibling.pid}, launched=False))")
         # a child of this process is the sibling of `sibling`: both share this process as parent
         got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()

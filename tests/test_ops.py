@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from mgpu_bench import ops
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results import ops
 
 
 def test_registry_holds_every_op_in_display_order():

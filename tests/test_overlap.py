@@ -139,7 +139,7 @@ def test_nccl_channels_from_its_info_log():
 
 
 def test_the_training_step_from_a_suite_document_and_the_suite_step():
-    from mgpu_bench.probe import PlanContext
+    from mgpu_bench.results.probe import PlanContext
 
     suite = json.loads((FIXTURES / "suite" / "suite.json").read_text())
     ref = ov.model_reference(suite, "suite.json")
@@ -159,8 +159,8 @@ def test_two_gloo_processes_end_to_end(tmp_path):
     """A real run: 2 CPU processes (gloo) through torch's elastic launcher, beside the suite
     fixture's 2-process model step; stored in this test's history."""
     from mgpu_bench.history import History
-    from mgpu_bench.probe import headline
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
+    from mgpu_bench.results.probe import headline
 
     if visible_gpu_count() > 0:
         pytest.skip("on GPU machines the GPU tests cover this")

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from mgpu_bench.cli import cli
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 from mgpu_bench.history import History
 from mgpu_bench.probes.plan.config import BareSize, parse_bare_size, parse_count
 from mgpu_bench.probes.plan.project import DDP_BUCKET, DDP_FIRST_BUCKET, Bandwidth, ddp_buckets
@@ -355,7 +355,7 @@ def test_a_gpu_of_the_database_without_a_link_is_planned_saying_what_it_lacks(tm
 def test_a_full_mesh_node_takes_its_links_not_its_pcie(tmp_path):
     """--gpu mi300x: its 8-GPU platform joins every pair by one Infinity Fabric link (64 GB/s per
     direction, 75% usable: the database's figures): a ring over the node's 8 GPUs has 7 links."""
-    from mgpu_bench import hardware
+    from mgpu_bench.machine import hardware
 
     db = tmp_path / "empty.sqlite3"
     History.open(db).close()

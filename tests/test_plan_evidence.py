@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import hardware
 from mgpu_bench.cli import cli
 from mgpu_bench.history import History
+from mgpu_bench.machine import hardware
 from mgpu_bench.probes.plan import clean
 
 FIX = Path(__file__).parent / "fixtures"

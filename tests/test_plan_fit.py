@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 from mgpu_bench.cli import cli
 from mgpu_bench.history import History
-from mgpu_bench.probe import headline
 from mgpu_bench.probes.plan.project import Bandwidth
+from mgpu_bench.results.probe import headline
 
 FIX = Path(__file__).parent / "fixtures"
 SUITE = json.loads((FIX / "suite" / "suite.json").read_text())

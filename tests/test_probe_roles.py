@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_bench import probe as registry
-from mgpu_bench.probe import Finding, Probe
+from mgpu_bench.results import probe as registry
+from mgpu_bench.results.probe import Finding, Probe
 
 ROLES = {  # Probe method -> the (module, function) the protocol calls for it
     "from_document": ("document", "run_from_document"), "findings": ("analyse", "findings"),

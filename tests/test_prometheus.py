@@ -18,7 +18,6 @@ from test_headline import (
     suite_document,
 )
 
-from mgpu_bench.metrics import Metric
 from mgpu_bench.output.prometheus import (
     escape_value,
     family,
@@ -27,7 +26,8 @@ from mgpu_bench.output.prometheus import (
     sanitize_name,
     write_textfile,
 )
-from mgpu_bench.probe import headline as metrics_from_document
+from mgpu_bench.results.metrics import Metric
+from mgpu_bench.results.probe import headline as metrics_from_document
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL = r"[a-zA-Z_][a-zA-Z0-9_]*"
@@ -259,8 +259,8 @@ def _every_probes_documents() -> dict[str, list[dict]]:
     import json
     from pathlib import Path
 
-    from mgpu_bench import probe as registry
-    from mgpu_bench.document import document_kind
+    from mgpu_bench.results import probe as registry
+    from mgpu_bench.results.document import document_kind
 
     here = Path(__file__).resolve().parent / "fixtures"
     docs = [json.loads(f.read_text()) for f in sorted((here / "gpu").glob("*.json"))]

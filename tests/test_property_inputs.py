@@ -11,7 +11,7 @@ checked and before any work) instead of measuring.
 
 Loaders (`history add`, `report`, and a stored row read by `compare`, `history show` and `report
 RUN`): real documents (fixtures, the 0.1.0 history, a fleet pass) with one declared field made
-wrong (mgpu_bench.schema names what each field must be), and garbage documents with the right tag.
+wrong (mgpu_bench.results.schema names what each field must be), and garbage documents with the right tag.
 
 In process through click's CliRunner: about a thousand invocations in a few seconds."""
 
@@ -32,11 +32,11 @@ from conftest import Measuring
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from mgpu_bench import probe as registry
 from mgpu_bench.cli import cli
 from mgpu_bench.history import History
-from mgpu_bench.probe import validate
-from mgpu_bench.schema import ENVELOPE, AnyValue, Doc, List, Map, Obj, SchemaError, Tagged
+from mgpu_bench.results import probe as registry
+from mgpu_bench.results.probe import validate
+from mgpu_bench.results.schema import ENVELOPE, AnyValue, Doc, List, Map, Obj, SchemaError, Tagged
 
 FIX = Path(__file__).with_name("fixtures")
 SETTINGS = {"deadline": None, "derandomize": True, "database": None,
@@ -419,7 +419,7 @@ def test_a_blank_value_or_an_empty_entry_is_refused_in_every_text_option(stop_be
     given blank, or as a list with an empty entry between its commas (or before the first), is
     refused in one line naming the option, exit 2, nothing written. One comma at the end stays
     allowed (`--gpus 2,` is GPU 2)."""
-    from mgpu_bench.numbers import AsciiText
+    from mgpu_bench.results.numbers import AsciiText
 
     params = [(p, q) for p, q in PARAMS if isinstance(q, click.Option) and isinstance(q.type, AsciiText)]
     path, param = data.draw(st.sampled_from(params), label="option")

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_bench import probe as registry
-from mgpu_bench import theory
+from mgpu_bench.machine import theory
 from mgpu_bench.output import html_page
 from mgpu_bench.probes.comm import document as comm_document
 from mgpu_bench.probes.comm import report as comm_report
 from mgpu_bench.probes.comm.analyse import gbs
 from mgpu_bench.probes.model import report as model_report
+from mgpu_bench.results import probe as registry
 from mgpu_bench.suite import report as suite_report
 
 FIX = Path(__file__).with_name("fixtures")

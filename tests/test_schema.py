@@ -1,4 +1,4 @@
-"""Result documents against their declared shape (mgpu_bench.schema): every kind declares one;
+"""Result documents against their declared shape (mgpu_bench.results.schema): every kind declares one;
 what the writers produce and every stored version (the fixtures, the 0.1.0 history) passes it; a
 document with the right schema tag but the wrong shape is exit code 2 with one line naming the
 file and the field, at `history add`, at `report` and when a stored row is read back, and nothing
@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mgpu_bench import probe as registry
 from mgpu_bench.cli import cli
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 from mgpu_bench.history import History
-from mgpu_bench.probe import load_document as load
-from mgpu_bench.probe import validate
-from mgpu_bench.schema import SchemaError, file_stem
+from mgpu_bench.results import probe as registry
+from mgpu_bench.results.probe import load_document as load
+from mgpu_bench.results.probe import validate
+from mgpu_bench.results.schema import SchemaError, file_stem
 
 FIX = Path(__file__).with_name("fixtures")
 RELEASE = FIX / "history" / "release-0.1.0.sqlite3"
@@ -222,7 +222,7 @@ def test_a_fleet_report_draws_a_node_lost_after_its_first_pairings():
 # -- what the messages say (issue 23: "is an object, not an object or a number") ---------------------
 
 def _problem(spec, value) -> str:
-    from mgpu_bench.schema import _Problem
+    from mgpu_bench.results.schema import _Problem
 
     try:
         spec.check(value, "x")
@@ -245,7 +245,7 @@ def test_the_latency_shape_is_named_in_its_readers_terms():
 
 
 def test_one_of_reports_the_problem_inside_the_option_of_the_values_type():
-    from mgpu_bench.schema import Int, List, Map, Num, Obj, OneOf, Str
+    from mgpu_bench.results.schema import Int, List, Map, Num, Obj, OneOf, Str
 
     either = OneOf(Map(Num(), keys_what="a size class"), Num())
     assert _problem(either, {"a": 1, "b": "fast"}) == "x.b: is 'fast', not a number"
@@ -261,7 +261,7 @@ def test_one_of_reports_the_problem_inside_the_option_of_the_values_type():
 
 def _specs(spec, seen=None):
     """Every spec reachable from `spec` (the nested documents of a suite are their own kinds')."""
-    from mgpu_bench.schema import List, Map, Obj, OneOf, Tagged
+    from mgpu_bench.results.schema import List, Map, Obj, OneOf, Tagged
 
     seen = set() if seen is None else seen
     if id(spec) in seen:
@@ -280,7 +280,7 @@ def test_no_message_contradicts_itself():
     the spec takes is never refused as "is an object, not ..." (the issue's "is an object, not
     an object or a number"): the problem is a field inside it, its length, or a rule; and a
     message of the form "is X, not D" describes D as something X is not."""
-    from mgpu_bench.schema import ENVELOPE, Obj
+    from mgpu_bench.results.schema import ENVELOPE, Obj
 
     values = [{}, {"x": 1}, {"count": "n"}, [], [None], [[]], "", "x" * 300, 0, -1, 1.5, float("nan"), True]
     specs = [s for k in registry.names() for s in _specs(registry.get(k).schema())]

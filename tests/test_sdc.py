@@ -11,12 +11,12 @@ import pytest
 from click.testing import CliRunner
 
 from mgpu_bench.cli import cli
-from mgpu_bench.probe import PROBLEM, PlanContext, validate
 from mgpu_bench.probes.sdc import PROBE
 from mgpu_bench.probes.sdc import analyse as an
 from mgpu_bench.probes.sdc import measure as me
 from mgpu_bench.probes.sdc.document import document, run_from_document
 from mgpu_bench.probes.sdc.headline import headline
+from mgpu_bench.results.probe import PROBLEM, PlanContext, validate
 
 M, N, K = 64, 48, 32  # small GEMM: the buffers are made here, not by a GPU
 H200 = {"name": "NVIDIA H200", "multiprocessors": 132}
@@ -231,7 +231,7 @@ def test_cli_bad_input_is_one_line_exit_2(args, text):
 
 
 def test_cli_without_gpu_says_what_runs_here():
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("this machine has GPUs")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.selection import parse_gpus
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.machine.selection import parse_gpus
 
 
 def test_the_three_forms():

@@ -21,7 +21,7 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /
 
 
 def _cpu_only():
-    from mgpu_bench.selection import visible_gpu_count
+    from mgpu_bench.machine.selection import visible_gpu_count
 
     if visible_gpu_count() > 0:
         pytest.skip("CPU only (the gloo ranks)")
@@ -218,7 +218,7 @@ def test_sigkill_of_suite_ends_its_probe_and_a_later_run_removes_its_folder(tmp_
     before it could bind itself to its parent: the race the child closes by checking its
     parent): the probe ends too; the suite's temporary folder, named with its pid, stays and
     is removed by a later run once it is stale."""
-    from mgpu_bench import children
+    from mgpu_bench.core import children
 
     proc = _start(["suite", "--quick", "--rounds", "2", "--no-store", "--no-progress", "--report",
                    str(tmp_path)], tmp_path, env={"TMPDIR": str(tmp_path)})
@@ -247,7 +247,7 @@ def test_sigkill_of_suite_ends_its_probe_and_a_later_run_removes_its_folder(tmp_
 
 
 def test_stale_temporary_folders_of_dead_runs_are_removed_never_a_live_ones(tmp_path):
-    from mgpu_bench import children
+    from mgpu_bench.core import children
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
@@ -318,12 +318,12 @@ def test_every_child_process_and_temporary_folder_of_the_tool_is_bound_to_its_ru
             if name in ("subprocess.Popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
                         "subprocess.check_output") and "child_env(" not in keywords.get("env", ""):
                 wrong.append(f"{where}: give env=children.child_env(...)")
-            elif name.endswith("elastic_launch") and rel != "mgpu_bench/launch.py":
+            elif name.endswith("elastic_launch") and rel != "mgpu_bench/core/launch.py":
                 wrong.append(f"{where}: use launch.run_elastic")
             elif name.endswith(("get_context", "mp.spawn", "start_processes")):
                 spawns_mp = True
             elif name in ("tempfile.mkdtemp", "tempfile.TemporaryDirectory", "tempfile.mkstemp") \
-                    and rel != "mgpu_bench/children.py" and "dir" not in keywords \
+                    and rel != "mgpu_bench/core/children.py" and "dir" not in keywords \
                     and "temp_name(" not in keywords.get("prefix", ""):
                 wrong.append(f"{where}: use children.temp_folder, or prefix=children.temp_name(...)")
         if spawns_mp and "children.spawning(" not in text:
@@ -371,7 +371,7 @@ def test_every_probe_defers_stop_signals_once_its_last_measurement_is_in():
     import importlib
     from pathlib import Path
 
-    from mgpu_bench import probe as registry
+    from mgpu_bench.results import probe as registry
 
     missing = []
     for name in registry.names():

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.sizes import format_bytes, parse_size, parse_sizes
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.sizes import format_bytes, parse_size, parse_sizes
 
 
 @pytest.mark.parametrize(

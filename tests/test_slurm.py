@@ -19,8 +19,8 @@ import slurm_cluster
 from click.testing import CliRunner
 from slurm_cluster import Throttle, processes
 
-from mgpu_bench import launch, slurm
 from mgpu_bench.cli import cli
+from mgpu_bench.core import launch, slurm
 
 CLI = [sys.executable, "-m", "mgpu_bench.cli"]
 
@@ -210,16 +210,17 @@ def test_slurm_that_refuses_says_why_in_one_line(idle, monkeypatch):
     try:
         os.chmod(shared, 0o755)
         conf = shutil.copy(c.conf, shared)
-        # mgpu_bench.slurm and children, all it imports, need nothing but the standard library: the
+        # mgpu_bench.core.slurm and children, all it imports, need nothing but the standard library: the
         # system's Python runs copies of the two as nobody (the test's interpreter lives under root's
         # home, which nobody cannot enter)
-        pkg = Path(shared) / "mgpu_bench"
-        pkg.mkdir()
-        (pkg / "__init__.py").write_text("")
+        pkg = Path(shared) / "mgpu_bench" / "core"
+        pkg.mkdir(parents=True)
+        for folder in (pkg, pkg.parent):
+            (folder / "__init__.py").write_text("")
         for name in ("slurm.py", "children.py"):
             shutil.copy(Path(slurm.__file__).with_name(name), pkg / name)
         subprocess.run(["chmod", "-R", "a+rX", shared], check=True)
-        code = ("from mgpu_bench import slurm\n"
+        code = ("from mgpu_bench.core import slurm\n"
                 "try:\n    slurm.drain('node2', 'test')\nexcept slurm.SlurmError as e:\n    print(e)\n")
         r = subprocess.run(["/usr/bin/python3", "-c", code], check=False,
                            env=_env(c, SLURM_CONF=conf, HOME=shared, PYTHONPATH=shared),

@@ -144,7 +144,7 @@ def _run(world: int, cases: tuple[str, ...], db: str) -> dict:
 
     from torch.distributed.launcher.api import LaunchConfig
 
-    from mgpu_bench import launch
+    from mgpu_bench.core import launch
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"ledger-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,
@@ -249,7 +249,7 @@ def test_an_intermittent_straggler_is_named_with_its_period(two):
 
 
 def test_the_ledger_is_stored_per_window_and_drawn_as_one_stacked_bar(two, tmp_path):
-    from mgpu_bench.probe import get
+    from mgpu_bench.results.probe import get
 
     doc = two["input"]["doc"]
     led = doc["runs"][0]["ledger"]

@@ -102,7 +102,7 @@ def test_periodic_stalls_the_headline_is_the_wall_clock_and_the_stall_is_named(w
         (info,) = h.list(5, kind="model")
         rate = {m.name: m for m in h.metrics(info.run_id)}[f"model.job:truth-{where}.job.1gpu.loader.samples_per_s"]
     assert rate.value == pytest.approx(own, rel=0.02) and len(rate.samples) == STEPS - WARMUP
-    from mgpu_bench.probe import get
+    from mgpu_bench.results.probe import get
 
     out = tmp_path / "report"
     get("model").report(doc, out, None)
@@ -181,7 +181,7 @@ def _two_ranks(case: str, db: str) -> list[dict]:
 
     from torch.distributed.launcher.api import LaunchConfig
 
-    from mgpu_bench import launch
+    from mgpu_bench.core import launch
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=f"truth-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,

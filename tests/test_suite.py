@@ -15,12 +15,12 @@ from dataclasses import replace
 import pytest
 from conftest import DEADLINE_S, plain, scaled, wait_for_output
 
-from mgpu_bench import children
+from mgpu_bench.core import children
 from mgpu_bench.history.store import History
-from mgpu_bench.probe import Step, replace_option
-from mgpu_bench.probe import headline as metrics_from_document
+from mgpu_bench.machine.selection import visible_gpu_count
 from mgpu_bench.probes.model.analyse import steps_to_fill
-from mgpu_bench.selection import visible_gpu_count
+from mgpu_bench.results.probe import Step, replace_option
+from mgpu_bench.results.probe import headline as metrics_from_document
 from mgpu_bench.suite import run as suite
 
 pytestmark = pytest.mark.skipif(visible_gpu_count() > 0, reason="the CPU plan; GPUs run tests/test_gpu_suite.py")

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_bench.probe import OK, PROBLEM, SEVERITIES, WARNING
 from mgpu_bench.probes.comm import analyse as comm_analyse
 from mgpu_bench.probes.comm import document as comm_document
 from mgpu_bench.probes.gemm import analyse as gemm_analyse
@@ -25,7 +24,8 @@ from mgpu_bench.probes.memory import analyse as memory_analyse
 from mgpu_bench.probes.memory import document as memory_document
 from mgpu_bench.probes.model import analyse as model_analyse
 from mgpu_bench.probes.model import document as model_document
-from mgpu_bench.sizes import format_bytes
+from mgpu_bench.results.probe import OK, PROBLEM, SEVERITIES, WARNING
+from mgpu_bench.results.sizes import format_bytes
 from mgpu_bench.suite import judge as suite_judge
 from mgpu_bench.suite import report as suite_report
 
@@ -629,7 +629,7 @@ def test_report_command_renders_every_kind_of_document_again(tmp_path):
     from click.testing import CliRunner
 
     from mgpu_bench.cli import cli
-    from mgpu_bench.document import document_kind
+    from mgpu_bench.results.document import document_kind
 
     doc = json.loads((FIXTURES / "suite" / "suite.json").read_text())
     kinds = set()

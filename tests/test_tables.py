@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from rich.console import Console
 from rich.table import Table
 
-from mgpu_bench import probe as registry
-from mgpu_bench import topo
+from mgpu_bench.machine import topo
 from mgpu_bench.output.tables import print_table
+from mgpu_bench.results import probe as registry
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WIDTHS = (40, 60, 100, 200)

@@ -1,4 +1,4 @@
-"""mgpu_bench.telemetry: the sampler over a stand-in NVML, the reason words, the summaries and
+"""mgpu_bench.machine.telemetry: the sampler over a stand-in NVML, the reason words, the summaries and
 the explanations; one GPU test samples a real GPU.
 
 The stand-in answers with pynvml's function names and units (MHz, mW, C) and raises its own
@@ -14,15 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mgpu_bench import telemetry
-from mgpu_bench.telemetry import (
-    Sample,
-    Sampler,
-    explain,
-    reason_names,
-    series,
-    summarize,
-)
+from mgpu_bench.machine import telemetry
+from mgpu_bench.machine.telemetry import Sample, Sampler, explain, reason_names, series, summarize
 
 NOT_SUPPORTED, NOT_FOUND, LIBRARY_NOT_FOUND = 3, 6, 12  # nvmlReturn_t
 

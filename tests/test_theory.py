@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_bench import theory
+from mgpu_bench.machine import theory
 
 FIXTURE = Path(__file__).with_name("fixtures") / "topo_2x_h200.json"
 
@@ -70,7 +70,7 @@ def test_real_2x_h200_snapshot():
 
 
 def nic(device, rate_text, paths, state="ACTIVE"):
-    from mgpu_bench.topo import parse_ib_rate
+    from mgpu_bench.machine.topo import parse_ib_rate
 
     return {"device": device, "port": 1, "state": state, **parse_ib_rate(rate_text),
             "gpu_paths": [{"gpu": g, "path": p} for g, p in paths.items()]}

@@ -1,4 +1,4 @@
-"""mgpu_bench.topo: the snapshot, the findings and the terminal view.
+"""mgpu_bench.machine.topo: the snapshot, the findings and the terminal view.
 
 No GPU exists on the CPU machines, so NVML is replaced here (and only here) by a stand-in with
 pynvml's function names, built from what a 2x H200 NV18 node and an 8-GPU HGX H200 node report;
@@ -20,7 +20,7 @@ import pynvml
 import pytest
 from rich.console import Console
 
-from mgpu_bench import topo
+from mgpu_bench.machine import topo
 
 # ---------------------------------------------------------------------------------------------
 # a stand-in for pynvml

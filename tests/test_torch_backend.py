@@ -15,10 +15,10 @@ import pytest
 import torch
 from conftest import scaled
 
-from mgpu_bench import ops
-from mgpu_bench.errors import CommTimeoutError, InputError
-from mgpu_bench.measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
+from mgpu_bench.core.errors import CommTimeoutError, InputError
 from mgpu_bench.probes.comm import torch_backend as tb
+from mgpu_bench.results import ops
+from mgpu_bench.results.measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
 
 NPROC = 2
 FAST = TimingOptions(warmup_iters=2, min_time_s=0.005, min_iters=5, max_iters=40)

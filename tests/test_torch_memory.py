@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 from mgpu_bench.probes.memory import torch_memory
 from mgpu_bench.probes.memory.torch_memory import (
     SETTINGS,

@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-from mgpu_bench import hardware, theory
+from mgpu_bench.machine import hardware, theory
 
 
 def _data() -> dict:

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from mgpu_bench import workloads
 from mgpu_bench.cli import cli
-from mgpu_bench.errors import InputError
-from mgpu_bench.probe import load_document
-from mgpu_bench.schema import NAME
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.probe import load_document
+from mgpu_bench.results.schema import NAME
 from mgpu_bench.workloads import gpt
 
 HERE = Path(__file__).parent / "workloads"
@@ -363,7 +363,7 @@ def test_resnet_on_two_processes_reports_samples_per_second(resnet_ddp):
 
 def test_the_history_keys_metrics_by_workload_and_compare_refuses_another(resnet_ddp, tmp_path):
     from mgpu_bench.history import History, compare_runs
-    from mgpu_bench.probe import headline as metrics_from_document
+    from mgpu_bench.results.probe import headline as metrics_from_document
 
     doc, _ = resnet_ddp
     names = {m.name for m in metrics_from_document(doc)}

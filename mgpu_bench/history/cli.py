@@ -15,11 +15,11 @@ import sys
 
 import click
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.numbers import AsciiIntRange, ascii_float, foreign_digit
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.core.paths import check_distinct, check_writable
 from mgpu_bench.output.console import safe_text
 from mgpu_bench.output.tables import format_value
-from mgpu_bench.paths import check_distinct, check_writable
+from mgpu_bench.results.numbers import AsciiIntRange, ascii_float, foreign_digit
 
 EXIT_REGRESSION = 1
 # compare only: the comparison was made and printed, no regression, but --json was not written.
@@ -175,10 +175,10 @@ def history_add(files, join, op_name, db_path) -> int:
     another than the log's is refused. Every file is read and checked before any is stored, and
     all are stored in one transaction: every run of every file, or none. A run's time is the one
     its log states (nccl-tests -S 1), else the time of the import (said in its source)."""
-    from mgpu_bench import probe as registry
-    from mgpu_bench.nccl_tests import read_log
-    from mgpu_bench.probe import load_document
-    from mgpu_bench.schema import shown
+    from mgpu_bench.results import probe as registry
+    from mgpu_bench.results.nccl_tests import read_log
+    from mgpu_bench.results.probe import load_document
+    from mgpu_bench.results.schema import shown
 
     from .store import prepare
 
@@ -194,7 +194,7 @@ def history_add(files, join, op_name, db_path) -> int:
     if logs:
         op = None
         if op_name is not None:
-            from mgpu_bench.ops import OP_ORDER
+            from mgpu_bench.results.ops import OP_ORDER
 
             op = op_name.strip().lower().replace("_", "").replace("-", "")
             if op not in OP_ORDER:
@@ -250,8 +250,8 @@ def history_list(limit, kind, show_all, db_path) -> int:
     `mgpu-bench plan` is stored) are left out unless --all or --kind plan, and their count said."""
     from rich.table import Table
 
-    from mgpu_bench import probe as registry
     from mgpu_bench.output.tables import print_table
+    from mgpu_bench.results import probe as registry
 
     if kind is not None and kind not in registry.names():
         raise InputError(f"--kind {safe_text(kind)!s}: not a kind of run; choose from {', '.join(registry.names())}")
@@ -368,7 +368,7 @@ def history_prune(age_text, keep, kind, host, drop_samples, dry_run, db_path) ->
     stores with its own limit already (`check --keep`, the newest 1000 per node). The sizes said
     are the bytes on disk, the write-ahead log and its index included, the second after the
     compaction and a checkpoint."""
-    from mgpu_bench import probe as registry
+    from mgpu_bench.results import probe as registry
 
     from .store import files_size
 
@@ -702,7 +702,7 @@ def compare_command(run, base, tolerance_text, json_path, db_path) -> int:
         result = compare_runs(h, base, new.run_id, tolerance)
     code = EXIT_REGRESSION if result.failed else EXIT_CANNOT_TELL if result.cannot_tell else 0
     if json_path:  # written first, printed after: a reader that stops reading stdout costs no file
-        from mgpu_bench.paths import write_json
+        from mgpu_bench.core.paths import write_json
 
         try:
             write_json(json_path, result.to_dict())

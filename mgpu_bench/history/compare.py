@@ -20,8 +20,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.metrics import Metric
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.metrics import Metric
 
 from .store import History, _now
 
@@ -432,7 +432,7 @@ def other_workloads(base: Iterable[Metric], new: Iterable[Metric]) -> str | None
 
 def _comparable(history: History, run) -> list[Metric]:
     """The run's metrics as compare sets them side by side (compare_runs)."""
-    from mgpu_bench import probe as registry
+    from mgpu_bench.results import probe as registry
 
     doc = run.document if isinstance(run.document, Mapping) else None
     probe = registry.for_document(doc) if doc is not None else None
@@ -501,7 +501,7 @@ def host_spread(metrics: Sequence[Metric]) -> float | None:
 def shared_gpus(run) -> list[str]:
     """Lines for a stored run that ran beside another process on its GPUs (occupancy); one that
     only held memory, running nothing, leaves the figures comparable."""
-    from mgpu_bench.occupancy import competing, findings_text, from_document
+    from mgpu_bench.machine.occupancy import competing, findings_text, from_document
 
     doc = run.document if isinstance(run.document, Mapping) else {}
     return [f"{run.run_id}: {line}" for line in findings_text(competing(from_document(doc)))]

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.paths import special_place
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.core.paths import special_place
 
 _WHERE = "give --db PATH or set MGPU_BENCH_DB to the database file"
 
@@ -56,7 +56,7 @@ def fallback_path() -> Path | None:
     decides and makes the folder: $XDG_STATE_HOME/mgpu-bench, else FALLBACK_DB's folder for root,
     else a private folder under the temporary directory). None when none can be had; InputError
     for an XDG_STATE_HOME that must not or cannot be used (nothing made there)."""
-    from mgpu_bench.paths import state_folder
+    from mgpu_bench.core.paths import state_folder
 
     folder = state_folder(os.path.dirname(FALLBACK_DB))
     return None if folder is None else folder / "history.sqlite3"

@@ -1,4 +1,4 @@
-"""Stored rows read back through their declared shapes, as a document is (mgpu_bench.schema).
+"""Stored rows read back through their declared shapes, as a document is (mgpu_bench.results.schema).
 
 A row of the history can be changed by any program that opens the file (the sqlite3 shell, a
 script): a metric's samples that are not JSON, a value stored as text, a document that is a list.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from mgpu_bench.metrics import UNITS, Metric
-from mgpu_bench.schema import (
+from mgpu_bench.results.metrics import UNITS, Metric
+from mgpu_bench.results.schema import (
     ENVIRONMENT,
     ISO_TIME,
     Bool,

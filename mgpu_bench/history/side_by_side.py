@@ -27,10 +27,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from mgpu_bench import hardware, theory
-from mgpu_bench.document import document_kind
-from mgpu_bench.errors import InputError
-from mgpu_bench.metrics import Metric
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.machine import hardware, theory
+from mgpu_bench.results.document import document_kind
+from mgpu_bench.results.metrics import Metric
 
 FACTS = ("host", "GPU", "GPUs", "driver", "CUDA", "NCCL", "topology", "network", "source", "created")
 _PER_GPU = re.compile(r"^gpu\d+(?:-gpu\d+)?$")  # gemm.gpu0..., links.gpu0-gpu1...

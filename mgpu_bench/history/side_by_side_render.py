@@ -284,8 +284,8 @@ than two runs, an output path that cannot be written)."""
 def side_by_side_command(runs, json_path, csv_path, report_dir, db_path) -> int:
     from rich.console import Console
 
+    from mgpu_bench.core.paths import check_distinct, check_report_dir, check_writable, write_json, write_output
     from mgpu_bench.output.console import _isatty
-    from mgpu_bench.paths import check_distinct, check_report_dir, check_writable, write_json, write_output
 
     from .store import History, default_path
 

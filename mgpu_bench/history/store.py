@@ -42,13 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mgpu_bench.document import RESULT_SCHEMA, document_kind
-from mgpu_bench.errors import InputError
-from mgpu_bench.metrics import Metric
-from mgpu_bench.paths import HISTORY_APPLICATION_ID, special_place
-from mgpu_bench.probe import headline as metrics_from_document
-from mgpu_bench.probe import names as probe_names
-from mgpu_bench.probe import validate
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.core.paths import HISTORY_APPLICATION_ID, special_place
+from mgpu_bench.results.document import RESULT_SCHEMA, document_kind
+from mgpu_bench.results.metrics import Metric
+from mgpu_bench.results.probe import headline as metrics_from_document
+from mgpu_bench.results.probe import names as probe_names
+from mgpu_bench.results.probe import validate
 
 from .place import _WHERE, _check_location, default_path, default_place
 from .rows import FINGERPRINT, METRIC_ROW, RUN_ROW, check_row, json_field, metric_of_row
@@ -186,7 +186,7 @@ def prepare(doc: Mapping, metrics: Sequence[Metric] | None = None) -> Prepared:
     its JSON. Reads no database: a command checks every document it will store before it opens one."""
     if not isinstance(doc, Mapping) or doc.get("schema") != RESULT_SCHEMA:
         raise InputError("not an mgpu-bench result document: give one written by a command's --json")
-    if metrics is None:  # read here for its metrics: its declared shape first (mgpu_bench.schema),
+    if metrics is None:  # read here for its metrics: its declared shape first (mgpu_bench.results.schema),
         try:  # as the stored JSON holds it (a run's own document still has tuples, say)
             validate(json.loads(json.dumps(doc)))
         except (TypeError, ValueError) as exc:

@@ -48,7 +48,7 @@ class HostPool:
     def sync_slot(self):
         """The current slot's gradient all-reduce marks, emptied (made at the first use)."""
         if self.sync is None:
-            from mgpu_bench.gradsync import Slot
+            from mgpu_bench.training.gradsync import Slot
 
             self.sync = [Slot() for _ in range(self.size)]
         slot = self.sync[self.n]
@@ -74,7 +74,7 @@ class HostPool:
             return out
         syncs = None
         if self.sync is not None:
-            from mgpu_bench.gradsync import read
+            from mgpu_bench.training.gradsync import read
 
             reader = self.sync_read or read
             syncs = [reader(self.sync[k], self.marks[k][COMPUTE_START], self.between) if self.computed[k] else None

@@ -47,7 +47,7 @@ import time
 import warnings
 from typing import Any
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 from . import clock
 from .ending import Ending
@@ -164,7 +164,7 @@ class StepMonitor(Ending):
     ceiling: at finish() on GPUs, time the counted matmuls and convolutions alone (the measured
         ceiling); without a count, the best stored gemm run of this GPU is the reference.
     comm_hook: when each rank reaches the gradient all-reduce (the straggler inside compute) and
-        the communication the backward could not hide (mgpu_bench.gradsync). None (default): for a
+        the communication the backward could not hide (mgpu_bench.training.gradsync). None (default): for a
         DDP `model` on 2+ ranks, three marks a step from hooks on its own tensors (GradMarks: DDP's
         all-reduce untouched); True: the all-reduce run through torch's default communication hook
         with marks (GradSync), which also gives its time and bus bandwidth, at a cost (on one H200,
@@ -177,7 +177,7 @@ class StepMonitor(Ending):
         not only the tail the marks see; the training still gets the ranks' mean gradient. 0: off
         (the marks' figure). The reference steps' cost is said.
     noise_scale: estimate the gradient noise scale B_simple from each rank's gradient and the
-        all-reduced one (mgpu_bench.noise_scale: McCandlish et al. 2018, appendix A), per window,
+        all-reduced one (mgpu_bench.training.noise_scale: McCandlish et al. 2018, appendix A), per window,
         and what more GPUs buy against it; its cost is measured and said. The norms: in the steps
         that take them, a post-accumulate-grad hook on every parameter (this rank's gradient,
         before DDP's all-reduce) and one multi-tensor norm after DDP's end of backward; no
@@ -231,7 +231,7 @@ class StepMonitor(Ending):
             raise MonitorError(f"StepMonitor(noise_scale={noise_scale!r}): give True or False")
         self.noise_scale = noise_scale
         self.noise_every = _positive_int(noise_every, "noise_every", 1, 100_000)
-        from mgpu_bench import hardware
+        from mgpu_bench.machine import hardware
 
         try:
             self.dtype = hardware.peak_dtype(str(dtype))
@@ -243,7 +243,7 @@ class StepMonitor(Ending):
         self.store, self.db, self.prometheus, self.json, self.report = bool(store), db, prometheus, json, report
         self.print, self.progress, self.strict = bool(print), bool(progress), bool(strict)
         if self._writer():  # an output that cannot be written is found now, not after the training
-            from mgpu_bench.paths import check_distinct, check_report_dir, check_writable
+            from mgpu_bench.core.paths import check_distinct, check_report_dir, check_writable
 
             try:
                 db_path = None
@@ -606,7 +606,7 @@ class StepMonitor(Ending):
                 self._notes.append(f"{'noise_scale' if self.noise_scale else 'comm_hook'}=True: one rank, no "
                                    "gradient all-reduce (the noise scale needs two batch sizes: 2+ DDP ranks)")
             return
-        from mgpu_bench.gradsync import GradMarks, GradSync
+        from mgpu_bench.training.gradsync import GradMarks, GradSync
 
         ddp, why = GradSync.usable(self.model) if self.model is not None else (None, "no model= given")
         if ddp is None:
@@ -704,7 +704,7 @@ class StepMonitor(Ending):
 
     @staticmethod
     def _launcher_rank() -> int:
-        from mgpu_bench.launch import detect
+        from mgpu_bench.core.launch import detect
 
         try:
             le = detect()

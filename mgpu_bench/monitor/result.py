@@ -145,14 +145,14 @@ def _median_int(values) -> int:
 def conclude(mon, records: list[dict | None], alone: bool = False) -> dict:
     """Rank 0 (or a rank `alone`): the model document of the job, printed, stored and written
     as `mon` asks (alone: none of that, the rank's own figures)."""
-    from mgpu_bench.document import Document, status
+    from mgpu_bench.results.document import Document, status
 
     present = [r for r in records if r is not None]
     missing = [i for i, r in enumerate(records) if r is None]
     steps, cols = _aligned(present) if present else ([], [])
     run, job = build(mon, present, missing, steps, cols)
     run.job = job  # the straggler among the findings, wherever the run is drawn again
-    from mgpu_bench.env import fingerprint
+    from mgpu_bench.machine.env import fingerprint
     from mgpu_bench.probes.model.document import document
 
     try:
@@ -176,7 +176,7 @@ def conclude(mon, records: list[dict | None], alone: bool = False) -> dict:
 
 def build(mon, present: list[dict], missing: list[int], steps: list[int], cols: list[dict]):
     """(the model probe's ModelRun of the job, the document's job section)."""
-    from mgpu_bench import hardware
+    from mgpu_bench.machine import hardware
     from mgpu_bench.probes.model.analyse import ModelRun, analyse
     from mgpu_bench.probes.model.config import ModelConfig
 
@@ -351,25 +351,25 @@ def _stored_gemm(mon, gpu_name: str, host: str, rate: float) -> dict | None:
 def _report(mon, doc, run, job) -> None:
     """Rank 0: the history row, the Prometheus textfile, the JSON document and the report folder
     first; then findings, notes, the model table, the job's own lines and the verdict on stdout."""
-    from mgpu_bench import runner
+    from mgpu_bench.core.paths import write_json
     from mgpu_bench.output.console import err_console, out_console
-    from mgpu_bench.paths import write_json
-    from mgpu_bench.probe import get
+    from mgpu_bench.results.probe import get
+    from mgpu_bench.run import keep
 
     probe = get("model")
     out, err = out_console(), err_console()
     if probe.measured(doc):  # stored and written first: a closed or full stdout never costs the job's figures
         history, run_id = None, None
-        store = runner.Store(mon.db, False, mon.prometheus)
+        store = keep.Store(mon.db, False, mon.prometheus)
         try:
             if mon.store:
-                history, run_id, _ = runner._store(probe, None, doc, store, out, err)
+                history, run_id, _ = keep.save(probe, None, doc, store, out, err)
             if mon.prometheus:
-                runner._textfile(mon.prometheus, doc, run_id, err)
-            failed = runner.write_outputs([(mon.json, lambda p: write_json(p, doc), "--json"),
+                keep.textfile(mon.prometheus, doc, run_id, err)
+            failed = keep.write_outputs([(mon.json, lambda p: write_json(p, doc), "--json"),
                                            (mon.report, lambda p: probe.report(doc, p, history), "--report")], err)
             if mon.store and run_id is None:  # the history could not take it: a file for `history add`
-                runner._kept_for_later(doc, "model", mon.json, "--json" in failed, store, err)
+                keep.kept_for_later(doc, "model", mon.json, "--json" in failed, store, err)
         finally:
             if history is not None:
                 history.close()

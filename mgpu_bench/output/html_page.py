@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from mgpu_bench.probe import SEVERITIES
+from mgpu_bench.results.probe import SEVERITIES
 
 # The one page layout: a centred column with room on both sides however narrow the window
 # (margin:auto alone leaves none once the window is narrower than max-width), wide tables
@@ -206,8 +206,8 @@ def write_bundle(out_dir: str | Path, images: dict[str, bytes], page_html: str, 
     """<name>.png per image, report.html and summary.md into out_dir (created; its parent must
     exist, FileNotFoundError otherwise); returns the paths in that order. Each file is written by
     paths.write_output (replaced atomically, through a symbolic link, never over a FIFO)."""
-    from mgpu_bench.paths import write_output
-    from mgpu_bench.schema import file_stem
+    from mgpu_bench.core.paths import write_output
+    from mgpu_bench.results.schema import file_stem
 
     out = Path(out_dir)
     out.mkdir(exist_ok=True)

@@ -24,8 +24,8 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
-from mgpu_bench.metrics import Metric
-from mgpu_bench.paths import write_output
+from mgpu_bench.core.paths import write_output
+from mgpu_bench.results.metrics import Metric
 
 PREFIX = "mgpu_bench_"
 UNIT_SUFFIX = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from mgpu_bench.probe import GPUS_HELP, Finding, Probe, option
+from mgpu_bench.results.probe import GPUS_HELP, Finding, Probe, option
 
 HELP = """The three rounds of a throughput stress test, one report, stored and compared.
 
@@ -72,9 +72,9 @@ class SuiteProbe(Probe):
         ]
 
     def configure(self, o: dict):
-        from mgpu_bench import selection
         from mgpu_bench.history.cli import parse_tolerance
-        from mgpu_bench.sizes import parse_duration
+        from mgpu_bench.machine import selection
+        from mgpu_bench.results.sizes import parse_duration
 
         from .run import SuiteConfig, parse_rounds
 
@@ -85,7 +85,7 @@ class SuiteProbe(Probe):
         if ngpu:
             chosen = tuple(selection.parse_gpus(o["gpus"], ngpu))
         elif o["gpus"] is not None:  # the suite has no --nproc: its CPU probes choose their own processes
-            from mgpu_bench.errors import InputError
+            from mgpu_bench.core.errors import InputError
 
             raise InputError(f"--gpus needs NVIDIA GPUs and none is usable here ({selection.no_gpu_reason()}): drop "
                              "--gpus; without GPUs the suite runs the probes that work on CPU processes (comm with "
@@ -115,7 +115,7 @@ class SuiteProbe(Probe):
         return cfg.tolerance
 
     def run(self, cfg, ctx):
-        from mgpu_bench.document import Document
+        from mgpu_bench.results.document import Document
 
         from .judge import findings
         from .run import document, run_suite
@@ -154,7 +154,7 @@ class SuiteProbe(Probe):
     def report(self, doc: Mapping, out_dir, history=None):
         from pathlib import Path
 
-        from mgpu_bench.paths import write_json
+        from mgpu_bench.core.paths import write_json
 
         from .report import write_report
         from .run import history_trend

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench import probe as registry
-from mgpu_bench.document import document_kind
-from mgpu_bench.metrics import Metric, slug
+from mgpu_bench.results import probe as registry
+from mgpu_bench.results.document import document_kind
+from mgpu_bench.results.metrics import Metric, slug
 
 
 def headline(doc: Mapping) -> list[Metric]:

@@ -16,9 +16,9 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mgpu_bench import probe as registry
-from mgpu_bench.document import Document, document_kind
-from mgpu_bench.probe import PROBLEM, SEVERITIES, WARNING, Finding, Probe
+from mgpu_bench.results import probe as registry
+from mgpu_bench.results.document import Document, document_kind
+from mgpu_bench.results.probe import PROBLEM, SEVERITIES, WARNING, Finding, Probe
 
 ROUND_TITLES = {1: "single-GPU baseline", 2: "multi-GPU scaling", 3: "limit throughput"}
 
@@ -189,7 +189,7 @@ def telemetry_findings(tel: Mapping | None) -> list[tuple[str, str]]:
     telemetry.explain names; the GPUs at their peers' clock with a concern all the same
     (telemetry.concerns: a power limit below the default, thermal or hardware slowdown), in one
     line per concern. The power cap at the default limit is normal under load: not a finding."""
-    from mgpu_bench import telemetry
+    from mgpu_bench.machine import telemetry
 
     sums = {k: g["summary"] for k, g in telemetry_gpus(tel).items() if isinstance(g.get("summary"), Mapping)}
     out, capped = [], {}

@@ -24,7 +24,7 @@ from mgpu_bench.output import html_page
 from mgpu_bench.output.plotting import plain as _plain
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
-from mgpu_bench.probe import OK, PROBLEM, WARNING
+from mgpu_bench.results.probe import OK, PROBLEM, WARNING
 
 from .judge import ROUND_TITLES, Entry, entries, judge, notes, rows, telemetry_gpus
 from .judge import _headline as headline_of

@@ -26,10 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mgpu_bench import children
-from mgpu_bench import probe as registry
-from mgpu_bench.document import envelope
-from mgpu_bench.errors import (
+from mgpu_bench.core import children
+from mgpu_bench.core.errors import (
     InputError,
     defer_sigterm,
     interruption,
@@ -38,7 +36,9 @@ from mgpu_bench.errors import (
     terminated,
     termination_signal,
 )
-from mgpu_bench.probe import PlanContext, Step
+from mgpu_bench.results import probe as registry
+from mgpu_bench.results.document import envelope
+from mgpu_bench.results.probe import PlanContext, Step
 
 from .judge import ROUND_TITLES
 
@@ -92,7 +92,7 @@ def estimate(cfg: SuiteConfig) -> str:
     added), or STEP_GUESS_S where the probe says nothing."""
     import click
 
-    from mgpu_bench import startup
+    from mgpu_bench.core import startup
 
     spent = startup.spent_s()
     steps = [s for s in plan(cfg) if len(cfg.gpus) >= s.min_gpus]
@@ -169,7 +169,7 @@ def run_probe(probe: Step, ngpu: int, work: Path, bus_ids: dict[int, str] | None
     cmd = [sys.executable, "-m", "mgpu_bench.cli", *child_args(probe, out)]
     sampler = None
     if probe.telemetry and bus_ids:
-        from mgpu_bench import telemetry
+        from mgpu_bench.machine import telemetry
 
         sampler = telemetry.Sampler(bus_ids, interval_s=0.5)
         sampler.start()
@@ -237,7 +237,7 @@ class _Interrupted(KeyboardInterrupt):
 
 
 def _telemetry(sampler, t0: float) -> dict:
-    from mgpu_bench import telemetry
+    from mgpu_bench.machine import telemetry
 
     return {"error": sampler.error, "interval_s": sampler.interval_s,
             "gpus": {str(i): {"static": sampler.static.get(i), "series": telemetry.series(s, t0),
@@ -313,7 +313,7 @@ TREND_LIMIT = 30
 def history_trend(history, doc: dict, per_prefix: int = 2) -> dict[str, list[tuple[str, float, str]]]:
     """metric name -> [(created ISO time, value, unit), ...] oldest first, for a few of this
     suite's headline metrics (the first `per_prefix` of each kind), from the history database."""
-    from mgpu_bench.probe import headline
+    from mgpu_bench.results.probe import headline
 
     out: dict[str, list[tuple[str, float, str]]] = {}
     taken: dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""The suite document's declared shape (mgpu_bench.schema), checked on every read; run.document()
+"""The suite document's declared shape (mgpu_bench.results.schema), checked on every read; run.document()
 writes it. Import-light, as every kind's shape.py: the history validates stored documents through
 it without loading a backend.
 
@@ -9,20 +9,9 @@ the NVML samples the suite took beside it.
 
 from __future__ import annotations
 
-from mgpu_bench.document import document_kind
-from mgpu_bench.probe import check_document, names
-from mgpu_bench.schema import (
-    TELEMETRY_SERIES,
-    TELEMETRY_SUMMARY,
-    Bool,
-    Doc,
-    Int,
-    List,
-    Map,
-    Num,
-    Obj,
-    Str,
-)
+from mgpu_bench.results.document import document_kind
+from mgpu_bench.results.probe import check_document, names
+from mgpu_bench.results.schema import TELEMETRY_SERIES, TELEMETRY_SUMMARY, Bool, Doc, Int, List, Map, Num, Obj, Str
 
 # NVML's static facts of a GPU as telemetry.Sampler reads them once: its name and bus id, the
 # clock and power limits the report sets the samples against (Hz, W); None where NVML refused.

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import difflib
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 from .base import Workload, find_blocks, last_line, safe_key, to_device
 from .flops import FlopCount

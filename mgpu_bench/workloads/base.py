@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 from .flops import FlopCount
 

@@ -18,7 +18,7 @@ import importlib.util
 import re
 from importlib.metadata import PackageNotFoundError, version
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # where the CPU builds of torch and torchvision are
 # A pair known to load together (the one CI installs), for a torch whose release has no rule here.

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 # The ops recorded for the ceiling: every matmul and convolution FlopCounterMode counts.
 DENSE_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward")

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 from .base import Workload
 

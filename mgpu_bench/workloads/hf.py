@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 from .base import Workload, safe_key
 from .extras import auto_class, transformers_mismatch

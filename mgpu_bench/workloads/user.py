@@ -40,7 +40,7 @@ import sys
 import threading
 from pathlib import Path
 
-from mgpu_bench.errors import InputError, MgpuError
+from mgpu_bench.core.errors import InputError, MgpuError
 
 from .base import Workload, adamw, as_device, last_line
 
@@ -102,7 +102,7 @@ def _a_stop_signal_came() -> bool:
     no handler of the CLI's (errors.handle_stop_signals) records them in this process, so that it
     cannot be told (a rank's process, a library caller): only where one is recorded and none came
     is a KeyboardInterrupt the user's code's own."""
-    from mgpu_bench import errors
+    from mgpu_bench.core import errors
 
     recording = signal.getsignal(signal.SIGINT) is getattr(errors, "_stop_signal", None)
     return not recording or errors.interrupted() or errors.terminated()
@@ -111,7 +111,7 @@ def _a_stop_signal_came() -> bool:
 def user_code_limit() -> float:
     """USER_CODE_S, or the seconds MGPU_BENCH_USER_CODE_TIMEOUT gives (InputError when it is not a
     positive number)."""
-    from mgpu_bench.numbers import ascii_float
+    from mgpu_bench.results.numbers import ascii_float
 
     text = os.environ.get(USER_CODE_ENV)
     if text is None:

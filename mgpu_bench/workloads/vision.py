@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 from .base import Workload, as_device
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from mgpu_bench.probe import Probe, option
+from mgpu_bench.results.probe import Probe, option
 
 HELP = """Is this node fit to run jobs? Checks one node, all its GPUs, within --budget, and tells the
 scheduler.
@@ -77,7 +77,7 @@ class CheckProbe(Probe):
     def options(self) -> list:
         import click
 
-        from mgpu_bench.probe import GPUS_HELP
+        from mgpu_bench.results.probe import GPUS_HELP
 
         from .budget import DEFAULT_BUDGET
         from .contract import format_option
@@ -108,9 +108,10 @@ class CheckProbe(Probe):
     def configure(self, o: dict):
         import os
 
-        from mgpu_bench import selection, slurm
-        from mgpu_bench.errors import InputError
-        from mgpu_bench.probe import within
+        from mgpu_bench.core import slurm
+        from mgpu_bench.core.errors import InputError
+        from mgpu_bench.machine import selection
+        from mgpu_bench.results.probe import within
 
         from .budget import parse_budget
         from .contract import history_place
@@ -154,8 +155,8 @@ class CheckProbe(Probe):
     def run(self, cfg, ctx):
         import os
 
-        from mgpu_bench import slurm
-        from mgpu_bench.document import Document
+        from mgpu_bench.core import slurm
+        from mgpu_bench.results.document import Document
 
         from . import reference
         from .analyse import verdict_of
@@ -178,7 +179,7 @@ class CheckProbe(Probe):
         state("done")
         run.notes += notes
         if cfg.gpus:
-            from mgpu_bench import hardware
+            from mgpu_bench.machine import hardware
 
             for model in sorted({d["model"] for d in run.devices}):
                 if hardware.find_gpu(model) is None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding
+from mgpu_bench.results.probe import OK, PROBLEM, WARNING, Finding
 
 # kind -> (fraction, what of the datasheet it multiplies, why that fraction)
 FLOORS = {
@@ -98,7 +98,7 @@ def floors(devices: Sequence[Mapping], figures: Sequence[Mapping]) -> list[dict]
     """The floor of each kind of figure per GPU model measured: {kind, model, value, unit,
     fraction, of, reference (the datasheet or theory value), source, why}. A model not in the
     hardware database gets none (said in the notes)."""
-    from mgpu_bench import hardware
+    from mgpu_bench.machine import hardware
 
     out: list[dict] = []
     seen = set()
@@ -291,7 +291,7 @@ def _figures(figures: Sequence[Mapping], fl: Sequence[Mapping], reference: Mappi
 def _throttle(tele: Mapping | None) -> str:
     """The clock-event reasons seen while the GEMM ran that slow a healthy GPU (thermal, hardware
     slowdown, power brake): the likely cause, in words."""
-    from mgpu_bench.telemetry import POWER_CAP
+    from mgpu_bench.machine.telemetry import POWER_CAP
 
     reasons = [r for r in (tele or {}).get("limiting") or [] if r != POWER_CAP]
     return f"; {', '.join(reasons)} seen while it ran" if reasons else ""

@@ -23,7 +23,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 DEFAULT_BUDGET = "60s"
 MIN_BUDGET_S = 5.0  # below this the measuring process could not start, say why, and write its results
@@ -67,7 +67,7 @@ def reserve_s(budget_s: float) -> float:
 
 def process_age_s() -> float:
     """Seconds since this process started (its interpreter's start-up included), 0 where unknown."""
-    from mgpu_bench.env import process_seconds
+    from mgpu_bench.machine.env import process_seconds
 
     return process_seconds() or 0.0
 

@@ -58,7 +58,7 @@ def user_args() -> list[str]:
     ctx = click.get_current_context(silent=True)
     if ctx is None or ctx.command.name != "check":
         argv = sys.argv[sys.argv.index("check") + 1:] if "check" in sys.argv else []
-        from mgpu_bench.launch import strip_options
+        from mgpu_bench.core.launch import strip_options
 
         return [a for a in strip_options(argv, ("--format",)) if a not in ("--drain", "--resume")]
     out: list[str] = []
@@ -98,7 +98,7 @@ def _pump(stream, out, errors: list[str] | None = None) -> threading.Thread:
 
 def run(cfg) -> int:
     """The whole command: the measuring process within the budget, the verdict, the contract."""
-    from mgpu_bench import children, slurm
+    from mgpu_bench.core import children, slurm
 
     t_end = time.time() + cfg.budget_s - plan.process_age_s()
     child_end = t_end - plan.reserve_s(cfg.budget_s)
@@ -232,7 +232,7 @@ def hand_over(doc, state_path: str | None) -> None:
     file, in that command's own new folder), written whole or not at all."""
     if not state_path:
         return
-    from mgpu_bench.paths import write_json
+    from mgpu_bench.core.paths import write_json
 
     with contextlib.suppress(OSError, TypeError, ValueError):
         write_json(os.path.join(os.path.dirname(state_path), HANDED), doc)
@@ -352,7 +352,7 @@ def format_option(*decls: str, **attrs):
                 root.call_on_close(lambda: _npd_refusal(ctx))
             return super().add_to_parser(parser, ctx)
 
-    from mgpu_bench.numbers import ascii_type
+    from mgpu_bench.results.numbers import ascii_type
 
     attrs["type"] = ascii_type(attrs.get("type"), attrs.get("default"), False)  # as probe.option() declares
     return _Format(list(decls), **attrs)
@@ -370,7 +370,7 @@ def _npd_refusal(ctx) -> None:
     """The root context's close, as the command ends: the refusal it ends with, on stdout."""
     import click
 
-    from mgpu_bench.errors import InputError
+    from mgpu_bench.core.errors import InputError
 
     from .analyse import NPD_MAX, _fit
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from mgpu_bench.torch_timing import typical
+from mgpu_bench.results.torch_timing import typical
 
 from .budget import Budget
 from .result import CheckRun, Part
@@ -30,7 +30,7 @@ ALLREDUCE_BYTES = 1 << 20
 def ranks(run: CheckRun, budget: Budget, part: Part) -> None:
     import signal
 
-    from mgpu_bench import children, launch
+    from mgpu_bench.core import children, launch
 
     until = budget.slot("ranks")
     n = run.config.nproc

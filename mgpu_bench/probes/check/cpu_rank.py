@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    from mgpu_bench import torch_timing
+    from mgpu_bench.results import torch_timing
 
     from .cpu import ALLREDUCE_BYTES, COPY_BYTES, GEMM_N
 

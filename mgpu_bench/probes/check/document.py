@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench.document import envelope, status
+from mgpu_bench.results.document import envelope, status
 
 
 def document(run, reference: Mapping | None, verdict: Mapping, environment: Mapping, command: list[str] | None

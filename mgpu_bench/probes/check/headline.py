@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench.metrics import Metric
+from mgpu_bench.results.metrics import Metric
 
 from .analyse import metric_name
 

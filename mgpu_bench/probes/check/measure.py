@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from mgpu_bench.errors import MgpuError, defer_sigterm
+from mgpu_bench.core.errors import MgpuError, defer_sigterm
 
 from .budget import Budget
 from .result import CheckConfig, CheckRun, Part
@@ -114,7 +114,7 @@ def run_check(cfg: CheckConfig, node: str, budget: Budget, environment: Mapping,
                 hung = name
         defer_sigterm()  # measured: a stop signal now waits while the verdict is reached and the run is written
     except KeyboardInterrupt as exc:
-        from mgpu_bench.errors import interruption
+        from mgpu_bench.core.errors import interruption
 
         run.stopped, run.stop_message = "interrupted", f"{interruption(exc)}: the parts done so far are kept"
     run.wall_seconds = time.monotonic() - t0
@@ -184,7 +184,7 @@ def _settle(part: Part, errors: Mapping[str, BaseException], hung: Sequence[str]
 
 
 def _health_gpu(run: CheckRun, part: Part, environment: Mapping) -> None:
-    from mgpu_bench import health
+    from mgpu_bench.machine import health
 
     for d in run.devices:
         facts = health.facts(d["bus_id"])
@@ -195,7 +195,7 @@ def _health_gpu(run: CheckRun, part: Part, environment: Mapping) -> None:
 
 def _processes(run: CheckRun, part: Part, occupancy) -> None:
     """The foreign processes on the GPUs before the check touched them (the runner's snapshot)."""
-    from mgpu_bench import occupancy as occ
+    from mgpu_bench.machine import occupancy as occ
 
     before = getattr(occupancy, "before", None)
     if before is None:  # no watch (run outside the runner): look now
@@ -211,7 +211,8 @@ def _processes(run: CheckRun, part: Part, occupancy) -> None:
 
 
 def _gemm(run: CheckRun, budget: Budget, part: Part) -> None:
-    from mgpu_bench import _native, telemetry
+    from mgpu_bench import _native
+    from mgpu_bench.machine import telemetry
 
     until = budget.slot("gemm")
     probes: dict[str, Any] = {}
@@ -272,8 +273,9 @@ def _hbm(run: CheckRun, budget: Budget, part: Part) -> None:
 
 
 def _allreduce(run: CheckRun, budget: Budget, part: Part) -> None:
-    from mgpu_bench import _native, theory, topo
-    from mgpu_bench.measurement import CommMeasurement, CommSpec
+    from mgpu_bench import _native
+    from mgpu_bench.machine import theory, topo
+    from mgpu_bench.results.measurement import CommMeasurement, CommSpec
 
     until = budget.slot("allreduce")
     gpus = [d["index"] for d in run.devices]
@@ -358,7 +360,7 @@ def _health_cpu(run: CheckRun, part: Part, environment: Mapping) -> None:
     """What a host without GPUs tells: NVML's absence (a note), its load and memory."""
     import os
 
-    from mgpu_bench.selection import host_available_memory, no_gpu_reason
+    from mgpu_bench.machine.selection import host_available_memory, no_gpu_reason
 
     part.facts["host"] = {"cpus": os.cpu_count(), "load_1m": (environment.get("host_load") or {}).get("load_1m"),
                           "memory_available": host_available_memory(), "gpus": no_gpu_reason()}

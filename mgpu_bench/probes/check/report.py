@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mgpu_bench.output import html_page
-from mgpu_bench.probe import Finding
+from mgpu_bench.results.probe import Finding
 
 from .analyse import OK, floor_lines
 from .render import _figures

@@ -1,9 +1,9 @@
-"""The check result document's declared shape (mgpu_bench.schema), checked on every read.
+"""The check result document's declared shape (mgpu_bench.results.schema), checked on every read.
 Import-light: the history validates stored documents through it without loading a backend."""
 
 from __future__ import annotations
 
-from mgpu_bench.schema import STATUS, AnyValue, List, Map, Num, Obj, Str
+from mgpu_bench.results.schema import STATUS, AnyValue, List, Map, Num, Obj, Str
 
 _DEVICE = Str(pattern=r"node|gpu\d{1,5}|rank\d{1,5}", what="a device: node, gpuN or rankN")
 FIGURE = Obj({

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, WARNING, Finding, PlanContext, Probe, Step, option, within
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.probe import GPUS_HELP, MAX_ITERS, WARNING, Finding, PlanContext, Probe, Step, option, within
 
 HELP = """Collective bandwidth sweeps: time, algbw and busbw per size, checked.
 
@@ -66,7 +66,7 @@ class CommProbe(Probe):
     def options(self) -> list:
         import click
 
-        from mgpu_bench.measurement import TimingOptions
+        from mgpu_bench.results.measurement import TimingOptions
 
         return [
             option("--ops", "ops_text", default=None,
@@ -112,9 +112,10 @@ class CommProbe(Probe):
         ]
 
     def configure(self, o: dict):
-        from mgpu_bench import ops, selection
-        from mgpu_bench.measurement import TimingOptions
-        from mgpu_bench.sizes import parse_sizes
+        from mgpu_bench.machine import selection
+        from mgpu_bench.results import ops
+        from mgpu_bench.results.measurement import TimingOptions
+        from mgpu_bench.results.sizes import parse_sizes
 
         from .plan import CommConfig
 
@@ -154,7 +155,8 @@ class CommProbe(Probe):
         return cfg
 
     def gpus(self, cfg) -> tuple[int, ...]:
-        from mgpu_bench import launch, selection
+        from mgpu_bench.core import launch
+        from mgpu_bench.machine import selection
 
         n = selection.visible_gpu_count()
         if not n:
@@ -171,7 +173,8 @@ class CommProbe(Probe):
         """--launch processes outside a launcher: the same command in one process per GPU."""
         import sys
 
-        from mgpu_bench import launch, selection
+        from mgpu_bench.core import launch
+        from mgpu_bench.machine import selection
 
         from .plan import native_error_as_input
 
@@ -193,7 +196,7 @@ class CommProbe(Probe):
         return launch.relaunch(launch.strip_options(sys.argv[1:], ("--launch", "--gpus")), n, cfg.timeout_s)
 
     def estimate(self, cfg) -> str | None:
-        from mgpu_bench.selection import visible_gpu_count
+        from mgpu_bench.machine.selection import visible_gpu_count
 
         from .plan import estimate_seconds
         from .tune import TuneConfig, estimate
@@ -204,10 +207,10 @@ class CommProbe(Probe):
         return estimate_seconds(cfg, visible_gpu_count() > 0)
 
     def run(self, cfg, ctx):
-        from mgpu_bench import launch
-        from mgpu_bench.document import Document
-        from mgpu_bench.env import backend_versions
-        from mgpu_bench.sizes import format_bytes
+        from mgpu_bench.core import launch
+        from mgpu_bench.machine.env import backend_versions
+        from mgpu_bench.results.document import Document
+        from mgpu_bench.results.sizes import format_bytes
 
         from .document import result_document
         from .measure import run_comm

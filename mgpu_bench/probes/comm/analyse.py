@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mgpu_bench import nccl_log
-from mgpu_bench.measurement import CommMeasurement
-from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding
-from mgpu_bench.sizes import format_bytes
+from mgpu_bench.machine import nccl_log
+from mgpu_bench.results.measurement import CommMeasurement
+from mgpu_bench.results.probe import OK, PROBLEM, WARNING, Finding
+from mgpu_bench.results.sizes import format_bytes
 
 if TYPE_CHECKING:
     from .plan import CommRun
@@ -88,7 +88,7 @@ def series(run: CommRun) -> list[Series]:
 
 
 def pct_theory(m: CommMeasurement, theory) -> float | None:
-    """busbw as a percentage of the ring's per-direction theory (mgpu_bench.theory)."""
+    """busbw as a percentage of the ring's per-direction theory (mgpu_bench.machine.theory)."""
     t = theory_dict(theory)
     bw = t.get("bandwidth") if t else None
     return 100.0 * m.busbw / bw if bw else None

@@ -35,8 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mgpu_bench.measurement import TimingOptions
-from mgpu_bench.sizes import format_bytes
+from mgpu_bench.results.measurement import TimingOptions
+from mgpu_bench.results.sizes import format_bytes
 
 TIMED_S = 2.0  # a size's timed iterations, both passes, at most this (or 2 x --min-time)
 MIN_ITERS = 3  # timed iterations per pass, at least
@@ -82,7 +82,7 @@ def host_slowdown(nranks: int) -> tuple[float, int, int]:
     (1.0, 0, cpus) where /proc/loadavg cannot be read."""
     if nranks in _slowdown:
         return _slowdown[nranks]
-    from mgpu_bench import startup
+    from mgpu_bench.core import startup
 
     cpus, others = startup.cpus(), startup.others()  # /proc/loadavg's runnable count, read once per process
     _slowdown[nranks] = (slowdown_factor(others, nranks, cpus), others, cpus)

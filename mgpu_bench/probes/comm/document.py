@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mgpu_bench.document import RESULT_SCHEMA, RESULT_SCHEMA_VERSION, envelope, status
-from mgpu_bench.measurement import CommMeasurement
+from mgpu_bench.results.document import RESULT_SCHEMA, RESULT_SCHEMA_VERSION, envelope, status
+from mgpu_bench.results.measurement import CommMeasurement
 
 from .analyse import summary, theory_dict
 from .plan import CommRun

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench.metrics import Metric, finite, rates, size_key, slug
+from mgpu_bench.results.metrics import Metric, finite, rates, size_key, slug
 
 LARGE = 64 << 20  # busbw is a headline from this size on (analyse.LARGE: where it has settled)
 
@@ -43,8 +43,8 @@ def comparable(doc: Mapping) -> list[Metric]:
 
 
 def _metrics(doc: Mapping, every_latency: bool) -> list[Metric]:
-    from mgpu_bench.measurement import CommMeasurement
-    from mgpu_bench.ops import busbw_factor
+    from mgpu_bench.results.measurement import CommMeasurement
+    from mgpu_bench.results.ops import busbw_factor
 
     out: list[Metric] = []
     series: dict[

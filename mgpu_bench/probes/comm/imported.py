@@ -1,6 +1,6 @@
 """nccl-tests and rccl-tests logs as comm runs: what `mgpu-bench history add LOG` stores.
 
-Each run of a log (mgpu_bench.nccl_tests reads the text) becomes a comm result document like
+Each run of a log (mgpu_bench.results.nccl_tests reads the text) becomes a comm result document like
 the probe's own: one measurement per row and placement, with the same size semantics (nccl-tests'
 size column is the comm probe's size), so its busbw per size has the same metric name as a
 `mgpu-bench comm` run's and the two compare 1:1. The document says where it came from
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mgpu_bench import nccl_tests
-from mgpu_bench.document import Document
-from mgpu_bench.errors import InputError
-from mgpu_bench.measurement import CommMeasurement, CommSpec
-from mgpu_bench.ops import OP_ORDER, REDOPS, busbw_factor
-from mgpu_bench.theory import platform_theory
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.machine.theory import platform_theory
+from mgpu_bench.results import nccl_tests
+from mgpu_bench.results.document import Document
+from mgpu_bench.results.measurement import CommMeasurement, CommSpec
+from mgpu_bench.results.ops import OP_ORDER, REDOPS, busbw_factor
 
 from .document import result_document
 from .plan import CommRun

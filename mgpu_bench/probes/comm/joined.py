@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from mgpu_bench import _native
-from mgpu_bench.errors import CommTimeoutError, InputError, MgpuError, portable
-from mgpu_bench.launch import Group, Member
-from mgpu_bench.measurement import CommMeasurement, CommRequest
+from mgpu_bench.core.errors import CommTimeoutError, InputError, MgpuError, portable
+from mgpu_bench.core.launch import Group, Member
+from mgpu_bench.results.measurement import CommMeasurement, CommRequest
 
 from .analyse import explain_above_theory, stragglers
 from .plan import CommConfig, CommRun, ProgressFn, native_args, spec_of, stop
@@ -104,7 +104,7 @@ def run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pro
     import torch
     import torch.distributed as dist
 
-    from mgpu_bench import launch
+    from mgpu_bench.core import launch
 
     launch.export_env(le)
     native = run.backend == "native"
@@ -188,7 +188,7 @@ def run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pro
 
 def _joined_theory(run: CommRun, members, groups) -> None:
     """Theory per scope from this node's topology (every node is assumed to look like it)."""
-    from mgpu_bench import theory, topo
+    from mgpu_bench.machine import theory, topo
 
     # by PCI bus id, which NVML knows whatever each process's CUDA_VISIBLE_DEVICES hides
     local = [(m.local_rank, m.bus_id) for m in members if m.node == members[0].node]
@@ -204,7 +204,7 @@ def _native_measure(cfg: CommConfig, store, me, members, gpu: int, sessions: dic
     """measure() for joined.sweep on the native core: one CommSession per communicator this
     rank belongs to, created on first use; its NCCL unique id comes from the communicator's
     lowest rank through the launcher's store."""
-    from mgpu_bench import launch
+    from mgpu_bench.core import launch
 
     prefix = launch._prefix()
 

@@ -12,9 +12,9 @@ import os
 import time
 
 from mgpu_bench import _native
-from mgpu_bench.env import process_seconds
-from mgpu_bench.errors import InputError, defer_sigterm
-from mgpu_bench.measurement import CommMeasurement
+from mgpu_bench.core.errors import InputError, defer_sigterm
+from mgpu_bench.machine.env import process_seconds
+from mgpu_bench.results.measurement import CommMeasurement
 
 from .analyse import explain_above_theory, nvls_note
 from .joined import run_joined
@@ -75,7 +75,7 @@ def run_comm(cfg: CommConfig, progress: ProgressFn | None = None) -> CommRun:
 
 
 def _run_native(run: CommRun, cfg: CommConfig, gpus: list[int], progress: ProgressFn | None) -> None:
-    from mgpu_bench import nccl_log
+    from mgpu_bench.machine import nccl_log
 
     n = len(gpus)
     req = run.requests[0]
@@ -101,7 +101,7 @@ def _run_native(run: CommRun, cfg: CommConfig, gpus: list[int], progress: Progre
 
 def _read_transports(run: CommRun, capture, gpus: list[int]) -> None:
     """NCCL's own account of the transports, set against what the topology allows."""
-    from mgpu_bench import nccl_log
+    from mgpu_bench.machine import nccl_log
 
     if capture.path is None:
         run.notes.append(capture.reason)
@@ -127,7 +127,7 @@ def _read_transports(run: CommRun, capture, gpus: list[int]) -> None:
 def sized_out_notes(requests: list, skipped: list[tuple[int, str]]) -> list[str]:
     """One note per series (op, dtype, placement) whose largest sizes were not started on CPU
     processes, naming the sizes, the projection and what runs them."""
-    from mgpu_bench.sizes import format_bytes
+    from mgpu_bench.results.sizes import format_bytes
 
     series: dict[tuple, list[tuple[int, str]]] = {}
     for i, why in skipped:

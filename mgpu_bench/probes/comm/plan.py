@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mgpu_bench import _native, selection
-from mgpu_bench.errors import CommTimeoutError, InputError, MgpuError, NcclError, OutOfMemoryError, interruption
-from mgpu_bench.measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
-from mgpu_bench.ops import OPS, buffer_bytes, op_counts
-from mgpu_bench.sizes import format_bytes, format_gib
+from mgpu_bench import _native
+from mgpu_bench.core.errors import CommTimeoutError, InputError, MgpuError, NcclError, OutOfMemoryError, interruption
+from mgpu_bench.machine import selection
+from mgpu_bench.results.measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
+from mgpu_bench.results.ops import OPS, buffer_bytes, op_counts
+from mgpu_bench.results.sizes import format_bytes, format_gib
 
 BACKENDS = ("auto", "native", "torch")
 # Ops x dtypes the NCCL in use must support; fp8 needs NCCL >= 2.24, and its reductions sm_90+.
@@ -99,7 +100,7 @@ def resolve_backend(cfg: CommConfig) -> tuple[str, list[str], list[int]]:
             raise selection.gpus_without_gpus()
         if cfg.nproc < 2:
             raise InputError(f"--nproc {cfg.nproc}: collectives need at least 2 ranks")
-        from mgpu_bench.probe import within
+        from mgpu_bench.results.probe import within
 
         within("--nproc", cfg.nproc, 2, 256, "gloo processes on this machine's CPUs")
         return "torch-gloo", ["cpu"] * cfg.nproc, []
@@ -120,7 +121,7 @@ def resolve_backend(cfg: CommConfig) -> tuple[str, list[str], list[int]]:
 
 def launcher():
     """The launcher this process runs under (launch.LaunchEnv), or None."""
-    from mgpu_bench import launch
+    from mgpu_bench.core import launch
 
     return launch.detect()
 
@@ -259,7 +260,7 @@ def check_memory(requests: list[CommRequest], nranks: int, gpus: list[int]) -> N
 
 def ring_theory_for(gpus: list[int]):
     """(theory.RingTheory for these CUDA devices, the topo snapshot behind it)."""
-    from mgpu_bench import theory, topo
+    from mgpu_bench.machine import theory, topo
 
     snapshot = topo.collect()
     return theory.ring_theory(snapshot, theory.cuda_devices(gpus)), snapshot
@@ -267,7 +268,7 @@ def ring_theory_for(gpus: list[int]):
 
 def nvlink_rank_pairs(snapshot: dict | None, gpus: list[int]) -> set[tuple[int, int]]:
     """Ordered rank pairs (rank = position in `gpus`) that NVLink joins, per the snapshot."""
-    from mgpu_bench import theory
+    from mgpu_bench.machine import theory
 
     return {(gpus.index(a), gpus.index(b)) for (a, b), h in theory.pair_hops(snapshot, gpus).items()
             if h.kind == "nvlink"}

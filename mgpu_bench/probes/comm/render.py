@@ -12,8 +12,8 @@ import io
 import math
 from dataclasses import dataclass
 
-from mgpu_bench.measurement import CommMeasurement
-from mgpu_bench.sizes import format_bytes
+from mgpu_bench.results.measurement import CommMeasurement
+from mgpu_bench.results.sizes import format_bytes
 
 from .analyse import gbs, no_theory_reason, pct_theory, plural, series, summary, theory_dict, theory_for
 from .plan import CommRun
@@ -178,7 +178,7 @@ def render_tuning(tuning: dict, console, run: CommRun) -> None:
     from rich.table import Table
 
     from mgpu_bench.output.tables import print_table
-    from mgpu_bench.sizes import format_gbs
+    from mgpu_bench.results.sizes import format_gbs
 
     from .tune import DEFAULT, Tuning, exclusion
 
@@ -257,7 +257,7 @@ def tuning_rows(tuning: dict) -> tuple[list[list[str]], list[str]]:
     """`comm --tune` as rows (TUNING_HEADERS, one per collective and size band, figures at the
     band's deciding size) and the lines to paste (or the sentence that the defaults stand), for
     the report page and summary.md; the terminal draws the same choices (render_tuning)."""
-    from mgpu_bench.sizes import format_gbs
+    from mgpu_bench.results.sizes import format_gbs
 
     from .tune import Tuning
 

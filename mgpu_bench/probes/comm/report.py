@@ -16,8 +16,8 @@ from mgpu_bench.output import html_page
 from mgpu_bench.output.plotting import plain
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
-from mgpu_bench.probe import OK, PROBLEM, SEVERITIES, WARNING, Finding
-from mgpu_bench.sizes import format_bytes
+from mgpu_bench.results.probe import OK, PROBLEM, SEVERITIES, WARNING, Finding
+from mgpu_bench.results.sizes import format_bytes
 
 from .analyse import gbs, judge, key_figure, no_theory_reason, series, summary, theory_dict, theory_for
 from .plan import CommRun

@@ -1,11 +1,11 @@
-"""The comm result document's declared shape (mgpu_bench.schema), checked on every read; what
+"""The comm result document's declared shape (mgpu_bench.results.schema), checked on every read; what
 run_from_document, the headline and the report rely on. Import-light: the history validates
 stored documents through it without loading a backend."""
 
 from __future__ import annotations
 
-from mgpu_bench.ops import DTYPES, OP_ORDER, REDOPS
-from mgpu_bench.schema import (
+from mgpu_bench.results.ops import DTYPES, OP_ORDER, REDOPS
+from mgpu_bench.results.schema import (
     MAX_BYTES,
     MAX_RANKS,
     STATUS,

@@ -30,10 +30,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mgpu_bench import children
-from mgpu_bench.errors import CommTimeoutError, InputError, MgpuError, OutOfMemoryError, portable
-from mgpu_bench.measurement import CommRequest, TimingOptions
-from mgpu_bench.ops import OPS, op_counts
+from mgpu_bench.core import children
+from mgpu_bench.core.errors import CommTimeoutError, InputError, MgpuError, OutOfMemoryError, portable
+from mgpu_bench.results.measurement import CommRequest, TimingOptions
+from mgpu_bench.results.ops import OPS, op_counts
 
 from . import cpu_sizing
 

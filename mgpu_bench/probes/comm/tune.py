@@ -39,8 +39,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.measurement import CommMeasurement, CommRequest
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.measurement import CommMeasurement, CommRequest
 
 from .plan import CommConfig
 
@@ -87,7 +87,7 @@ class Band:
 
     @property
     def label(self) -> str:
-        from mgpu_bench.sizes import format_bytes
+        from mgpu_bench.results.sizes import format_bytes
 
         lo, hi = min(self.sizes), max(self.sizes)
         return format_bytes(lo) if lo == hi else f"{format_bytes(lo)}-{format_bytes(hi)}"
@@ -129,7 +129,8 @@ def tune_config(cfg: CommConfig) -> TuneConfig:
     placement (out-of-place unless --inplace alone was given)."""
     from dataclasses import fields
 
-    from mgpu_bench import launch, selection
+    from mgpu_bench.core import launch
+    from mgpu_bench.machine import selection
 
     other = [op for op in cfg.ops if op not in TUNABLE]
     if other:
@@ -239,7 +240,7 @@ def nvls_after(nvls_channels: int | None, environ: Mapping[str, str]) -> Nvls:
 
 def tune_requests(cfg: CommConfig, bands: Sequence[Band]) -> list[CommRequest]:
     """ops x the bands' sizes, one placement."""
-    from mgpu_bench.ops import OPS
+    from mgpu_bench.results.ops import OPS
 
     sizes = sorted({s for b in bands for s in b.sizes})
     return [CommRequest(op, cfg.dtype, cfg.redop if OPS[op].reduces else None, s, cfg.inplace[0])
@@ -362,7 +363,7 @@ def compare(defaults: Sequence[CommMeasurement], m: CommMeasurement) -> Comparis
 
 def exclusion(trial: Trial, nvls: Nvls) -> str | None:
     """Why a setting is never recommended (anywhere), or None."""
-    from mgpu_bench.sizes import format_bytes
+    from mgpu_bench.results.sizes import format_bytes
 
     if trial.wrong:
         bad = next(m for m in trial.measurements if m.total_wrong)
@@ -424,7 +425,7 @@ def _scored(trials: Sequence[Trial], op: str, band: Band) -> list[tuple[float, T
 def _choice(trials: Sequence[Trial], scored: tuple[float, Trial, list[Comparison]], op: str, band: Band,
             bands: Sequence[Band], ops: Sequence[str]) -> Choice:
     """One setting in one band judged by the rule, with the reason and, if it passes, its costs."""
-    from mgpu_bench.sizes import format_bytes
+    from mgpu_bench.results.sizes import format_bytes
 
     score, t, comps = scored
     worst = min(comps, key=lambda c: c.margin)
@@ -482,7 +483,7 @@ def decide(trials: Sequence[Trial], bands: Sequence[Band], ops: Sequence[str], n
 def _costs(trials: Sequence[Trial], trial: Trial, op: str, band: Band, bands: Sequence[Band],
            ops: Sequence[str]) -> list[str]:
     """Where `trial` loses against the default outside (op, band): "-8.1% at 256 MiB"."""
-    from mgpu_bench.sizes import format_bytes
+    from mgpu_bench.results.sizes import format_bytes
 
     out = []
     for op2 in ops:
@@ -566,7 +567,7 @@ def advise(choices: Sequence[Choice], trials: Sequence[Trial]) -> Advice:
 def _holds(trial: Trial, recs: Sequence[Choice], trials: Sequence[Trial]) -> tuple[bool, str]:
     """Whether the settings measured together pass the rule wherever one of them was
     recommended and lose nowhere; with the figures that say so."""
-    from mgpu_bench.sizes import format_bytes
+    from mgpu_bench.results.sizes import format_bytes
 
     if exclusion(trial, Nvls(True, "")):
         return False, str(exclusion(trial, Nvls(True, "")))

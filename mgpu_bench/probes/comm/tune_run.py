@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mgpu_bench.measurement import CommMeasurement, CommRequest
+from mgpu_bench.results.measurement import CommMeasurement, CommRequest
 
 from .plan import CommConfig, CommRun
 from .tune import (
@@ -38,9 +38,10 @@ from .tune import (
 def _child_main() -> int:
     """A trial: reads its spec (JSON) on stdin, measures each request on one fresh communicator
     over the GPUs, and prints each raw result as a TAG line on stdout as it is taken."""
-    from mgpu_bench import _native, nccl_log
-    from mgpu_bench.errors import CommTimeoutError, MgpuError, NcclError, OutOfMemoryError
-    from mgpu_bench.measurement import TimingOptions
+    from mgpu_bench import _native
+    from mgpu_bench.core.errors import CommTimeoutError, MgpuError, NcclError, OutOfMemoryError
+    from mgpu_bench.machine import nccl_log
+    from mgpu_bench.results.measurement import TimingOptions
 
     from .plan import native_args
 
@@ -103,7 +104,7 @@ def run_trial(candidate: Candidate, requests: Sequence[CommRequest], gpus: Seque
     spec = {"gpus": list(gpus), "requests": [[r.op, r.dtype, r.redop, r.size, r.inplace, r.root] for r in todo],
             "timing": {k: getattr(cfg.timing, k) for k in cfg.timing.__dataclass_fields__},
             "timeout_s": cfg.timeout_s, "corrupt_rank": corrupt_rank}
-    from mgpu_bench import children
+    from mgpu_bench.core import children
 
     env = {**os.environ, **dict(candidate.env)}
     # A backstop beyond the session's own timeout (set-up and every size), for a child that hangs.
@@ -190,7 +191,7 @@ def run_tune(cfg: TuneConfig, progress: Callable[[int, int, str], None] | None =
     (comm's tables, history and headline read them). Faults keep what was measured: the
     default's failure stops the run, a setting's is that setting's; Ctrl-C stops the run."""
     from mgpu_bench import _native
-    from mgpu_bench.errors import interruption
+    from mgpu_bench.core.errors import interruption
 
     from .analyse import nvls_note
     from .plan import check_memory, resolve_backend, ring_theory_for

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.probe import OK, Finding, Probe, option, within
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.probe import OK, Finding, Probe, option, within
 
 HELP = """Finds the bad node, GPU, rail or link of a cluster: started by its launcher, one process per
 GPU, all nodes at once.
@@ -100,9 +100,10 @@ class FleetProbe(Probe):
         ]
 
     def configure(self, o: dict):
-        from mgpu_bench import launch, selection
-        from mgpu_bench.paths import check_writable
-        from mgpu_bench.sizes import parse_size
+        from mgpu_bench.core import launch
+        from mgpu_bench.core.paths import check_writable
+        from mgpu_bench.machine import selection
+        from mgpu_bench.results.sizes import parse_size
 
         from .measure import FleetConfig
 
@@ -143,8 +144,8 @@ class FleetProbe(Probe):
     def run(self, cfg, ctx):
         from dataclasses import replace
 
-        from mgpu_bench import launch
-        from mgpu_bench.document import Document
+        from mgpu_bench.core import launch
+        from mgpu_bench.results.document import Document
 
         from .analyse import judge
         from .document import as_doc, document
@@ -166,7 +167,7 @@ class FleetProbe(Probe):
             names = {n["index"]: n["host"] if "#" not in n["node"] else n["node"] for n in run.nodes}
             hosts = launch.compress_hostlist([names[i] for i in doc["verdicts"]["drain"]])
             try:
-                from mgpu_bench.paths import write_output
+                from mgpu_bench.core.paths import write_output
 
                 write_output(cfg.exclude_file, hosts + ("\n" if hosts else ""))
             except OSError as exc:
@@ -195,7 +196,7 @@ class FleetProbe(Probe):
         return out
 
     def failure(self, doc: Mapping) -> str | None:
-        from mgpu_bench.launch import compress_hostlist
+        from mgpu_bench.core.launch import compress_hostlist
 
         drain = (doc.get("verdicts") or {}).get("drain") or []
         if not drain or doc.get("scope") == "node":

@@ -1,5 +1,5 @@
 """The fleet pass told to Slurm (--drain): each node to drain is drained with the reason that named
-it, "mgpu-bench: fleet: <the deciding figure>", through scontrol (mgpu_bench.slurm)."""
+it, "mgpu-bench: fleet: <the deciding figure>", through scontrol (mgpu_bench.core.slurm)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def drain(doc: Mapping) -> list[dict]:
     """Drains every node of the document's drain list; [{node, reason, error}] in that order
     (error: None, or the one line naming the fix). A node known only as host#rank (several
     launcher nodes on one host) has no Slurm name to drain."""
-    from mgpu_bench import slurm
+    from mgpu_bench.core import slurm
 
     verdicts = doc.get("verdicts") or {}
     nodes = {n["index"]: n for n in doc.get("nodes") or []}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench.document import envelope, status
+from mgpu_bench.results.document import envelope, status
 
 from .analyse import judge
 

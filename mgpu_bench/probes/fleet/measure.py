@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from mgpu_bench.errors import CommTimeoutError, InputError, defer_sigterm
-from mgpu_bench.torch_timing import allreduce as _allreduce
-from mgpu_bench.torch_timing import copy_seconds as _copy_seconds
-from mgpu_bench.torch_timing import gemm_seconds as _gemm_seconds
-from mgpu_bench.torch_timing import timed, typical
+from mgpu_bench.core.errors import CommTimeoutError, InputError, defer_sigterm
+from mgpu_bench.results.torch_timing import allreduce as _allreduce
+from mgpu_bench.results.torch_timing import copy_seconds as _copy_seconds
+from mgpu_bench.results.torch_timing import gemm_seconds as _gemm_seconds
+from mgpu_bench.results.torch_timing import timed, typical
 
 from . import schedule
 
@@ -93,7 +93,7 @@ def form(le, backend: str, timeout_s: float, device):
 
     import torch.distributed as dist
 
-    from mgpu_bench import launch
+    from mgpu_bench.core import launch
 
     store = launch.open_store(le, timeout_s)
     prefix = launch._prefix() + "/fleet"
@@ -128,7 +128,7 @@ def node_pass(cfg: FleetConfig, device, bus_id: str, sync: Callable[[], None] = 
     between the parts keeps every rank on the same part at once."""
     import torch
 
-    from mgpu_bench import health, occupancy
+    from mgpu_bench.machine import health, occupancy
 
     on_gpu = device.type == "cuda"
     n = cfg.gemm_n
@@ -221,7 +221,7 @@ class Watchdog:
         self.done.set()
 
     def _note(self, where: str | None) -> None:
-        from mgpu_bench import launch
+        from mgpu_bench.core import launch
 
         with contextlib.suppress(Exception):
             if self.store is None:
@@ -252,7 +252,7 @@ def run_fleet(cfg: FleetConfig, le, say: Callable[[str], None] | None = None,
     import torch
     import torch.distributed as dist
 
-    from mgpu_bench import launch
+    from mgpu_bench.core import launch
 
     say = say or (lambda _t: None)
     run = FleetRun(cfg)
@@ -511,7 +511,7 @@ def _store_client(le, timeout_s: float):
 
 def _silent(store, le) -> set[int]:
     """The group ranks that did not answer the roll call (launch.roll_call's keys)."""
-    from mgpu_bench import launch
+    from mgpu_bench.core import launch
 
     prefix = launch._prefix()
     out = set()

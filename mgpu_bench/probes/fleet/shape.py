@@ -1,10 +1,10 @@
-"""The fleet result document's declared shape (mgpu_bench.schema), checked on every read: the
+"""The fleet result document's declared shape (mgpu_bench.results.schema), checked on every read: the
 fleet document and the per-node documents (scope "node") alike. Import-light: the history
 validates stored documents through it without loading a backend."""
 
 from __future__ import annotations
 
-from mgpu_bench.schema import MAX_BYTES, MAX_RANKS, STATUS, AnyValue, Bool, Int, List, Map, Num, Obj, Str
+from mgpu_bench.results.schema import MAX_BYTES, MAX_RANKS, STATUS, AnyValue, Bool, Int, List, Map, Num, Obj, Str
 
 # What the headline, the verdict table, the heatmap and the per-node documents read. Nodes are
 # numbered by their place in "nodes"; pairings, the nodes to drain and the suspects name nodes by

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, PlanContext, Probe, Step, option
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.probe import GPUS_HELP, MAX_ITERS, PlanContext, Probe, Step, option
 
 HELP = """GEMM compute probe: achievable TFLOP/s per GPU and dtype, against the datasheet peak.
 
@@ -91,8 +91,9 @@ class GemmProbe(Probe):
         ]
 
     def configure(self, o: dict):
-        from mgpu_bench import _native, hardware, selection
-        from mgpu_bench.sizes import parse_duration, parse_size
+        from mgpu_bench import _native
+        from mgpu_bench.machine import hardware, selection
+        from mgpu_bench.results.sizes import parse_duration, parse_size
 
         from . import measure as m
 
@@ -129,7 +130,7 @@ class GemmProbe(Probe):
 
     def run(self, cfg, ctx):
         from mgpu_bench import _native
-        from mgpu_bench.document import Document
+        from mgpu_bench.results.document import Document
 
         from .document import document
         from .measure import peak_for, run_gemm

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding
+from mgpu_bench.results.probe import OK, PROBLEM, WARNING, Finding
 
 from .measure import GemmResult, GemmRun, Shape
 
@@ -51,7 +51,7 @@ def findings(run: GemmRun, shared: Sequence = ()) -> list[Finding]:
     """What a person can act on: wrong results and a slow GPU with its likely cause (problems):
     another process on it (occupancy.GpuProcess in `shared`) before anything the clocks say; a
     sustained run that lost throughput and throttling seen while measuring (warnings)."""
-    from mgpu_bench import occupancy, telemetry
+    from mgpu_bench.machine import occupancy, telemetry
 
     lines: list[Finding] = []
     for r in run.results:

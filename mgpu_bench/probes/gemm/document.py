@@ -3,7 +3,7 @@ Its declared shape is shape.py's."""
 
 from __future__ import annotations
 
-from mgpu_bench.document import envelope, status
+from mgpu_bench.results.document import envelope, status
 
 from .analyse import findings
 from .measure import (
@@ -19,7 +19,7 @@ from .measure import (
 
 
 def document(run: GemmRun, environment: dict, command: list[str] | None = None, occupancy: dict | None = None) -> dict:
-    from mgpu_bench.occupancy import from_document
+    from mgpu_bench.machine.occupancy import from_document
 
     shared = from_document({"occupancy": occupancy or {}})
     return {
@@ -41,7 +41,7 @@ def document(run: GemmRun, environment: dict, command: list[str] | None = None, 
 
 def run_from_document(doc: dict) -> GemmRun:
     """A GemmRun rebuilt from the document document() wrote."""
-    from mgpu_bench.hardware import figure_from_dict
+    from mgpu_bench.machine.hardware import figure_from_dict
 
     c = doc.get("config") or {}
     shapes = (

@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgpu_bench import hardware
-from mgpu_bench.errors import InputError, defer_sigterm
-from mgpu_bench.per_gpu import Stopped, faults_end_the_run, on_gpus
+from mgpu_bench.core.errors import InputError, defer_sigterm
+from mgpu_bench.machine import hardware
+from mgpu_bench.machine.per_gpu import Stopped, faults_end_the_run, on_gpus
 
 from .shape import GEMM_DTYPES, INITS, LAYOUTS, MAX_DIM  # the document's names and bounds, defined once there
 
@@ -314,7 +314,7 @@ class GemmRun:
 # ------------------------------------------------------------------------------------ checks
 
 def devices_or_error(spec: str | None) -> tuple[list[int], list[dict]]:
-    from mgpu_bench.selection import require_gpus
+    from mgpu_bench.machine.selection import require_gpus
 
     return require_gpus("gemm", spec)
 
@@ -361,7 +361,8 @@ def run_gemm(cfg: GemmConfig, devices: list[dict], progress: Callable[[str], Non
              telemetry_factory: Callable[..., Any] | None = None) -> GemmRun:
     """Measures every (dtype, shape) on every GPU; Ctrl-C stops at the next burst and keeps the
     results gathered so far (run.stopped = 'interrupted')."""
-    from mgpu_bench import _native, telemetry
+    from mgpu_bench import _native
+    from mgpu_bench.machine import telemetry
 
     run = GemmRun(cfg, list(devices))
     t_start = time.monotonic()
@@ -444,7 +445,7 @@ def _measure_all(cfg, run, devices, probes, dtype, layout, shape, sampler, phase
 
 
 def _window(sampler, gpu: int, t0: float, t1: float) -> dict | None:
-    from mgpu_bench import telemetry
+    from mgpu_bench.machine import telemetry
 
     if sampler.error:
         return None
@@ -488,7 +489,7 @@ def _sustain_all(cfg, run, devices, probes, dtype, sampler) -> None:
         t1 = time.monotonic()
         r.series = [(t - t0, s) for t, s in series]
         if not sampler.error:
-            from mgpu_bench import telemetry
+            from mgpu_bench.machine import telemetry
 
             samples = sampler.window(dev["index"], t0, t1)
             r.series_telemetry = {"summary": telemetry.summarize(samples, sampler.static.get(dev["index"])),

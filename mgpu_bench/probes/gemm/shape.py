@@ -1,10 +1,10 @@
-"""The gemm result document's declared shape (mgpu_bench.schema), checked on every read, and the
+"""The gemm result document's declared shape (mgpu_bench.results.schema), checked on every read, and the
 names and bounds it shares with the backend (measure.py imports them from here). Import-light:
 the history validates stored documents through it without loading a backend."""
 
 from __future__ import annotations
 
-from mgpu_bench.schema import (
+from mgpu_bench.results.schema import (
     MAX_BYTES,
     MAX_GPU_INDEX,
     STATUS,

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, PlanContext, Probe, Step, option
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.probe import GPUS_HELP, MAX_ITERS, PlanContext, Probe, Step, option
 
 HELP = """GPU-to-GPU copy bandwidth and latency for every ordered pair, host copies per GPU, and
 the slow pair or GPU named (each pair against the node's median: robust z-score below -3
@@ -53,8 +53,8 @@ class LinksProbe(Probe):
         ]
 
     def configure(self, o: dict):
-        from mgpu_bench import selection
-        from mgpu_bench.sizes import parse_size
+        from mgpu_bench.machine import selection
+        from mgpu_bench.results.sizes import parse_size
 
         from .result import LinksConfig
 
@@ -66,8 +66,8 @@ class LinksProbe(Probe):
         return LinksConfig(tuple(gpus), size, o["iters"], o["warmup"], engines, o["latency"], o["host"])
 
     def run(self, cfg, ctx):
-        from mgpu_bench import theory, topo
-        from mgpu_bench.document import Document
+        from mgpu_bench.machine import theory, topo
+        from mgpu_bench.results.document import Document
 
         from .document import document
         from .measure import run_links

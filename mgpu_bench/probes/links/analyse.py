@@ -8,8 +8,8 @@ import re
 import statistics
 from collections.abc import Callable
 
-from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding
-from mgpu_bench.sizes import format_gbs
+from mgpu_bench.results.probe import OK, PROBLEM, WARNING, Finding
+from mgpu_bench.results.sizes import format_gbs
 
 from .result import ENGINES, OUTLIER_DROP, OUTLIER_Z, LinksRun
 
@@ -64,7 +64,7 @@ def findings(run: LinksRun, hops: dict | None = None, topo_findings: list[dict] 
     out = [Finding(WARNING, n) for n in run.notes]
     hops = run.hops if hops is None else hops
     if topo_findings is None:
-        from mgpu_bench import topo
+        from mgpu_bench.machine import topo
 
         topo_findings = topo.findings(run.topology) if run.topology else []
     for (a, b), m in sorted(run.copies("ce", False).items()):

@@ -3,7 +3,7 @@ Its declared shape is shape.py's."""
 
 from __future__ import annotations
 
-from mgpu_bench.document import envelope
+from mgpu_bench.results.document import envelope
 
 from .analyse import outliers
 from .result import LinkMeasurement, LinkSpec, LinksRun
@@ -31,7 +31,7 @@ def document(run: LinksRun, hops: dict | None = None, environment: dict | None =
 def run_from_document(doc: dict) -> tuple[LinksRun, dict]:
     """(the LinksRun, per-pair theory hops {(src, dst): theory.Hop}) rebuilt from the document
     document() wrote."""
-    from mgpu_bench.theory import Hop
+    from mgpu_bench.machine.theory import Hop
 
     run = LinksRun(
         gpus=list(doc.get("gpus") or []),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench.metrics import Metric, finite, rates
+from mgpu_bench.results.metrics import Metric, finite, rates
 
 
 def headline(doc: Mapping) -> list[Metric]:

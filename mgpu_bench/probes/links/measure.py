@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from mgpu_bench.errors import InputError, defer_sigterm
+from mgpu_bench.core.errors import InputError, defer_sigterm
 
 from .result import ENGINES, LinkMeasurement, LinkSpec, LinksRun
 

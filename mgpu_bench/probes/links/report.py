@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from mgpu_bench.output import html_page
-from mgpu_bench.sizes import format_gbs
+from mgpu_bench.results.sizes import format_gbs
 
 from .result import ENGINES, LinksRun
 
@@ -55,8 +55,8 @@ def write_report(run: LinksRun, out_dir) -> list:
     """links_<engine>_<uni|bi>.png heatmaps into out_dir (created if its parent exists)."""
     from pathlib import Path
 
-    from mgpu_bench.paths import write_output
-    from mgpu_bench.schema import file_stem
+    from mgpu_bench.core.paths import write_output
+    from mgpu_bench.results.schema import file_stem
 
     out = Path(out_dir)
     out.mkdir(exist_ok=True)

@@ -1,10 +1,10 @@
-"""The links result document's declared shape (mgpu_bench.schema), checked on every read, and the
+"""The links result document's declared shape (mgpu_bench.results.schema), checked on every read, and the
 copy engines it names (result.py imports them from here). Import-light: the history validates
 stored documents through it without loading a backend."""
 
 from __future__ import annotations
 
-from mgpu_bench.schema import MAX_BYTES, MAX_GPU_INDEX, AnyValue, Bool, Int, List, Num, Obj, Str, Tagged
+from mgpu_bench.results.schema import MAX_BYTES, MAX_GPU_INDEX, AnyValue, Bool, Int, List, Num, Obj, Str, Tagged
 
 ENGINES = ("ce", "sm")  # a copy by the copy engine (cudaMemcpyPeerAsync) or by an SM kernel
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, PlanContext, Probe, Step, option, within
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.probe import GPUS_HELP, PlanContext, Probe, Step, option, within
 
 SUITE_MODEL = "350m"  # round 3's max-batch search on GPUs (the model probe's 350m)
 
@@ -90,7 +90,7 @@ class MemoryProbe(Probe):
         ]
 
     def configure(self, o: dict):
-        from mgpu_bench import selection
+        from mgpu_bench.machine import selection
 
         from .measure import MemoryConfig, parse_allocators, parse_patterns
 
@@ -107,7 +107,7 @@ class MemoryProbe(Probe):
         settings: tuple[str, ...] = ()
         batch_of: dict = {"max_batch_model": None, "max_batch_seq": None}  # --max-batch's workload, resolved
         if o["torch_text"] or o["max_batch_model"]:
-            from mgpu_bench import models
+            from mgpu_bench.workloads import gpt as models
 
             from . import torch_memory
 
@@ -133,7 +133,7 @@ class MemoryProbe(Probe):
 
     def run(self, cfg, ctx):
         from mgpu_bench import _native
-        from mgpu_bench.document import Document
+        from mgpu_bench.results.document import Document
 
         from .document import document
         from .measure import run_memory

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding
+from mgpu_bench.results.probe import OK, PROBLEM, WARNING, Finding
 
 from .measure import FRAGMENTED, HBM_FLOOR, HBM_LABELS, ChurnResult, MemoryRun
 

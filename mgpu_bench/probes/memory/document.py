@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mgpu_bench.document import envelope, status
+from mgpu_bench.results.document import envelope, status
 
 from .analyse import findings
 from .measure import ChurnResult, HbmResult, MemoryConfig, MemoryRun

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench.metrics import Metric, rates, slug
+from mgpu_bench.results.metrics import Metric, rates, slug
 
 
 def headline(doc: Mapping) -> list[Metric]:

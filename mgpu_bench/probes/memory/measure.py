@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgpu_bench.errors import InputError, MgpuError, defer_sigterm, interruption
+from mgpu_bench.core.errors import InputError, MgpuError, defer_sigterm, interruption
 
 from .shape import ALLOCATORS, HBM_KINDS, PATTERNS  # the document's names, defined once there
 
@@ -196,7 +196,8 @@ class MemoryRun:
 def run_memory(cfg: MemoryConfig, devices: list[dict], progress: Callable[[str], None] | None = None) -> MemoryRun:
     """Each part in turn, GPU after GPU; Ctrl-C or a failing probe stops the run and keeps what
     was measured (run.stopped says why)."""
-    from mgpu_bench import _native, hardware
+    from mgpu_bench import _native
+    from mgpu_bench.machine import hardware
 
     run = MemoryRun(cfg, list(devices))
     t0 = time.monotonic()

@@ -29,8 +29,8 @@ import sys
 import time
 from typing import Any
 
-from mgpu_bench import children
-from mgpu_bench.errors import InputError
+from mgpu_bench.core import children
+from mgpu_bench.core.errors import InputError
 
 GIB = 2**30
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, PlanContext, Probe, Step, Verdict, option, within
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.probe import GPUS_HELP, PlanContext, Probe, Step, Verdict, option, within
 
 SUITE_MODEL = "350m"  # rounds 1 and 3 on GPUs (ANCHORS: 40% MFU on one H200)
 
@@ -132,7 +132,9 @@ class ModelProbe(Probe):
         ]
 
     def configure(self, o: dict):
-        from mgpu_bench import hardware, launch, selection, workloads
+        from mgpu_bench import workloads
+        from mgpu_bench.core import launch
+        from mgpu_bench.machine import hardware, selection
 
         from .config import ModelConfig, ModelPlan
 
@@ -158,7 +160,7 @@ class ModelProbe(Probe):
         if peak_tflops is not None:
             within("--peak-tflops", peak_tflops, 0, 1e6, "TFLOP/s per GPU", above=True)
         if o["data_mode"] in ("loader", "both"):
-            from mgpu_bench.paths import check_folder
+            from mgpu_bench.core.paths import check_folder
 
             check_folder(o["data_dir"] or "/tmp", "--data-dir")  # the token file is written there
             if not wl.has_loader:
@@ -244,8 +246,8 @@ class ModelProbe(Probe):
     def run(self, plan, ctx):
         from dataclasses import replace
 
-        from mgpu_bench import selection
-        from mgpu_bench.document import Document
+        from mgpu_bench.machine import selection
+        from mgpu_bench.results.document import Document
 
         from .document import document
         from .measure import run_model
@@ -266,7 +268,7 @@ class ModelProbe(Probe):
         return Document.of(document(run, ctx.environment, ctx.command, occupancy), run)
 
     def verdict(self, doc: Mapping) -> Verdict | None:
-        from mgpu_bench.occupancy import from_document
+        from mgpu_bench.machine.occupancy import from_document
 
         from .analyse import verdicts
 
@@ -346,7 +348,7 @@ def _count(wl, batch_size: int):
 def _sustained(duration_s: float):
     """Step.prepare for the sustained run: as many steps as fill `duration_s` at the step time
     of the latest earlier model run, or of a short calibration run when there is none."""
-    from mgpu_bench.probe import replace_option
+    from mgpu_bench.results.probe import replace_option
 
     from .analyse import steps_to_fill
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding, Verdict
+from mgpu_bench.results.probe import OK, PROBLEM, WARNING, Finding, Verdict
 
 from . import ledger
 from . import stalls as stall_rule
@@ -218,7 +218,7 @@ def analyse(cfg: ModelConfig, world: int, ranks: list[dict], peak_flops: float |
         st.straggler = straggler_of(good, 0, n, step_s)
     st.ledger = ledger.of_run(cfg.device == "cuda", st, good, n)
     if all(r.get("noise") for r in good):
-        from mgpu_bench import noise_scale
+        from mgpu_bench.training import noise_scale
 
         st.noise = noise_scale.combine([r["noise"] for r in good], step_s)
     return st
@@ -468,7 +468,7 @@ def where(run: ModelRun, n: int) -> str:
 def verdicts(run: ModelRun, shared: Sequence = ()) -> list[Verdict]:
     """The verdict (verdict()) of each GPU count, ascending, with its severity; on GPUs another
     process also used (occupancy.GpuProcess in `shared`), that is the verdict."""
-    from mgpu_bench.occupancy import cause
+    from mgpu_bench.machine.occupancy import cause
 
     out = []
     for n in run.gpu_counts:
@@ -574,7 +574,7 @@ def findings(run: ModelRun, shared: Sequence = ()) -> list[Finding]:
 def noise_text(run: ModelRun) -> str | None:
     """The gradient noise scale's finding (the in-job monitor's noise_scale=True, or model's
     --noise-scale: its synthetic data's) of the largest count that has one, with its cost."""
-    from mgpu_bench import noise_scale
+    from mgpu_bench.training import noise_scale
 
     found = [s for s in run.stats if s.noise]
     ns = max(found, key=lambda s: s.world).noise if found else run.job.get("noise_scale")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict
 
-from mgpu_bench.document import envelope, status
+from mgpu_bench.results.document import envelope, status
 
 from .analyse import ModelRun, StepStats, findings
 from .config import ModelConfig
@@ -24,7 +24,7 @@ def _config(run: ModelRun) -> dict:
 
 
 def document(run: ModelRun, environment: dict, command: list[str] | None = None, occupancy: dict | None = None) -> dict:
-    from mgpu_bench.occupancy import from_document
+    from mgpu_bench.machine.occupancy import from_document
 
     shared = from_document({"occupancy": occupancy or {}})
     peak = run.peak
@@ -43,7 +43,7 @@ def document(run: ModelRun, environment: dict, command: list[str] | None = None,
 
 def run_from_document(doc: dict) -> ModelRun:
     """A ModelRun rebuilt from the document document() wrote."""
-    from mgpu_bench.hardware import figure_from_dict
+    from mgpu_bench.machine.hardware import figure_from_dict
 
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     cfg = ModelConfig(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench.metrics import Metric, finite, measured_steps, rates, slug, window_steps
+from mgpu_bench.results.metrics import Metric, finite, measured_steps, rates, slug, window_steps
 
 
 def _no_sync_steps(run: Mapping) -> list[float]:

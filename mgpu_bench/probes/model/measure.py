@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from mgpu_bench.errors import InputError, MgpuError, defer_sigterm, interruption
+from mgpu_bench.core.errors import InputError, MgpuError, defer_sigterm, interruption
 
 from .analyse import PHASES, ModelRun, analyse, kernel_split, reconcile
 from .config import ModelConfig, ModelPlan
@@ -154,7 +154,7 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
                 model, device_ids=[local] if on_gpu else None, gradient_as_bucket_view=True, bucket_cap_mb=100)
     sync = None
     if world > 1 and cfg.parallel == "ddp":  # the marks; the communication hook only for the noise scale's norms
-        from mgpu_bench.gradsync import GradMarks, GradSync
+        from mgpu_bench.training.gradsync import GradMarks, GradSync
 
         sync = GradSync(on_gpu, noise=True) if cfg.noise_scale else GradMarks(on_gpu)
         if isinstance(sync, GradSync):
@@ -326,7 +326,7 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
         if cfg.profile and on_gpu:
             out["profile"] = _profile_split(lambda: run_steps(3, True, "profiled steps"))
         if sync is not None and sync.noise is None:  # the all-reduce's time and bandwidth: a short pass in its hook
-            from mgpu_bench.gradsync import GradSync
+            from mgpu_bench.training.gradsync import GradSync
 
             timed = GradSync(on_gpu)
             timed.attach(model)
@@ -346,7 +346,7 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
         out["peak_allocated"] = torch.cuda.max_memory_allocated(device) if on_gpu else None
     except InputError as exc:
         out["error"] = str(exc)
-    from mgpu_bench.launch import keep_result
+    from mgpu_bench.core.launch import keep_result
 
     keep_result(out)  # kept before the group's teardown: a stop signal during it does not lose the figures
     return _leave(out, owns_group)
@@ -421,7 +421,7 @@ def profiled_kernels(prof) -> list[tuple[float, float, str]]:
     its chrome trace (the kernels' own device intervals)."""
     import json
 
-    from mgpu_bench import children
+    from mgpu_bench.core import children
 
     with children.temp_folder("mgpu-prof-") as tmp:
         path = os.path.join(tmp, "trace.json")
@@ -439,7 +439,7 @@ def launch(cfg: ModelConfig, nprocs: int, dense_ops: Sequence[dict] | None = Non
     rendezvous on localhost) and returns each rank's result, rank order. Under an outer
     launcher (RANK and WORLD_SIZE set) it runs this process's rank only. dense_ops: as worker().
     `last`: the run's last configuration (run_elastic's `last`)."""
-    from mgpu_bench import launch as launcher
+    from mgpu_bench.core import launch as launcher
 
     le = launcher.detect()
     if le is not None:
@@ -462,7 +462,7 @@ def _joined(cfg: ModelConfig, le, dense_ops: Sequence[dict] | None = None) -> li
     checked to agree, and every rank's result gathered so that rank 0 reports the whole job."""
     import torch.distributed as dist
 
-    from mgpu_bench import launch as launcher
+    from mgpu_bench.core import launch as launcher
 
     launcher.export_env(le)
     if not dist.is_initialized():

@@ -1,9 +1,9 @@
-"""The model result document's declared shape (mgpu_bench.schema), checked on every read.
+"""The model result document's declared shape (mgpu_bench.results.schema), checked on every read.
 Import-light: the history validates stored documents through it without loading a backend."""
 
 from __future__ import annotations
 
-from mgpu_bench.schema import MAX_RANKS, NAME, STATUS, AnyValue, Bool, Int, List, Map, Num, Obj, OneOf, Str
+from mgpu_bench.results.schema import MAX_RANKS, NAME, STATUS, AnyValue, Bool, Int, List, Map, Num, Obj, OneOf, Str
 
 # What run_from_document, the headline, the tables and the report read. Model, parallelism and
 # data mode become parts of metric names.

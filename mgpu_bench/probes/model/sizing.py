@@ -94,7 +94,7 @@ def whole(cfg, counts, modes, per_sample: float | None, peak, budgets=()) -> tup
     (its ranks' processes on CPU, modelled by startup.process_s(); START_GPU_S on GPUs) and its
     steps (the share the configuration keeps to on CPU processes: `budgets` less its guessed
     start-up), and the end (END_CPU_S on this host's share of a CPU)."""
-    from mgpu_bench import startup
+    from mgpu_bench.core import startup
 
     on_gpu = cfg.device == "cuda"
     spent = startup.spent_s()
@@ -159,7 +159,7 @@ def text(total: float, configs: int, cfg, on_gpu: bool, peak, ranks: int, spent:
          start: float = 0.0) -> str:
     """'about 55 s for 1 configuration(s) of 5 + 30 steps, start-up included (26 s of it: 9 s before
     this line, the ranks' processes on this host now, the end) (a guess at ...)'."""
-    from mgpu_bench.startup import seconds_text
+    from mgpu_bench.core.startup import seconds_text
 
     r = rate(on_gpu, peak, ranks)
     return (f"{seconds_text(total)} for {configs} configuration(s) of {cfg.warmup_steps} + {cfg.steps} steps, start-up "

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, Finding, PlanContext, Probe, Step, option
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.probe import GPUS_HELP, Finding, PlanContext, Probe, Step, option
 
 MAX_DIM = 65536
 MAX_GPU_BYTES = 64 << 30  # one buffer or GEMM operand: larger is a typo on any GPU of today
@@ -141,8 +141,9 @@ class OverlapProbe(Probe):
         ]
 
     def configure(self, o: dict):
-        from mgpu_bench import launch, selection
-        from mgpu_bench.sizes import parse_duration, parse_size
+        from mgpu_bench.core import launch
+        from mgpu_bench.machine import selection
+        from mgpu_bench.results.sizes import parse_duration, parse_size
 
         from .analyse import OverlapConfig, check_reference
 
@@ -210,8 +211,9 @@ class OverlapProbe(Probe):
     def run(self, plan, ctx):
         from dataclasses import replace
 
-        from mgpu_bench import launch, selection
-        from mgpu_bench.document import Document
+        from mgpu_bench.core import launch
+        from mgpu_bench.machine import selection
+        from mgpu_bench.results.document import Document
 
         from .document import document
         from .measure import run_overlap

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from mgpu_bench.measurement import MIN_SAMPLES_FOR_NOISE, CommMeasurement, CommSpec
-from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding
+from mgpu_bench.results.measurement import MIN_SAMPLES_FOR_NOISE, CommMeasurement, CommSpec
+from mgpu_bench.results.probe import OK, PROBLEM, WARNING, Finding
 
 PHASES = ("comm_alone", "gemm_alone", "together")
 PHASE_TITLES = {"comm_alone": "allreduce alone", "gemm_alone": "GEMM alone", "together": "both together"}
@@ -80,7 +80,7 @@ class OverlapConfig:
     @property
     def size_text(self) -> str:
         """The allreduced bytes as nccl-tests users read them ('256 MiB')."""
-        from mgpu_bench.sizes import format_bytes
+        from mgpu_bench.results.sizes import format_bytes
 
         return format_bytes(self.count * 4)
 
@@ -452,7 +452,7 @@ def _params(ref: Mapping) -> int | None:
     """The referenced model's parameter count (models.param_count; imported only here, as it
     brings torch, and only for a model run without a profile)."""
     try:
-        from mgpu_bench import models
+        from mgpu_bench.workloads import gpt as models
 
         return models.param_count(models.get_model_spec(str(ref.get("model"))))
     except (ImportError, ValueError):
@@ -562,7 +562,7 @@ def _rate(value: float, unit: str) -> str:
 def findings(run: OverlapRun, shared: Sequence = ()) -> list[Finding]:
     """What the command prints on top: the one-rank caveat, each side's slowdown, how well the
     two overlapped, the training step beside it, clock and power concerns."""
-    from mgpu_bench import telemetry
+    from mgpu_bench.machine import telemetry
 
     a = analyse(run)
     out: list[Finding] = []

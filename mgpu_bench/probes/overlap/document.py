@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict
 
-from mgpu_bench.document import envelope, status
+from mgpu_bench.results.document import envelope, status
 
 from .analyse import OverlapConfig, OverlapRun, findings, summary
 
 
 def document(run: OverlapRun, environment: dict, command: list[str] | None = None, occupancy: dict | None = None) -> dict:
-    from mgpu_bench.occupancy import from_document
+    from mgpu_bench.machine.occupancy import from_document
 
     shared = from_document({"occupancy": occupancy or {}})
     return {

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench.metrics import Metric, finite, rates, size_key
+from mgpu_bench.results.metrics import Metric, finite, rates, size_key
 
 from .analyse import analyse, comm_measurement, side_samples
 

@@ -46,7 +46,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mgpu_bench.errors import InputError, MgpuError, defer_sigterm, interruption
+from mgpu_bench.core.errors import InputError, MgpuError, defer_sigterm, interruption
 
 from .analyse import NCCL_CTA_VARIABLES, PHASE_TITLES, OverlapConfig, OverlapRun, nccl_channels, ranks_text
 
@@ -211,7 +211,7 @@ def worker(cfg_dict: dict, sink: str | None = None) -> dict:
     import torch
     import torch.distributed as dist
 
-    from mgpu_bench import nccl_log
+    from mgpu_bench.machine import nccl_log
 
     cfg = OverlapConfig(**cfg_dict)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -227,7 +227,7 @@ def worker(cfg_dict: dict, sink: str | None = None) -> dict:
     if owns_group:
         dist.init_process_group("nccl" if on_gpu else "gloo", device_id=device if on_gpu else None)
     try:
-        from mgpu_bench.launch import keep_result
+        from mgpu_bench.core.launch import keep_result
 
         result = measure(cfg, rank, world, device, sink, capture)
         keep_result(result)  # kept before the group's teardown: a stop signal during it does not lose the figures
@@ -281,7 +281,7 @@ def measure(cfg: OverlapConfig, rank: int, world: int, device, sink: str | None,
         if on_gpu and not out.get("bus_id"):
             out["telemetry_error"] = "clock and power telemetry: torch gives no PCI bus id for the GPU"
         elif on_gpu:
-            from mgpu_bench import telemetry
+            from mgpu_bench.machine import telemetry
 
             sampler = telemetry.Sampler({0: out["bus_id"]}, interval_s=TELEMETRY_INTERVAL_S)
             sampler.start()
@@ -318,7 +318,7 @@ def measure(cfg: OverlapConfig, rank: int, world: int, device, sink: str | None,
 def _telemetry(out: dict, sampler, windows: dict[str, tuple[float, float]]) -> None:
     """Per phase the summary of the rank's GPU samples inside it, and the whole series with the
     phases' bounds (seconds since the first phase began) for the report's plot."""
-    from mgpu_bench import telemetry
+    from mgpu_bench.machine import telemetry
 
     if sampler.error or not windows:
         return
@@ -336,7 +336,7 @@ def launch(cfg: OverlapConfig, nprocs: int, sink: str) -> list[dict]:
     """worker() on nprocs local processes through torch's elastic launcher (a c10d rendezvous on
     localhost), each rank's result in rank order; under an outer launcher this process's rank
     only, every rank's result gathered to all. One process measures in place."""
-    from mgpu_bench import launch as launcher
+    from mgpu_bench.core import launch as launcher
 
     le = launcher.detect()
     if le is not None:
@@ -363,8 +363,8 @@ def _joined(cfg: OverlapConfig, le, sink: str) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from mgpu_bench import launch as launcher
-    from mgpu_bench import nccl_log
+    from mgpu_bench.core import launch as launcher
+    from mgpu_bench.machine import nccl_log
 
     launcher.export_env(le)
     capture = None
@@ -419,7 +419,7 @@ def run_overlap(cfg: OverlapConfig, nprocs: int, gpus: tuple[int, ...], say: Cal
                 ) -> OverlapRun:
     """The whole measurement on nprocs ranks; a fault or a signal keeps the phases every rank
     finished (from its file in a temporary folder)."""
-    from mgpu_bench import children
+    from mgpu_bench.core import children
 
     run = OverlapRun(cfg, gpus=gpus)
     t0 = time.monotonic()

@@ -1,4 +1,4 @@
-"""The overlap result document's declared shape (mgpu_bench.schema), checked on every read.
+"""The overlap result document's declared shape (mgpu_bench.results.schema), checked on every read.
 Import-light: the history validates stored documents through it without loading a backend.
 
 What the readers rely on (analyse.py derives every figure again from the raw seconds; render.py,
@@ -12,7 +12,7 @@ the JSON and is never read back.
 
 from __future__ import annotations
 
-from mgpu_bench.schema import (
+from mgpu_bench.results.schema import (
     MAX_BYTES,
     MAX_GPU_INDEX,
     MAX_RANKS,

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.probe import Probe, option, within
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.probe import Probe, option, within
 
 from .goodput import BATCH_HELP, NOISE_HELP
 from .layout import PARALLEL_HELP
@@ -159,7 +159,7 @@ class PlanProbe(Probe):
         ]
 
     def configure(self, o: dict) -> Request:
-        from mgpu_bench import hardware
+        from mgpu_bench.machine import hardware
 
         from . import goodput, layout, target
         from .config import MAX_DAYS, MAX_GPUS, MIN_MFU, PlanConfig, parse_count, parse_rate
@@ -243,7 +243,7 @@ class PlanProbe(Probe):
     def run(self, request: Request, ctx):
         from dataclasses import asdict
 
-        from mgpu_bench.document import Document, envelope, status
+        from mgpu_bench.results.document import Document, envelope, status
 
         from .analyse import NO_ESTIMATE, findings, no_estimate
 
@@ -267,7 +267,7 @@ class PlanProbe(Probe):
 
 def _local_gpus() -> tuple[str | None, int]:
     """This machine's first GPU's name and its GPU count ((None, 0) without GPUs)."""
-    from mgpu_bench import selection
+    from mgpu_bench.machine import selection
 
     n = selection.visible_gpu_count()
     if not n:
@@ -291,7 +291,7 @@ def _plan(request: Request, history, say) -> tuple[dict, bool]:
 
 def _device(request: Request, reader) -> tuple[str, str, int | None]:
     """The device the plan is for (--gpu's NVML name, else as evidence.newest finds it)."""
-    from mgpu_bench import hardware
+    from mgpu_bench.machine import hardware
 
     from . import evidence
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench.probe import OK, PROBLEM, WARNING, Finding
+from mgpu_bench.results.probe import OK, PROBLEM, WARNING, Finding
 
 from . import text
 from .evidence import CPU
@@ -107,7 +107,7 @@ def _goodput_lines(doc: Mapping) -> list[Finding]:
     """--noise-scale: the answer's global batch against the noise scale, its statistical
     efficiency, goodput and days to the same progress (goodput.py), and whether more GPUs buy
     convergence there (noise_scale.NOT_WORTH: doubling them divides the steps by less)."""
-    from mgpu_bench.noise_scale import NOT_WORTH
+    from mgpu_bench.training.noise_scale import NOT_WORTH
 
     a, ns, budget = doc.get("answer") or {}, doc.get("noise_scale") or {}, doc.get("budget") or {}
     if not ns or a.get("stat_efficiency") is None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import asdict, replace
 
-from mgpu_bench import hardware
-from mgpu_bench.errors import InputError
-from mgpu_bench.theory import PRACTICAL_RING_SHARE
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.machine import hardware
+from mgpu_bench.machine.theory import PRACTICAL_RING_SHARE
 
 from . import layout as layouts
 from . import target, text
@@ -596,6 +596,6 @@ def _pp_bandwidth(cfg, ev, missing) -> Bandwidth | None:
 
 
 def _size(n: int) -> str:
-    from mgpu_bench.metrics import size_key
+    from mgpu_bench.results.metrics import size_key
 
     return size_key(int(n))

@@ -4,9 +4,9 @@ fleet, gemm, and the probes of a suite), from what the document recorded:
 
     interrupted      its status says it stopped early (Ctrl-C, SIGTERM, a fault mid-run)
     shared           another process ran on its GPUs (the occupancy the runner stored: a foreign
-                     process not known to be idle; mgpu_bench.occupancy.competing)
+                     process not known to be idle; mgpu_bench.machine.occupancy.competing)
     throttled        a clock-event reason that slows a GPU set up right, or a lowered power limit,
-                     in any telemetry summary it holds (mgpu_bench.telemetry.concerns; running into
+                     in any telemetry summary it holds (mgpu_bench.machine.telemetry.concerns; running into
                      the power cap at the default limit is not one)
     below a floor    a finding of its own that a figure is below its floor (`check`)
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench import occupancy, telemetry
+from mgpu_bench.machine import occupancy, telemetry
 
 FLOOR_WORDS = "below its floor"
 _MAX_DEPTH = 12

@@ -7,7 +7,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 from .layout import Layout
 

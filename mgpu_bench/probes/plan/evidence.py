@@ -22,8 +22,8 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from mgpu_bench import hardware
-from mgpu_bench.metrics import slug, window_steps
+from mgpu_bench.machine import hardware
+from mgpu_bench.results.metrics import slug, window_steps
 
 from . import clean
 from .index import Index
@@ -267,7 +267,7 @@ def _gpt_keys(reader: Reader) -> set[str]:
 def ceilings(reader: Reader) -> dict[str, tuple[float, str, str]]:
     """The matmul ceiling measured per GPU model: device name -> (bf16 FLOP/s, the run, the
     device's name as stored), the newest clean `gemm` run's best GPU (headline gemm.gpu{i}.bf16.tflops)."""
-    from mgpu_bench.probe import headline
+    from mgpu_bench.results.probe import headline
 
     out: dict[str, tuple[float, str, str]] = {}
     runs = reader.runs("gemm.gpu", GEMM_RUNS, ".bf16.tflops")
@@ -345,8 +345,8 @@ def _comm_device(doc: Mapping) -> str:
 
 
 def _comm(ev: Evidence, run_id: str, doc: Mapping) -> None:
-    from mgpu_bench.measurement import CommMeasurement
-    from mgpu_bench.ops import busbw_factor
+    from mgpu_bench.results.measurement import CommMeasurement
+    from mgpu_bench.results.ops import busbw_factor
 
     measurements = [m for m in doc.get("measurements") or [] if m.get("kind", "comm") == "comm"]
     several_nodes = any((m.get("spec") or {}).get("scope", "world") != "world" for m in measurements)

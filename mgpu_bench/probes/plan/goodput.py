@@ -7,7 +7,7 @@ B the statistical efficiency
 
     E = (B_noise + B_0) / (B_noise + B)
 
-against the batch B_0 the job was tuned at (mgpu_bench.noise_scale.efficiency): training at B
+against the batch B_0 the job was tuned at (mgpu_bench.training.noise_scale.efficiency): training at B
 needs 1 / E times the samples of B_0 for the same progress (the samples to a loss go as
 E_min (1 + B / B_noise) in McCandlish et al.'s model, whose ratio at B_0 and B this is; below B_0,
 E > 1: fewer samples, more steps). So, beside each plain figure of a GPU count: goodput =
@@ -26,8 +26,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from mgpu_bench import noise_scale
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.training import noise_scale
 
 from . import text
 from .config import COUNT_UNITS

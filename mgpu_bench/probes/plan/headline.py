@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu_bench.metrics import Metric, slug
+from mgpu_bench.results.metrics import Metric, slug
 
 from .layout import SHARDS
 

@@ -18,7 +18,7 @@ import sqlite3
 import urllib.parse
 from pathlib import Path
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 BUSY_TIMEOUT_S = 30.0
 MAX_NAMES = 20_000  # distinct names under one prefix: beyond, the rest are not looked at

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 SHARDS = ("ddp", "zero1", "zero2", "fsdp")
 ZERO_STAGES = ("zero1", "zero2")  # DeepSpeed's stages 1 and 2; ZeRO-3 is planned as FSDP

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from mgpu_bench import children
-from mgpu_bench.errors import defer_sigterm
+from mgpu_bench.core import children
+from mgpu_bench.core.errors import defer_sigterm
 
 TIMEOUT_S = 900.0
 GRACE_S = 60.0

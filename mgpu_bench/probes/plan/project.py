@@ -65,7 +65,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from mgpu_bench.ops import busbw_factor
+from mgpu_bench.results.ops import busbw_factor
 
 from .evidence import BusPoint, Evidence, StepPoint
 from .layout import ZERO_STAGES

@@ -1,4 +1,4 @@
-"""The plan result document's declared shape (mgpu_bench.schema), checked on every read.
+"""The plan result document's declared shape (mgpu_bench.results.schema), checked on every read.
 Import-light: the history validates stored documents through it without loading a backend.
 
 What the readers rely on (the findings, the tables, the curve plot, the headline): the question
@@ -11,7 +11,7 @@ is the document itself: nothing is derived again from raw samples."""
 
 from __future__ import annotations
 
-from mgpu_bench.schema import MAX_RANKS, NAME, STATUS, AnyValue, Bool, Int, List, Num, Obj, Str
+from mgpu_bench.results.schema import MAX_RANKS, NAME, STATUS, AnyValue, Bool, Int, List, Num, Obj, Str
 
 from .layout import SHARDS
 

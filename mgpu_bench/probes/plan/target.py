@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import re
 
-from mgpu_bench import hardware
-from mgpu_bench.errors import InputError
-from mgpu_bench.theory import PRACTICAL_RING_SHARE
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.machine import hardware
+from mgpu_bench.machine.theory import PRACTICAL_RING_SHARE
 
 
 def _norm(text: str) -> str:
@@ -89,7 +89,7 @@ def step_ratio(measured_on: str, target: str, ceilings: dict) -> tuple[float, st
 def node_rate(device: str, gpus_per_node: int = 8) -> tuple[float | None, str]:
     """(the bus bandwidth a ring within one node of `gpus_per_node` GPUs reaches, B/s, its source)
     from the datasheet (module docs); (None, why) where the database gives no link for the GPU."""
-    from mgpu_bench.theory import platform_theory
+    from mgpu_bench.machine.theory import platform_theory
 
     g = model_of(device)
     if g is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 from .config import BareSize, parse_bare_size
 

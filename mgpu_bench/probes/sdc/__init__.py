@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from mgpu_bench.errors import InputError
-from mgpu_bench.probe import GPUS_HELP, MAX_ITERS, Finding, PlanContext, Probe, Step, option, within
+from mgpu_bench.core.errors import InputError
+from mgpu_bench.results.probe import GPUS_HELP, MAX_ITERS, Finding, PlanContext, Probe, Step, option, within
 
 HELP = """Silent data corruption: the same bitwise-deterministic work on every GPU, hashed and compared.
 
@@ -92,8 +92,9 @@ class SdcProbe(Probe):
         ]
 
     def configure(self, o: dict):
-        from mgpu_bench import _native, selection
-        from mgpu_bench.sizes import parse_duration, parse_size
+        from mgpu_bench import _native
+        from mgpu_bench.machine import selection
+        from mgpu_bench.results.sizes import parse_duration, parse_size
 
         from . import measure as m
 
@@ -138,7 +139,7 @@ class SdcProbe(Probe):
 
     def run(self, cfg, ctx):
         from mgpu_bench import _native
-        from mgpu_bench.document import Document
+        from mgpu_bench.results.document import Document
 
         from .document import document
         from .measure import run_sdc

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from mgpu_bench.probe import OK, PROBLEM, Finding
+from mgpu_bench.results.probe import OK, PROBLEM, Finding
 
 from .result import COMM_DTYPE, Check, SdcRun, shape_text
 

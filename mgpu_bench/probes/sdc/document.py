@@ -3,7 +3,7 @@ Its declared shape is shape.py's."""
 
 from __future__ import annotations
 
-from mgpu_bench.document import envelope, status
+from mgpu_bench.results.document import envelope, status
 
 from .analyse import findings, verdicts
 from .result import Check, SdcConfig, SdcRun, parse_shape, shape_text

@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
-from mgpu_bench.metrics import Metric
+from mgpu_bench.results.metrics import Metric
 
 
 def _flops(doc: Mapping) -> int:

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mgpu_bench.errors import OutOfMemoryError, defer_sigterm
-from mgpu_bench.per_gpu import Stopped, faults_end_the_run, on_gpus
+from mgpu_bench.core.errors import OutOfMemoryError, defer_sigterm
+from mgpu_bench.machine.per_gpu import Stopped, faults_end_the_run, on_gpus
 
 from .analyse import locate_element, locate_gemm, locate_word, peer_groups, peer_mismatches
 from .result import (

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from mgpu_bench.errors import InputError
+from mgpu_bench.core.errors import InputError
 
 from .shape import MAX_DIM
 

@@ -1,10 +1,10 @@
-"""The sdc result document's declared shape (mgpu_bench.schema), checked on every read, and the
+"""The sdc result document's declared shape (mgpu_bench.results.schema), checked on every read, and the
 names and bounds it shares with the backend (result.py and measure.py import them from here).
 Import-light: the history validates stored documents through it without loading a backend."""
 
 from __future__ import annotations
 
-from mgpu_bench.schema import MAX_BYTES, MAX_GPU_INDEX, STATUS, Int, List, Num, Obj, Str
+from mgpu_bench.results.schema import MAX_BYTES, MAX_GPU_INDEX, STATUS, Int, List, Num, Obj, Str
 
 DTYPES = ("bf16", "fp16")
 WORKS = ("gemm", "collective", "hbm")  # the order a repetition runs them in

@@ -39,7 +39,7 @@ from importlib import resources
 from types import MappingProxyType
 from typing import Any, TypeGuard
 
-from .errors import InputError
+from mgpu_bench.core.errors import InputError
 
 SCHEMA_VERSION = 1
 PEAK_DTYPES = ("fp64", "fp64_tensor", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")

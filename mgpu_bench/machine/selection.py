@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import sys
 
-from .errors import InputError, MgpuError
+from mgpu_bench.core.errors import InputError, MgpuError
 
 
 def visible_gpu_count() -> int:
     """0 when there is no driver or no GPU."""
-    from . import _native
+    from mgpu_bench import _native
 
     try:
         return _native.device_count()
@@ -24,7 +24,7 @@ def visible_gpu_count() -> int:
 
 def no_gpu_reason() -> str:
     """Why no GPU is usable here, in a few words (the driver's message, or none visible)."""
-    from . import _native
+    from mgpu_bench import _native
 
     try:
         _native.device_count()
@@ -38,7 +38,7 @@ def cpu_commands() -> list[str]:
     themselves (Probe.cpu: True, or the condition, "fleet (under torchrun)"), in the registry's
     order. The registry sits above this module, which never imports it: every command runs once
     the CLI has loaded it (before that, the list is empty)."""
-    registry = sys.modules.get("mgpu_bench.probe")
+    registry = sys.modules.get("mgpu_bench.results.probe")
     if registry is None:
         return []
     out = []
@@ -61,7 +61,7 @@ def without_gpu() -> str:
 def require_gpus(command: str, spec: str | None) -> tuple[list[int], list[dict]]:
     """The GPUs --gpus names and their device_info; InputError (exit code 2) naming what is
     missing when the machine has no usable NVIDIA GPU."""
-    from . import _native
+    from mgpu_bench import _native
 
     n = visible_gpu_count()
     if n == 0:

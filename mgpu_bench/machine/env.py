@@ -12,9 +12,9 @@ import os
 import platform
 import socket
 
-from . import _libs, _native
-from .errors import MgpuError
-from .startup import process_seconds  # noqa: F401 - read here by comm and check; its home is startup.py
+from mgpu_bench import _libs, _native
+from mgpu_bench.core.errors import MgpuError
+from mgpu_bench.core.startup import process_seconds  # noqa: F401 - read here by comm and check; its home is startup.py
 
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "CUDA_", "NVSHMEM_")
 ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_DISTRIBUTED_DEBUG", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
@@ -95,7 +95,7 @@ def backend_versions(backend: str) -> dict:
 
 
 def fingerprint(gpus: list[dict] | None = None) -> dict:
-    from . import __version__
+    from mgpu_bench import __version__
 
     return {
         "host": socket.gethostname(),

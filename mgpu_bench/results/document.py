@@ -7,7 +7,7 @@ Every kind (comm, gemm, memory, model, links, suite, ...) shares the envelope: `
 (`run`), so that rendering right after a measurement does not rebuild it from the JSON.
 
 Reading a document back goes through probe.load_document (a file) or probe.validate (a stored
-one): each kind's shape is declared once, beside its writer (mgpu_bench.schema's specs), and
+one): each kind's shape is declared once, beside its writer (mgpu_bench.results.schema's specs), and
 checked on every read.
 """
 
@@ -36,7 +36,7 @@ class Document(dict):
 
 def envelope(kind: str, environment: Mapping | None, command: list[str] | None) -> dict:
     """The fields every result document starts with."""
-    from . import __version__
+    from mgpu_bench import __version__
 
     return {
         "schema": RESULT_SCHEMA,
@@ -79,6 +79,6 @@ def document_kind(doc: Mapping) -> str | None:
 def write_json(path: str | os.PathLike, document: Mapping) -> None:
     """Writes atomically into an existing folder, as every output is written (paths.write_json:
     through a symbolic link, never over a FIFO or a device)."""
-    from .paths import write_json as write
+    from mgpu_bench.core.paths import write_json as write
 
     write(path, document)

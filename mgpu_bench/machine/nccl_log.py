@@ -73,7 +73,7 @@ class Capture:
             self.reason = "NCCL was already initialised in this process: transports not captured"
         else:
             Capture._used = True
-            from . import children
+            from mgpu_bench.core import children
 
             children.clean_stale("mgpu-bench-nccl-")  # the logs of runs that were killed
             fd, self.path = tempfile.mkstemp(prefix=children.temp_name("mgpu-bench-nccl-"), suffix=".log")

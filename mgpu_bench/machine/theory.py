@@ -126,7 +126,7 @@ def ring_theory(snapshot: dict | None, devices: list[tuple[int, str]]) -> RingTh
 
 def cuda_devices(gpus: list[int]) -> list[tuple[int, str]]:
     """(CUDA index, PCI bus id) for each device, the key that ties CUDA to NVML's numbering."""
-    from . import _native
+    from mgpu_bench import _native
 
     return [(g, str(_native.device_info(g)["pci_bus_id"])) for g in gpus]
 

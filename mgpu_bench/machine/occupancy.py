@@ -65,7 +65,7 @@ def owner(pid: int, proc: str = "/proc", me: int | None = None, launched: bool |
     if not os.path.exists(f"{proc}/{pid}"):
         return "unknown"
     if launched is None:
-        from .launch import detect
+        from mgpu_bench.core.launch import detect
 
         launched = detect() is not None
     roots = {me}

@@ -76,7 +76,7 @@ class CommMeasurement:
 
     @property
     def busbw(self) -> float:
-        """bytes/s: algbw times the op's bus factor (see mgpu_bench.ops)."""
+        """bytes/s: algbw times the op's bus factor (see mgpu_bench.results.ops)."""
         return self.algbw * busbw_factor(self.spec.op, self.spec.nranks)
 
     @property

@@ -199,7 +199,7 @@ class Probe:
     # -- reading a document ----------------------------------------------------------------------
 
     def schema(self) -> Any:
-        """The declared shape of this probe's result document (a mgpu_bench.schema spec checked on
+        """The declared shape of this probe's result document (a mgpu_bench.results.schema spec checked on
         every read, besides the envelope): SCHEMA in the probe's shape module (`<probe>.shape`,
         which imports no backend: the history validates through it); None: none."""
         return self.role("shape", "SCHEMA")
@@ -330,7 +330,7 @@ class Probe:
         if "environment" in wanted:
             extras["environment"] = doc.get("environment") or {}
         if "shared" in wanted:
-            from .occupancy import from_document
+            from mgpu_bench.machine.occupancy import from_document
 
             extras["shared"] = from_document(doc)
         extras.update({k: v for k, v in named.items() if k in wanted})
@@ -376,7 +376,7 @@ def within(flag: str, value: float, low: float, high: float, why: str = "", *, a
     low <= value <= high, or low < value <= high with `above`. NaN and infinities break both."""
     import math
 
-    from .errors import InputError
+    from mgpu_bench.core.errors import InputError
 
     def show(x: float) -> str:  # the value and its bounds alike, exactly: 60000.0000001 is not "60000"
         if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
@@ -491,7 +491,8 @@ def load_document(path: str | Path, where: str | None = None) -> dict:
     import os
     import stat
 
-    from .errors import InputError
+    from mgpu_bench.core.errors import InputError
+
     from .schema import shown
 
     name = where or shown(path)

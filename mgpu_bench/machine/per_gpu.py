@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .errors import MgpuError, OutOfMemoryError, interruption
+from mgpu_bench.core.errors import MgpuError, OutOfMemoryError, interruption
 
 
 class Stopped(Exception):

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .errors import InputError
+from mgpu_bench.core.errors import InputError
 
 MAX_BYTES = 1 << 50  # 1 PiB (sizes.MAX_SIZE): a larger buffer is a typo or a forged document
 MAX_GPU_INDEX = 1 << 16

@@ -6,7 +6,7 @@ import math
 import re
 from decimal import Decimal
 
-from .errors import InputError
+from mgpu_bench.core.errors import InputError
 
 MAX_SIZE = 1 << 50  # 1 PiB: anything larger is a typo, not a buffer
 MAX_SIZES = 1000  # points in one sweep

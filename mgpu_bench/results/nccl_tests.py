@@ -250,7 +250,8 @@ def read_log(path) -> str | None:
     import os
     import stat
 
-    from .errors import InputError
+    from mgpu_bench.core.errors import InputError
+
     from .schema import shown
 
     try:

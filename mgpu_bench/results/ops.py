@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .errors import InputError
+from mgpu_bench.core.errors import InputError
 
 # Display order (also the order of `--ops all`).
 OP_ORDER = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "sendrecv")
@@ -44,7 +44,7 @@ class OpInfo:
 @functools.cache
 def _registry() -> dict[str, OpInfo]:
     """The ops the native core implements (one file each under csrc/ops/), in display order."""
-    from . import _native
+    from mgpu_bench import _native
 
     native = {d["name"]: OpInfo(d["name"], d["reduces"], d["rooted"], d["inplace"]) for d in _native.ops()}
     return {name: native[name] for name in OP_ORDER if name in native}
@@ -95,14 +95,14 @@ def parse_dtype(text: str) -> str:
 
 
 def dtype_size(dtype: str) -> int:
-    from . import _native
+    from mgpu_bench import _native
 
     return int(_native.dtype_size(dtype))
 
 
 def op_counts(op: str, size: int, dtype: str, nranks: int) -> dict:
     """Element counts for one measurement; ``bytes`` is the size after rounding."""
-    from . import _native
+    from mgpu_bench import _native
 
     return dict(_native.op_counts(op, size, dtype, nranks))
 
