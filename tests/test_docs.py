@@ -356,6 +356,23 @@ def test_every_page_is_in_the_navigation_with_its_pictures(site):
     assert headings and all(f'id="{_slug(h)}"' in results for h in headings[:5])
 
 
+def test_the_layout_picture_is_drawn_from_the_tree_at_build_time(site):
+    """The Contributing page shows the picture the build drew from the package as it is now (the same
+    SVG docs/hooks/layout.py draws from the tree), and its table: a row per folder."""
+    sys.path.insert(0, str(DOCS / "hooks"))
+    import layout
+
+    read = layout.read()
+    served = site / "assets" / "layout.svg"
+    assert served.read_text(encoding="utf-8") == layout.svg(read)
+    page = _read(site / "contributing.html")
+    assert "assets/layout.svg" in [u for tag, _, u in page.refs if tag == "img"]
+    html = (site / "contributing.html").read_text(encoding="utf-8")
+    for folder in read.folders.values():
+        assert f"<td><code>{folder.label}</code></td>" in html, folder.label
+    assert "<p>::: layout</p>" not in html  # the directive replaced, not left as text
+
+
 # -- in a browser ----------------------------------------------------------------------------
 
 
@@ -401,3 +418,22 @@ def test_a_browser_shows_the_page_with_its_navigation_and_the_report_picture(sit
         assert _near(img, "c62828", 0.05).sum() > 100
     # Network blocked or not, the page looks the same: it loads nothing from the network.
     assert np.array_equal(shots[False], shots[True])
+
+
+def test_a_browser_shows_the_layout_picture(site, tmp_path):
+    """Headless Chromium, offline, shows the Contributing page with the layout's picture in it: every
+    folder's colour (its box and the arrows that leave it) is on the screen, beside the navigation."""
+    import matplotlib.image
+    from test_suite_report import HEIGHT, WIDTH, _png_size, _screenshot
+
+    sys.path.insert(0, str(DOCS / "hooks"))
+    import layout
+
+    exe = _chromium_or_skip()
+    out = tmp_path / "contributing.png"
+    _screenshot(exe, site / "contributing.html", out, tmp_path / "profile", True)
+    assert _png_size(out.read_bytes()) == (WIDTH, HEIGHT)
+    img = matplotlib.image.imread(out)[..., :3][:, 260:]  # right of the navigation
+    shown = {name: int(_near(img, layout.PALETTE[layout.PLACES.index(name)][1:], 0.03).sum())
+             for name in layout.read().folders}
+    assert min(shown.values()) > 100, shown  # each box's bar alone is about 4 x 45 pixels at the page's scale

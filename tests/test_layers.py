@@ -10,57 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from mgpu_bench.results import probe as registry
 
-PKG = Path(__file__).resolve().parent.parent / "mgpu_bench"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs" / "hooks"))
+import layout  # docs/hooks/layout.py: the one reader of the import graph, the docs' picture's too
+
+PKG = layout.PKG
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in PKG.rglob("*.py")}
-
-
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """Every mgpu_bench module `name` imports, at module level or inside a function."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out = set()
-    tree = ast.parse(path.read_text())
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                   and getattr(block.test, "id", None) == "TYPE_CHECKING" for b in block.body for n in ast.walk(b)}
-    for node in ast.walk(tree):
-        if id(node) in typing_only:  # annotations only: no import at run time
-            continue
-        targets = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, *([base] if base else [])])
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
-        for t in targets:
-            while t and t not in known:  # the longest known prefix: a module, or a package's __init__
-                t = t.rpartition(".")[0]
-            if t and t != name:
-                out.add(t)
-    return out
-
-
-def _graph() -> dict[str, set[str]]:
-    mods = _modules()
-    known = set(mods) | {"mgpu_bench._native"}
-    graph = {name: _imports(name, path, known) for name, path in mods.items()}
-    # importing a submodule runs its package's __init__ first: not an edge of the code's design
-    return {n: {t for t in targets if not n.startswith(t + ".")} for n, targets in graph.items()}
+ORDER = layout.ORDER  # the layers from the bottom up (see layout.py)
+_modules, _graph = layout.modules, layout.graph
 
 
 def test_the_graph_is_read_from_the_real_tree():
@@ -71,55 +29,27 @@ def test_the_graph_is_read_from_the_real_tree():
 
 
 def test_no_import_cycles():
-    g = _graph()
-    state: dict[str, int] = {}
-    path: list[str] = []
-
-    def visit(n: str) -> None:
-        state[n] = 1
-        path.append(n)
-        for t in sorted(g.get(n, ())):
-            if state.get(t) == 1:
-                cycle = path[path.index(t):] + [t]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if t not in state:
-                visit(t)
-        path.pop()
-        state[n] = 2
-
-    for n in sorted(g):
-        if n not in state:
-            visit(n)
-
-
-# The layers from the bottom up: a module may import its own layer and those below it, never one above.
-# workloads and training stand beside results; probes reach each other only through the registry and no
-# history; history and output import no probe; the package's own modules (its __init__, the native loader,
-# the native module, the CLI) stand outside the order.
-ORDER = ("core", "machine", "results", "training", "workloads", "output", "history", "probes", "run", "monitor",
-         "suite")
-PACKAGE = {"__init__", "_libs", "_native", "_build_config"}  # _build_config: CMake writes it in an in-place build
+    cycle = layout.find_cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
 
 
 def _layer(module: str) -> str:
-    parts = module.split(".")
-    if len(parts) == 1 or parts[1] in PACKAGE:
-        return "package"
-    return parts[1]  # a folder, or cli
+    """A module's folder; "root" for the package's __init__ and the CLI, "native" for the compiled
+    module and its loader (layout.place)."""
+    return layout.place(module)
 
 
 def test_layers_point_one_way():
     """Each layer imports only itself and those below it; a probe imports no other probe and no
     history; history and output import no probe (the registry, results/probe.py, reads them)."""
-    bad = []
-    for n, targets in _graph().items():
+    g = _graph()
+    folders = {_layer(n) for n in g}
+    assert folders - set(layout.PLACES) == set(), "a folder with no place in layout.ORDER"
+    bad = layout.against_order(g)  # up the order: the root (the CLI) above every folder, the native module below
+    for n, targets in g.items():
         layer = _layer(n)
         for t in targets:
             tl = _layer(t)
-            if tl == "package":
-                continue
-            if tl == "cli" or (layer in ORDER and tl in ORDER and ORDER.index(tl) > ORDER.index(layer)):
-                bad.append((n, t))
             if layer == "probes" and (tl == "history" or (tl == "probes" and t.split(".")[2] != n.split(".")[2])):
                 bad.append((n, t))  # one probe reaches another only through the registry
             if layer in ("training", "workloads") and tl in ("training", "workloads") and tl != layer:

@@ -7,6 +7,11 @@
   any page, or a line names a command the CLI does not have.
 - `::: include PATH` on a line of its own is replaced by that file of the repository (PATH from
   the folder of mkdocs.yml): benchmarks/RESULTS.md is shown as it is, never copied by hand.
+- `::: layout` on a line of its own becomes the picture of the package's layout and its table
+  (docs/hooks/layout.py reads the import graph: the same reader tests/test_layers.py uses). The
+  picture is drawn at every build and served as assets/layout.svg; the build fails when the code
+  breaks the layer order (an import cycle between folders, an import pointing up the order, a
+  folder the order does not place).
 - The pictures: `mgpu-bench report` draws the result documents of tests/fixtures (REPORTS) into a
   temporary folder, and every PNG and HTML page it writes is served under assets/report/NAME/;
   the shipped configurations of mgpu_bench/data (Grafana, NHC, node-problem-detector) are served
@@ -29,6 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import layout  # docs/hooks/layout.py: MkDocs puts this folder on the path while it loads the hook
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File
 
@@ -40,7 +46,9 @@ REPORTS = {
 SERVED = (".png", ".html", ".json")  # what a report folder holds that the site serves (not summary.md)
 DATA = ("grafana", "nhc", "npd")  # folders of mgpu_bench/data served under assets/data/
 
-DIRECTIVE = re.compile(r"^::: (options|include)(?: (.*))?$")
+LAYOUT_SVG = "assets/layout.svg"  # the layout's picture, served from here
+
+DIRECTIVE = re.compile(r"^::: (options|include|layout)(?: (.*))?$")
 _state: dict = {}
 
 
@@ -152,8 +160,32 @@ def _report(src: Path, out: Path) -> None:
         raise PluginError(f"mgpu-bench report {src} exited {code}: {captured.getvalue().strip()}")
 
 
+# -- the package's layout ------------------------------------------------------------------------
+
+
+def _layout_markdown(page) -> str:
+    """The picture (from the page's folder to the served SVG) and the table under it."""
+    read = _state["layout"]
+    src = "../" * page.file.src_uri.count("/") + LAYOUT_SVG
+    alt = "The folders of mgpu_bench as layers, the top one first, and the imports between them"
+    return ("*Drawn from the code at every build of this site (`docs/hooks/layout.py` reads the import graph): "
+            "a box per folder, the top layer first, each file with its lines; an arrow from a folder to each one it "
+            "imports, lazy imports included, wider the more imports it stands for (open the picture for each "
+            "arrow's count and examples). The build fails when an arrow would point up.*\n\n"
+            f"[![{alt}]({src}){{ .mgpu-picture }}]({src})\n\n"
+            "The folders from the bottom layer up:\n\n" + layout.table(read))
+
+
 def on_files(files, config):
     root = _root(config)
+    # The layout first: a package that breaks its layer order stops the build before anything is drawn.
+    try:
+        read = layout.read(root / "mgpu_bench")
+        picture = layout.svg(read)
+    except layout.LayoutError as exc:
+        raise PluginError(str(exc)) from None
+    _state["layout"] = read
+    files.append(File.generated(config, LAYOUT_SVG, content=picture))
     # Every command of the CLI has a page: the `::: options` lines of all pages cover them.
     covered = set()
     for f in files.documentation_pages():
@@ -194,6 +226,8 @@ def on_page_markdown(markdown, page, config, files):
             out.append(line)
         elif m.group(1) == "options":
             out.append(_options(tuple((m.group(2) or "").split())))
+        elif m.group(1) == "layout":
+            out.append(_layout_markdown(page))
         else:
             path = (root / (m.group(2) or "")).resolve()
             if root not in path.parents or not path.is_file():
