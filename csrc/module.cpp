@@ -21,9 +21,9 @@ using namespace mgpu;
 
 namespace {
 
-// Raises mgpu_bench.errors.<name>(message, code): the Python classes keep the code and pickle.
+// Raises mgpu_bench.core.errors.<name>(message, code): the Python classes keep the code and pickle.
 void raise_python(const char* name, const Error& e) {
-  py::object cls = py::module_::import("mgpu_bench.errors").attr(name);
+  py::object cls = py::module_::import("mgpu_bench.core.errors").attr(name);
   py::object exc = cls(e.what(), e.code());
   PyErr_SetObject(cls.ptr(), exc.ptr());
 }
