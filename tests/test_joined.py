@@ -1,4 +1,4 @@
-"""The launcher's node hierarchy (launch.scopes), the cross-rank combination and the
+"""The launcher's node hierarchy (ranks.scopes), the cross-rank combination and the
 straggler report (joined), on plain data."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mgpu_bench.core.launch import Group, Member, scopes
+from mgpu_bench.core.ranks import Group, Member, scopes
 from mgpu_bench.probes.comm import joined
 from mgpu_bench.results.measurement import CommMeasurement, CommSpec
 
@@ -72,7 +72,7 @@ def test_the_rank_that_arrives_late_measures_least_and_is_named():
 
 
 def test_mpi_round_robin_placement_is_numbered_by_host():
-    from mgpu_bench.core.launch import nodes_by_host
+    from mgpu_bench.core.ranks import nodes_by_host
 
     # mpirun --map-by node over hosts a, b: rank // ranks-per-node would put a and b in one "node"
     ms = [Member(r, "ab"[r % 2], r // 2, r // 2, f"cuda:{r // 2}") for r in range(4)]

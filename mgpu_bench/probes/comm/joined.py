@@ -1,7 +1,7 @@
 """One rank of a launcher's job (torchrun, srun, mpirun) sweeping collectives, whatever the backend.
 
 Every rank runs the same requests; for each, the world communicator is measured, then on more
-than one node the intra-node and inter-node communicators (launch.scopes). After each
+than one node the intra-node and inter-node communicators (ranks.scopes). After each
 measurement the ranks exchange their raw seconds (an all-gather on the job's control group), so
 every rank knows at once whether any rank failed and all stop together; rank 0 combines the
 ranks of each communicator into the raw dict a single-process session returns (per-rank burst
@@ -17,7 +17,7 @@ import numpy as np
 
 from mgpu_bench import _native
 from mgpu_bench.core.errors import CommTimeoutError, InputError, MgpuError, portable
-from mgpu_bench.core.launch import Group, Member
+from mgpu_bench.core.ranks import Group, Member
 from mgpu_bench.results.measurement import CommMeasurement, CommRequest
 
 from .analyse import explain_above_theory, stragglers
@@ -104,7 +104,7 @@ def run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pro
     import torch
     import torch.distributed as dist
 
-    from mgpu_bench.core import launch
+    from mgpu_bench.core import launch, ranks
 
     launch.export_env(le)
     native = run.backend == "native"
@@ -116,22 +116,22 @@ def run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pro
     req = run.requests[0]
     sessions: dict[str, object] = {}
     try:
-        store = launch.init_group(le, pg_backend, cfg.timeout_s, device if pg_backend == "nccl" else None)
+        store = ranks.init_group(le, pg_backend, cfg.timeout_s, device if pg_backend == "nccl" else None)
     except CommTimeoutError as exc:
         stop(run, exc, req)
         return
-    members: list[launch.Member] | None = None
+    members: list[ranks.Member] | None = None
     try:
-        all_gather = launch.all_gatherer(le.world_size)
-        launch.agree(repr((run.backend, run.requests, cfg.timing)), all_gather)
+        all_gather = ranks.all_gatherer(le.world_size)
+        ranks.agree(repr((run.backend, run.requests, cfg.timing)), all_gather)
         bus = "" if gpu is None else str(_native.device_info(gpu)["pci_bus_id"])
-        me = launch.Member(le.rank, le.host, le.node_rank, le.local_rank, "cpu" if gpu is None else f"cuda:{gpu}",
+        me = ranks.Member(le.rank, le.host, le.node_rank, le.local_rank, "cpu" if gpu is None else f"cuda:{gpu}",
                            bus)
         members = all_gather(me)
         if le.launcher == "mpi":  # no node index exported: number the nodes by host
-            members = launch.nodes_by_host(members)
+            members = ranks.nodes_by_host(members)
             me = members[le.rank]
-        groups = launch.scopes(members)
+        groups = ranks.scopes(members)
         run.nnodes = len({m.node for m in members})
         multinode = run.nnodes > 1
         run.devices = [f"{m.host}:{m.device}" if multinode else m.device for m in members]
@@ -170,10 +170,10 @@ def run_joined(run: CommRun, cfg: CommConfig, le, gpus: list[int], progress: Pro
     except InputError:
         raise
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - any fault: keep what was measured, say why
-        told = launch.account(exc, store, le, members, min(5.0, cfg.timeout_s), told=(RankFailure,))
+        told = ranks.account(exc, store, le, members, min(5.0, cfg.timeout_s), told=(RankFailure,))
         kept = None
         if le.rank != 0:  # the measurements live on rank 0 alone
-            rank0_gone = isinstance(told, launch.RankLost) and str(told).startswith("rank 0 ")
+            rank0_gone = isinstance(told, ranks.RankLost) and str(told).startswith("rank 0 ")
             kept = ("rank 0, which held the measurements, is gone: none were written" if rank0_gone
                     else "rank 0 keeps the measurements")
         stop(run, told, req, kept)
@@ -204,9 +204,9 @@ def _native_measure(cfg: CommConfig, store, me, members, gpu: int, sessions: dic
     """measure() for joined.sweep on the native core: one CommSession per communicator this
     rank belongs to, created on first use; its NCCL unique id comes from the communicator's
     lowest rank through the launcher's store."""
-    from mgpu_bench.core import launch
+    from mgpu_bench.core import ranks
 
-    prefix = launch._prefix()
+    prefix = ranks.key_prefix()
 
     def session(group, place: int, size: int):
         key = "world" if group is None else f"{group.scope}/{group.label}"

@@ -93,10 +93,10 @@ def form(le, backend: str, timeout_s: float, device):
 
     import torch.distributed as dist
 
-    from mgpu_bench.core import launch
+    from mgpu_bench.core import ranks
 
-    store = launch.open_store(le, timeout_s)
-    prefix = launch._prefix() + "/fleet"
+    store = ranks.open_store(le, timeout_s)
+    prefix = ranks.key_prefix() + "/fleet"
     store.set(f"{prefix}/arrived/{le.rank}", _host())
     if le.rank == 0:
         deadline = time.monotonic() + timeout_s
@@ -221,12 +221,12 @@ class Watchdog:
         self.done.set()
 
     def _note(self, where: str | None) -> None:
-        from mgpu_bench.core import launch
+        from mgpu_bench.core import ranks
 
         with contextlib.suppress(Exception):
             if self.store is None:
                 self.store = self.open_store()
-            launch.blocked_note(self.store, self.rank, where)
+            ranks.blocked_note(self.store, self.rank, where)
             self.noted = where is not None
 
     def _watch(self) -> None:
@@ -252,7 +252,7 @@ def run_fleet(cfg: FleetConfig, le, say: Callable[[str], None] | None = None,
     import torch
     import torch.distributed as dist
 
-    from mgpu_bench.core import launch
+    from mgpu_bench.core import launch, ranks
 
     say = say or (lambda _t: None)
     run = FleetRun(cfg)
@@ -285,7 +285,7 @@ def run_fleet(cfg: FleetConfig, le, say: Callable[[str], None] | None = None,
         info = (le.rank, _host(), le.node_rank, le.local_rank, str(device), bus)
         everyone = [None] * len(roster)
         dist.all_gather_object(everyone, info)
-        members = [launch.Member(i, e[1], e[2], e[3], e[4], e[5]) for i, e in enumerate(everyone)]
+        members = [ranks.Member(i, e[1], e[2], e[3], e[4], e[5]) for i, e in enumerate(everyone)]
         nodes = _nodes(members, le, roster)
         run.nodes = nodes
         node_of = {r: n["index"] for n in nodes for r in n["ranks"]}
@@ -389,7 +389,7 @@ def run_fleet(cfg: FleetConfig, le, say: Callable[[str], None] | None = None,
         dog.beat(phase)
         # rank 0 waits long enough for a rank held in its own collective to time out and answer
         wait = min(cfg.timeout_s, 60.0) + 5.0 if place == 0 else min(5.0, cfg.timeout_s)
-        told = launch.account(exc, store, me, members, wait)
+        told = ranks.account(exc, store, me, members, wait)
         run.stopped = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         run.stop_message = f"stopped in the {phase} phase: {told}"
         if place == 0:
@@ -510,10 +510,10 @@ def _store_client(le, timeout_s: float):
 
 
 def _silent(store, le) -> set[int]:
-    """The group ranks that did not answer the roll call (launch.roll_call's keys)."""
-    from mgpu_bench.core import launch
+    """The group ranks that did not answer the roll call (ranks.roll_call's keys)."""
+    from mgpu_bench.core import ranks
 
-    prefix = launch._prefix()
+    prefix = ranks.key_prefix()
     out = set()
     for r in range(le.world_size):
         with contextlib.suppress(Exception):

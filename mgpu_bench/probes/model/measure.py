@@ -463,6 +463,7 @@ def _joined(cfg: ModelConfig, le, dense_ops: Sequence[dict] | None = None) -> li
     import torch.distributed as dist
 
     from mgpu_bench.core import launch as launcher
+    from mgpu_bench.core import ranks
 
     launcher.export_env(le)
     if not dist.is_initialized():
@@ -470,21 +471,21 @@ def _joined(cfg: ModelConfig, le, dense_ops: Sequence[dict] | None = None) -> li
             import torch
 
             torch.cuda.set_device(le.local_rank)
-            _STORE[:] = [launcher.init_group(le, "nccl", 600.0, torch.device("cuda", le.local_rank))]
+            _STORE[:] = [ranks.init_group(le, "nccl", 600.0, torch.device("cuda", le.local_rank))]
         else:
-            _STORE[:] = [launcher.init_group(le, "gloo", 600.0)]
-    all_gather = launcher.all_gatherer(le.world_size)
+            _STORE[:] = [ranks.init_group(le, "gloo", 600.0)]
+    all_gather = ranks.all_gatherer(le.world_size)
     members = None
     try:
-        launcher.agree(repr({**asdict(cfg), "deadline": None}), all_gather)  # each rank's own clock sets its deadline
+        ranks.agree(repr({**asdict(cfg), "deadline": None}), all_gather)  # each rank's own clock sets its deadline
         device = f"cuda:{le.local_rank}" if cfg.device == "cuda" else "cpu"
-        members = all_gather(launcher.Member(le.rank, le.host, le.node_rank, le.local_rank, device))
+        members = all_gather(ranks.Member(le.rank, le.host, le.node_rank, le.local_rank, device))
         mine = worker(asdict(cfg), dense_ops)
         return all_gather(mine)
     except (Exception, KeyboardInterrupt) as exc:
         # a training step's collective failing (DDP's all-reduce, FSDP's gathers) is the group
         # breaking as much as the control messages failing: the roll call names who left
-        told = launcher.account(exc, _STORE[0] if _STORE else None, le, members)
+        told = ranks.account(exc, _STORE[0] if _STORE else None, le, members)
         if told is exc:
             raise
         raise told from None

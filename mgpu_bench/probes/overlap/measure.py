@@ -364,6 +364,7 @@ def _joined(cfg: OverlapConfig, le, sink: str) -> list[dict]:
     import torch.distributed as dist
 
     from mgpu_bench.core import launch as launcher
+    from mgpu_bench.core import ranks
     from mgpu_bench.machine import nccl_log
 
     launcher.export_env(le)
@@ -373,20 +374,20 @@ def _joined(cfg: OverlapConfig, le, sink: str) -> list[dict]:
         if cfg.device == "cuda":
             torch.cuda.set_device(le.local_rank)
             capture = nccl_log.Capture()
-            _STORE[:] = [launcher.init_group(le, "nccl", 600.0, device)]
+            _STORE[:] = [ranks.init_group(le, "nccl", 600.0, device)]
         else:
-            _STORE[:] = [launcher.init_group(le, "gloo", 600.0)]
+            _STORE[:] = [ranks.init_group(le, "gloo", 600.0)]
     elif cfg.device == "cuda":
         torch.cuda.set_device(le.local_rank)
     if le.world_size < 2:
         return [measure(cfg, le.rank, 1, device, sink, capture)]
-    all_gather = launcher.all_gatherer(le.world_size)
+    all_gather = ranks.all_gatherer(le.world_size)
     try:
-        launcher.agree(repr({**asdict(cfg), "progress": None}), all_gather)  # rank 0 alone shows progress
+        ranks.agree(repr({**asdict(cfg), "progress": None}), all_gather)  # rank 0 alone shows progress
         mine = measure(cfg, le.rank, le.world_size, device, sink, capture)
         return all_gather(mine)
     except (Exception, KeyboardInterrupt) as exc:
-        told = launcher.account(exc, _STORE[0] if _STORE else None, le, None)
+        told = ranks.account(exc, _STORE[0] if _STORE else None, le, None)
         if told is exc:
             raise
         raise told from None
