@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from rich.console import Console
 from rich.table import Table
 
-from mgpu_bench.machine import topo
+from mgpu_bench.machine import topo_view
 from mgpu_bench.output.tables import print_table
 from mgpu_bench.results import probe as registry
 
@@ -149,7 +149,7 @@ def test_eight_gpu_links_matrices_keep_every_figure(width, terminal):
 @pytest.mark.parametrize("width", WIDTHS)
 def test_topo_tables_keep_every_figure(width, terminal):
     snap = _load("topo_2x_h200.json")
-    _check(lambda c: topo.render(snap, c, print_table=print_table), width, terminal)
+    _check(lambda c: topo_view.render(snap, c, print_table=print_table), width, terminal)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""mgpu_bench.machine.topo: the snapshot, the findings and the terminal view.
+"""mgpu_bench.machine.topo and topo_view: the snapshot, the findings and the terminal view.
 
 No GPU exists on the CPU machines, so NVML is replaced here (and only here) by a stand-in with
 pynvml's function names, built from what a 2x H200 NV18 node and an 8-GPU HGX H200 node report;
@@ -20,7 +20,7 @@ import pynvml
 import pytest
 from rich.console import Console
 
-from mgpu_bench.machine import topo
+from mgpu_bench.machine import topo, topo_view
 
 # ---------------------------------------------------------------------------------------------
 # a stand-in for pynvml
@@ -351,7 +351,7 @@ def pair(snap: dict, i: int, j: int) -> dict:
 
 def render_text(snap: dict) -> str:
     console = Console(width=100, record=True, file=io.StringIO(), color_system=None)
-    topo.render(snap, console)
+    topo_view.render(snap, console)
     return console.export_text()
 
 
@@ -405,7 +405,7 @@ def test_h200x2_nics(sys2):
 
 
 def test_h200x2_findings_only_the_down_port(sys2):
-    found = topo.findings(topo.collect(FakeNvml(h200x2()), sys2))
+    found = topo_view.findings(topo.collect(FakeNvml(h200x2()), sys2))
     assert found == [{"severity": "warning", "subject": "mlx5_1 port 1",
                       "message": "mlx5_1 port 1 is DOWN (physical Disabled), expected ACTIVE"}]
 
@@ -468,7 +468,7 @@ def test_hgx8_snapshot(sys8):
 
 
 def test_hgx8_findings(sys8):
-    found = topo.findings(topo.collect(FakeNvml(hgx8()), sys8))
+    found = topo_view.findings(topo.collect(FakeNvml(hgx8()), sys8))
     assert found == [
         {"severity": "warning", "subject": "GPU 5",
          "message": "GPU 5 PCIe Gen5 x8, capable of Gen5 x16: downgraded link; verify under load"},
@@ -513,7 +513,7 @@ def test_pair_without_nvlink_or_p2p(sys2):
     p = pair(snap, 0, 1)
     assert (p["nvlinks"], p["path"], p["p2p"]["read"]) == (0, "SYS", "chipset not supported")
     assert [ln["active"] for ln in snap["gpus"][0]["nvlinks"]] == [False] * 4
-    found = topo.findings(snap)
+    found = topo_view.findings(snap)
     pairs = [f for f in found if f["subject"] == "GPU 0 <-> GPU 1"]
     assert len(pairs) == 1 and pairs[0]["severity"] == "warning"
     assert "no NVLink and no P2P (read chipset not supported" in pairs[0]["message"]
@@ -529,7 +529,7 @@ def test_gpu_without_nvlink_and_slot_limit(sys2):
     assert g0["nvlinks"] == [] and pair(snap, 0, 1)["path"] == "NODE"
     assert not any("nvlink" in e and "state" in e for e in g0["errors"])
     assert {"severity": "info", "subject": "GPU 0", "message": "GPU 0 is PCIe Gen5 capable but its slot allows Gen4"} \
-        in topo.findings(snap)
+        in topo_view.findings(snap)
 
 
 @pytest.mark.parametrize("error, words", [
@@ -544,7 +544,7 @@ def test_nvml_init_failure_is_data(sys2, error, words):
     assert snap["gpus"] == [] and snap["pairs"] == []
     assert [n["device"] for n in snap["nics"]] == ["mlx5_0", "mlx5_1"]
     assert snap["nics"][0]["gpu_paths"] == [] and snap["nics"][0]["nearest_gpus"] == []
-    found = topo.findings(snap)
+    found = topo_view.findings(snap)
     assert found[0]["subject"] == "NVML" and words in found[0]["message"]
 
 
@@ -573,7 +573,7 @@ def test_real_pynvml_without_driver():
     assert snap["host"]["hostname"] == socket.gethostname()
     assert snap["host"]["numa_nodes"] >= 1 and snap["host"]["cpus"] >= 1
     assert isinstance(snap["nics"], list)
-    assert topo.findings(snap)[0]["subject"] == "NVML"
+    assert topo_view.findings(snap)[0]["subject"] == "NVML"
     text = render_text(snap)
     assert "NVML unavailable" in text and max(len(line) for line in text.splitlines()) <= 100
 
@@ -644,4 +644,4 @@ def test_captured_2x_h200_snapshot_has_no_findings_and_nv18():
     assert all(p["path"] == "NV18" for p in snap["pairs"])
     assert all(ln["version"] == "4.0" and ln["rate_Bps"] == 26562000000.0
                for g in snap["gpus"] for ln in g["nvlinks"])
-    assert topo.findings(snap) == []
+    assert topo_view.findings(snap) == []

@@ -2,6 +2,7 @@
 
     hardware.py   reference figures: GPU peaks and memory, NVLink, PCIe and network link rates
     topo.py       the node's topology as data: GPUs, PCIe and NVLink links, GPU pairs, NICs
+    topo_view.py  what a topology snapshot says: its findings, and nvidia-smi topo -m's view on the terminal
     theory.py     what a collective's bus bandwidth should reach on the path its data takes
     telemetry.py  clocks, power, temperature and throttle reasons sampled through NVML while a probe runs
     occupancy.py  who else is on the GPUs: our processes told apart from the others

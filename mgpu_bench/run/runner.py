@@ -278,6 +278,7 @@ def topo(json_path: str | None) -> int:
     """`mgpu-bench topo`: the node as data, rendered, and written as JSON when asked."""
     from mgpu_bench.core.paths import check_distinct, write_json
     from mgpu_bench.machine import topo as topology
+    from mgpu_bench.machine import topo_view
     from mgpu_bench.output.console import err_console, out_console
     from mgpu_bench.output.tables import print_table
 
@@ -285,5 +286,5 @@ def topo(json_path: str | None) -> int:
     check_distinct([("--json", json_path)])  # never over a history database
     snapshot = topology.collect()
     failed = keep.write_outputs([(json_path, lambda p: write_json(p, snapshot))], err_console())  # kept first, printed last
-    topology.render(snapshot, out_console(), print_table=print_table)
+    topo_view.render(snapshot, out_console(), print_table=print_table)
     return EXIT_FAILED if failed else 0

@@ -64,9 +64,9 @@ def findings(run: LinksRun, hops: dict | None = None, topo_findings: list[dict] 
     out = [Finding(WARNING, n) for n in run.notes]
     hops = run.hops if hops is None else hops
     if topo_findings is None:
-        from mgpu_bench.machine import topo
+        from mgpu_bench.machine import topo_view
 
-        topo_findings = topo.findings(run.topology) if run.topology else []
+        topo_findings = topo_view.findings(run.topology) if run.topology else []
     for (a, b), m in sorted(run.copies("ce", False).items()):
         h = (hops or {}).get((a, b))
         bw = getattr(h, "bandwidth", None)
