@@ -323,6 +323,9 @@ def job() -> dict:
 
 @pytest.fixture(scope="module")
 def ranks():
+    """job() on two ranks, forked from this process, which has torch and the package imported
+    already (spawned ranks import them again: about 3 s of CPU each on a 2-core CI host). job()
+    sets one thread before any work, so no OpenMP pool is used after the fork."""
     import uuid
 
     from torch.distributed.launcher.api import LaunchConfig
@@ -331,7 +334,7 @@ def ranks():
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=f"faults-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,
-                      monitor_interval=0.1, start_method="spawn")
+                      monitor_interval=0.1, start_method="fork")
     results = launch.run_elastic(lc, job, children="die")
     return [results[r] for r in sorted(results)]
 
