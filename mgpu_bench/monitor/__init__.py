@@ -1,6 +1,7 @@
 """The in-job step monitor: `from mgpu_bench import StepMonitor`.
 
-    monitor.py   StepMonitor (the public face: step(), compute(), finish()), the hot path, windows
+    monitor.py   StepMonitor (the public face: step(), compute(), finish()), the hot path, the end
+    windows.py   its first step's set-up (device, ranks, gradient hooks) and its window edges
     clock.py     the pooled marks (CUDA events on GPUs, the host clock on CPU), read at window edges
     counting.py  the FLOP count of the first step (FlopCounterMode) and the profiled window
     ranks.py     every rank's figures through the job's store (the straggler rule: probes/model/straggler.py)
