@@ -18,8 +18,8 @@ import sys
 import click
 
 from .core.errors import InputError, Terminated, terminated, termination_code, termination_signal
-from .history.cli import HelpGroup
 from .history.cli import register as register_history
+from .history.cli_common import HelpGroup
 from .machine import selection
 from .output.console import safe_text
 from .results import probe as registry

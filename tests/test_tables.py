@@ -168,6 +168,7 @@ def history_db(tmp_path_factory):
 @pytest.mark.parametrize("width", (40, 60, 100))
 def test_history_tables_keep_every_figure(history_db, monkeypatch, width, terminal):
     from mgpu_bench.history import cli as hcli
+    from mgpu_bench.history import cli_compare
 
     metric = "comm.allreduce.fp32.1GiB.out.2ranks.busbw"
     commands = (["history", "list"], ["history", "show", "latest"], ["history", "show", "r2"],
@@ -176,7 +177,8 @@ def test_history_tables_keep_every_figure(history_db, monkeypatch, width, termin
     hcli.register(group)
     for args in commands:
         def draw(console, args=args):
-            monkeypatch.setattr(hcli, "_out", lambda: console)
+            for module in (hcli, cli_compare):  # history's commands, and baseline's and compare's
+                monkeypatch.setattr(module, "_out", lambda: console)
             r = CliRunner().invoke(group, [*args, "--db", str(history_db)])
             assert r.exit_code in (0, 1), r.output
 

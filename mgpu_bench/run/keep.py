@@ -154,8 +154,9 @@ def baseline_comparison(h, stored: str, tolerance: float):
 def print_comparison(found, out, err) -> bool:
     """Prints baseline_comparison()'s answer; True on a regression. A baseline with no metric in
     common is said, and counts as a failure to compare."""
-    from mgpu_bench.history.cli import format_change, format_noise, format_value
+    from mgpu_bench.history.cli_common import format_change, format_noise
     from mgpu_bench.output.console import safe_text  # the baseline is stored text
+    from mgpu_bench.output.tables import format_value
 
     base, comparison = found
     if isinstance(comparison, InputError):

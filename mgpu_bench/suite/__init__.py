@@ -72,7 +72,7 @@ class SuiteProbe(Probe):
         ]
 
     def configure(self, o: dict):
-        from mgpu_bench.history.cli import parse_tolerance
+        from mgpu_bench.history.cli_compare import parse_tolerance
         from mgpu_bench.machine import selection
         from mgpu_bench.results.sizes import parse_duration
 
