@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from mgpu_bench.cli import cli
 from mgpu_bench.core.errors import InputError
-from mgpu_bench.history.store import prepare
+from mgpu_bench.history.records import prepare
 from mgpu_bench.probes.comm import imported
 
 FIX = Path(__file__).with_name("fixtures") / "nccl-tests"

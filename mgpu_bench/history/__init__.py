@@ -2,6 +2,7 @@
 and the comparison that gates on regressions.
 
     store.py               the database (WAL, application id, migrations), runs, metrics, baselines, trends
+    records.py             a run apart from the database: its id, the rows read back, a document prepared
     place.py               where it is: the default place, a check's fallback, the file's checks before opening
     retention.py           what is kept: a document's own limit (a check's --keep), prune by age and count
     compare.py             change per metric against a noise-aware threshold, fingerprint differences
@@ -19,7 +20,8 @@ probe backend.
 from __future__ import annotations
 
 from .compare import Change, Comparison, compare, compare_runs, fingerprint_diff, noise, topology_hash
-from .store import History, RunInfo, RunRecord, TrendPoint, default_path, run_label
+from .records import RunInfo, RunRecord, TrendPoint, run_label
+from .store import History, default_path
 
 __all__ = ["Change", "Comparison", "History", "RunInfo", "RunRecord", "TrendPoint", "compare", "compare_runs",
            "default_path", "fingerprint_diff", "noise", "run_label", "topology_hash"]

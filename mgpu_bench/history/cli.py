@@ -81,7 +81,7 @@ def history_add(files, join, op_name, db_path) -> int:
     from mgpu_bench.results.probe import load_document
     from mgpu_bench.results.schema import shown
 
-    from .store import prepare
+    from .records import prepare
 
     docs, logs = [], []  # docs: (place among the files, file, document), stored in the files' order
     for i, f in enumerate(files):

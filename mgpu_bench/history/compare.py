@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from mgpu_bench.core.errors import InputError
 from mgpu_bench.results.metrics import Metric
 
-from .store import History, _now
+from .records import utc_now
+from .store import History
 
 # -- comparison -------------------------------------------------------------------------------
 
@@ -361,7 +362,7 @@ class Comparison:
         return {
             "schema": "mgpu-bench/compare",
             "schema_version": 1,
-            "created": _now(),
+            "created": utc_now(),
             "base": self.base,
             "new": self.new,
             "tolerance": self.tolerance,

@@ -104,9 +104,9 @@ class SideBySide:
                     "ratio": c.ratio, "power_w": c.power_w, "per_watt": c.per_watt, "gpus": c.gpus,
                     "spread": list(c.spread) if c.spread else None}
 
-        from .store import _now
+        from .records import utc_now
 
-        return {"schema": "mgpu-bench/side-by-side", "schema_version": 1, "created": _now(),
+        return {"schema": "mgpu-bench/side-by-side", "schema_version": 1, "created": utc_now(),
                 "runs": [{"run": c.run_id, "kind": c.kind, "facts": dict(c.facts)} for c in self.columns],
                 "facts_differ": self.differ, "facts_same": self.same, "notes": self.notes,
                 "figures": [{"key": r.key, "family": r.family, "label": r.label, "unit": r.unit, "better": r.better,

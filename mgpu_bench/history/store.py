@@ -1,5 +1,6 @@
-"""The run history: every result document stored in SQLite with its headline metrics, baselines
-per kind, and the comparison of two runs that decides what regressed.
+"""The run history: every result document stored in SQLite with its headline metrics, and
+baselines per kind. What a run is apart from the database (its id, the rows handed back, a
+document prepared for storing) is records.py's; the comparison of two runs is compare.py's.
 
 Retention (retention.py): a document may ask that only the newest N runs of its kind and host
 stay ("keep": a check's --keep, 1000 by default), applied as it is stored; `prune` removes or
@@ -19,38 +20,31 @@ user_version = the schema version; the schema is built by MIGRATIONS, applied in
 one transaction. A file that is not SQLite, or
 belongs to another program, or was written by a newer mgpu-bench, is refused with an
 InputError and left untouched.
-
-Comparison (`compare`): per metric, the change is signed so that a positive `gain` is better
-whatever the metric's direction. A metric regresses when it is worse by more than
-max(tolerance, NOISE_K x the larger of the two runs' noise); see NOISE_K for why 3.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
-import datetime as _dt
 import json
 import os
-import shlex
 import sqlite3
 import sys
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mgpu_bench.core.errors import InputError
 from mgpu_bench.core.paths import HISTORY_APPLICATION_ID, special_place
-from mgpu_bench.results.document import RESULT_SCHEMA, document_kind
+from mgpu_bench.results.document import document_kind
 from mgpu_bench.results.metrics import Metric
-from mgpu_bench.results.probe import headline as metrics_from_document
 from mgpu_bench.results.probe import names as probe_names
 from mgpu_bench.results.probe import validate
 
 from .place import _WHERE, _check_location, default_path, default_place
+from .records import Prepared, RunInfo, RunRecord, TrendPoint, prepare, run_label, utc_now
 from .rows import FINGERPRINT, METRIC_ROW, RUN_ROW, check_row, json_field, metric_of_row
 
 if TYPE_CHECKING:
@@ -93,16 +87,6 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def _headline(doc: Mapping) -> builtins.list[Metric]:
-    """The document's headline metrics; a document its probe cannot read (a shape its schema
-    does not catch) is bad input, not a traceback."""
-    try:
-        return metrics_from_document(doc)
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError) as exc:
-        raise InputError(f"the {document_kind(doc)} document cannot be read ({type(exc).__name__}: {exc}): give one "
-                         "written by a command's --json") from None
-
-
 def _text(value):
     """A string for a TEXT column: SQLite holds UTF-8 only, and a command line can carry a lone
     surrogate (argv keeps bytes that are not UTF-8 so): such a character is stored as its escape
@@ -117,102 +101,6 @@ def files_size(path: str | os.PathLike) -> int:
         with contextlib.suppress(OSError):
             total += os.path.getsize(f"{os.fspath(path)}{suffix}")
     return total
-
-
-def run_label(row_id: int) -> str:
-    """The public id of a run: 'r12'."""
-    return f"r{row_id}"
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """One stored run as `history list` shows it. created: UTC ISO 8601."""
-
-    run_id: str
-    created: str
-    kind: str
-    host: str | None
-    command: str | None
-    metric_count: int
-    baseline: bool  # this run is the baseline of its kind
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One stored run in full: the fingerprint and the result document as stored."""
-
-    run_id: str
-    created: str
-    kind: str
-    host: str | None
-    command: str | None
-    fingerprint: dict
-    document: dict
-
-
-@dataclass(frozen=True)
-class TrendPoint:
-    """One run's value of one metric (base units)."""
-
-    run_id: str
-    created: str
-    host: str | None
-    value: float
-    unit: str
-    better: str
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A result document read and checked for storing (prepare()), before any database is touched."""
-
-    created: str
-    kind: str
-    command: str | None
-    host: object
-    fingerprint_json: str
-    document_json: str
-    metrics: tuple[Metric, ...]
-    keep: int | None
-
-
-def prepare(doc: Mapping, metrics: Sequence[Metric] | None = None) -> Prepared:
-    """A result document read for History.save / save_all: checked against its kind's declared
-    shape (InputError naming the field), its headline metrics (by default metrics_from_document),
-    its JSON. Reads no database: a command checks every document it will store before it opens one."""
-    if not isinstance(doc, Mapping) or doc.get("schema") != RESULT_SCHEMA:
-        raise InputError("not an mgpu-bench result document: give one written by a command's --json")
-    if metrics is None:  # read here for its metrics: its declared shape first (mgpu_bench.results.schema),
-        try:  # as the stored JSON holds it (a run's own document still has tuples, say)
-            validate(json.loads(json.dumps(doc)))
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, InputError):
-                raise
-            raise ValueError(f"the result document cannot be stored as JSON: {exc}") from None
-    kind = document_kind(doc) or "unknown"
-    metrics = _headline(doc) if metrics is None else list(metrics)
-    seen: set[str] = set()
-    for m in metrics:
-        if m.name in seen:
-            raise InputError(f"the {kind} document measures {m.name} twice: give one run's document, not two joined")
-        seen.add(m.name)
-    environment = doc.get("environment") if isinstance(doc.get("environment"), Mapping) else {}
-    command = doc.get("command")
-    if isinstance(command, (list, tuple)):
-        command = shlex.join(str(c) for c in command)
-    created = doc.get("created") if isinstance(doc.get("created"), str) else _now()
-    try:
-        document_json = json.dumps(doc)
-        fingerprint_json = json.dumps(environment)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"the result document cannot be stored as JSON: {exc}") from None
-    keep = doc.get("keep")
-    return Prepared(created, kind, command, environment.get("host"), fingerprint_json, document_json, tuple(metrics),
-                    keep if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0 else None)
 
 
 class History:
@@ -430,7 +318,7 @@ class History:
             self._conn.execute(
                 "INSERT INTO baselines (scope, run, set_at) VALUES (?, ?, ?) "
                 "ON CONFLICT (scope) DO UPDATE SET run = excluded.run, set_at = excluded.set_at",
-                (scope, row, _now()),
+                (scope, row, utc_now()),
             )
         return scope
 
