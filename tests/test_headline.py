@@ -23,8 +23,8 @@ from mgpu_bench.probes.links import document as links_docs
 from mgpu_bench.probes.links import result as links
 from mgpu_bench.probes.memory import document as memory_docs
 from mgpu_bench.probes.memory import measure as memory
-from mgpu_bench.probes.model import analyse as model_analyse
 from mgpu_bench.probes.model import document as model_docs
+from mgpu_bench.probes.model import figures as model_figures
 from mgpu_bench.probes.model import measure as mb
 from mgpu_bench.results import document
 from mgpu_bench.results.document import document_kind
@@ -233,8 +233,8 @@ def model_document(step_1=0.100, step_2=0.105) -> dict:
     )
     jitter = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01, 0.99, 1.0, 1.0, 1.0]
     per_sample = 2048 * (6 * 356e6 + 12 * 24 * 1024 * 2048)  # FLOPs of a 350m sample, as counted within 1%
-    st1 = model_analyse.analyse(cfg, 1, _ranks([step_1 * j for j in jitter], 1), H200.value, per_sample, 2048)
-    st2 = model_analyse.analyse(
+    st1 = model_figures.analyse(cfg, 1, _ranks([step_1 * j for j in jitter], 1), H200.value, per_sample, 2048)
+    st2 = model_figures.analyse(
         cfg,
         2,
         _ranks([step_2 * j for j in jitter], 2, nosync_s=step_2 * 0.95),
@@ -242,7 +242,7 @@ def model_document(step_1=0.100, step_2=0.105) -> dict:
         per_sample,
         2048,
     )
-    run = model_analyse.ModelRun(cfg, [1, 2], ["synthetic"], "NVIDIA H200", H200, stats=[st1, st2])
+    run = model_figures.ModelRun(cfg, [1, 2], ["synthetic"], "NVIDIA H200", H200, stats=[st1, st2])
     return model_docs.document(run, _environment(), ["mgpu-bench", "model"])
 
 

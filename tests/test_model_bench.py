@@ -13,26 +13,27 @@ from click.testing import CliRunner
 
 from mgpu_bench.cli import cli
 from mgpu_bench.probes.model import analyse as model_analyse
+from mgpu_bench.probes.model import figures as model_figures
 from mgpu_bench.probes.model import measure as mb
 from mgpu_bench.workloads import gpt as models
 
 
 def test_stable_window_skips_a_slow_start_and_a_drift():
     steady = [0.100 + 0.001 * (i % 3) for i in range(20)]
-    assert model_analyse.stable_window(steady, 0) == (0, 20, True)
+    assert model_figures.stable_window(steady, 0) == (0, 20, True)
     slow_start = [0.5, 0.3, 0.2, 0.15, 0.12] + steady
-    start, end, stable = model_analyse.stable_window(slow_start, 0)
+    start, end, stable = model_figures.stable_window(slow_start, 0)
     assert stable and end == 25 and 3 <= start <= 5
-    assert model_analyse.stable_window(slow_start, 2)[0] >= 3  # never inside the warm-up
+    assert model_figures.stable_window(slow_start, 2)[0] >= 3  # never inside the warm-up
     drifting = [0.1 * (1.03 ** i) for i in range(20)]  # 3% slower every step: never stable
-    assert model_analyse.stable_window(drifting, 0)[2] is False
-    assert model_analyse.stable_window([0.1, 0.1], 0) == (0, 2, False)  # too short to tell
+    assert model_figures.stable_window(drifting, 0)[2] is False
+    assert model_figures.stable_window([0.1, 0.1], 0) == (0, 2, False)  # too short to tell
 
 
 def test_scaling_efficiency():
-    eff = model_analyse.scaling_efficiency({1: 1000.0, 2: 1900.0, 4: 3000.0})
+    eff = model_figures.scaling_efficiency({1: 1000.0, 2: 1900.0, 4: 3000.0})
     assert eff == {1: 1.0, 2: pytest.approx(0.95), 4: pytest.approx(0.75)}
-    assert model_analyse.scaling_efficiency({2: 1900.0}) == {}
+    assert model_figures.scaling_efficiency({2: 1900.0}) == {}
 
 
 def ranks(step_s, world=1, data_s=0.001, nosync_s=None, oom=False):
@@ -54,7 +55,7 @@ def ranks(step_s, world=1, data_s=0.001, nosync_s=None, oom=False):
 def test_analyse_throughput_mfu_and_exposed_comm():
     cfg = mb.ModelConfig(model="350m", seq_len=2048, batch_size=8)
     fpt = models.flops_per_token(models.get_model_spec("350m"), 2048)
-    st = model_analyse.analyse(cfg, 2, ranks(0.2, world=2, nosync_s=0.17), 989e12, fpt * 2048, 2048)
+    st = model_figures.analyse(cfg, 2, ranks(0.2, world=2, nosync_s=0.17), 989e12, fpt * 2048, 2048)
     d = st.derived
     assert st.tokens_per_step == 8 * 2 * 2048
     assert d["samples_per_s"] == pytest.approx(8 * 2 / 0.2)
@@ -68,7 +69,7 @@ def test_verdicts():
     cfg = mb.ModelConfig(model="tiny", seq_len=128, batch_size=4)
 
     def analyse(r):
-        return model_analyse.analyse(cfg, 1, r, None, 2.6e9, 128)
+        return model_figures.analyse(cfg, 1, r, None, 2.6e9, 128)
 
     assert model_analyse.verdict(analyse(ranks(0.1))) == (
         "compute-bound (CPU processes: no profile or matmul ceiling to hold it against)")

@@ -9,8 +9,8 @@ import pytest
 
 from mgpu_bench.machine import hardware
 from mgpu_bench.probes.model import report as model_report
-from mgpu_bench.probes.model.analyse import ModelRun, StepStats
 from mgpu_bench.probes.model.config import ModelConfig
+from mgpu_bench.probes.model.figures import ModelRun, StepStats
 
 PNG = b"\x89PNG\r\n\x1a\n"
 HOSTILE = "<script>x</script>"
@@ -24,7 +24,7 @@ WINDOW = (2, 8, True)  # the first two timed steps are slow, then steady
 def _stats(world: int, data: str, step_s: float, phases_s: tuple[float, float, float, float],
            exposed: float | None = None, error: str | None = None) -> StepStats:
     """Ranks with per-step phase lists (rank r is 1% slower per rank) and the derived figures
-    model_analyse.analyse would give them."""
+    figures.analyse would give them."""
     tokens_per_step = CFG.batch_size * CFG.grad_accum * world * CFG.seq_len
     st = StepStats(world=world, data=data, ranks=[], window=WINDOW, samples_per_step=CFG.batch_size * world,
                    tokens_per_step=tokens_per_step, flops_per_token=FLOPS_PER_TOKEN, error=error)

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from mgpu_bench.probes.model.analyse import IDLE_LIMIT, StepStats, kernel_split, verdict
+from mgpu_bench.probes.model.analyse import IDLE_LIMIT, kernel_split, verdict
+from mgpu_bench.probes.model.figures import StepStats
 
 
 def test_overlapping_nccl_streams_are_counted_once():

@@ -1,6 +1,6 @@
 """The monitor's result: each rank's record at finish(), and on rank 0 the model probe's own run
 built from them (the per-rank dicts its worker returns: phases, profile, peak memory, matmul
-ceiling; analyse.analyse for the stable window, throughput and MFU; its findings and verdict),
+ceiling; figures.analyse for the stable window, throughput and MFU; its findings and verdict),
 a `model` document of workload "job:NAME", printed, stored through the runner's storing path
 and written where asked.
 
@@ -177,8 +177,8 @@ def conclude(mon, records: list[dict | None], alone: bool = False) -> dict:
 def build(mon, present: list[dict], missing: list[int], steps: list[int], cols: list[dict]):
     """(the model probe's ModelRun of the job, the document's job section)."""
     from mgpu_bench.machine import hardware
-    from mgpu_bench.probes.model.analyse import ModelRun, analyse
     from mgpu_bench.probes.model.config import ModelConfig
+    from mgpu_bench.probes.model.figures import ModelRun, analyse
 
     r0 = present[0] if present else {}
     steps, cols, references = _references(present, steps, cols)

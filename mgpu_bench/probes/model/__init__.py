@@ -6,7 +6,10 @@ scaling, verdict.
     config.py      the training configuration and the plan (plain data)
     sizing.py      the estimate said before the run, CPU defaults sized to it, the deadline kept
     measure.py     the ranks (torch's elastic launcher, or a launcher's job), the training loop
-    analyse.py     the stable window, throughput, MFU, scaling and the verdict
+    figures.py     each configuration's figures: the stable window, throughput, MFU, shares (no judgement)
+    analyse.py     the verdict, the findings, scaling against the healthy figure, the key figure
+    ledger.py      the step ledger: every second of the timed steps under one cause
+    kernels.py     where profiled GPU time went, from the kernels' intervals (compute, NCCL, idle)
     wallclock.py   the ranks' totals over every timed step, the all-reduce's figures, the straggler
     stalls.py      long steps: found, placed (outside compute, the GPU idle or busy), described
     straggler.py   the rank the others wait for (shared with the in-job monitor)

@@ -8,8 +8,9 @@ from dataclasses import asdict
 
 from mgpu_bench.results.document import envelope, status
 
-from .analyse import ModelRun, StepStats, findings
+from .analyse import findings
 from .config import ModelConfig
+from .figures import ModelRun, StepStats
 
 
 def _config(run: ModelRun) -> dict:

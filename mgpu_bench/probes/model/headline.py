@@ -24,8 +24,8 @@ from mgpu_bench.results.metrics import Metric, finite, measured_steps, rates, sl
 
 def _no_sync_steps(run: Mapping) -> list[float]:
     """Per-step seconds without gradient sync, the slowest rank per step, over their own stable
-    window (as analyse.analyse)."""
-    from .analyse import stable_window
+    window (as figures.analyse)."""
+    from .figures import stable_window
 
     good = [r["no_sync_phases"] for r in run.get("ranks") or [] if (r.get("no_sync_phases") or {}).get("step")]
     if not good:

@@ -212,7 +212,7 @@ REFERENCE_MIN = 3
 
 
 def of_run(cuda: bool, st, good: list[dict], n: int) -> dict | None:
-    """build() over every aligned timed step of a configuration (analyse.StepStats `st` of `good`
+    """build() over every aligned timed step of a configuration (figures.StepStats `st` of `good`
     ranks), with the exposed communication measured against a reference where one ran (no_sync or
     the monitor's reference steps; else the marks' per step), the profile's GPU idle, and the
     monitor's windows."""

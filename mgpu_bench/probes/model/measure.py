@@ -37,8 +37,9 @@ from typing import Any
 
 from mgpu_bench.core.errors import InputError, MgpuError, defer_sigterm, interruption
 
-from .analyse import PHASES, ModelRun, analyse, kernel_split, reconcile
+from .analyse import kernel_split, reconcile
 from .config import ModelConfig, ModelPlan
+from .figures import PHASES, ModelRun, analyse
 
 __all__ = ["ModelConfig", "ModelPlan", "launch", "run_model", "worker"]
 

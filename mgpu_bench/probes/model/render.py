@@ -3,7 +3,7 @@ step, the steady-state (median) step of the stable window beside it."""
 
 from __future__ import annotations
 
-from .analyse import ModelRun
+from .figures import ModelRun
 
 
 def render_terminal(run: ModelRun, console) -> None:

@@ -18,7 +18,8 @@ from mgpu_bench.output.plotting import plain as _plain
 from mgpu_bench.output.plotting import png as _png
 from mgpu_bench.output.plotting import pyplot as _pyplot
 
-from .analyse import PHASES, ModelRun, StepStats, findings, throughput
+from .analyse import findings
+from .figures import PHASES, ModelRun, StepStats, throughput
 from .render import flops_text, size_text, tflops
 
 _PHASE_COLOURS = {"data": "tab:orange", "forward": "tab:blue", "backward": "tab:green", "optimizer": "tab:purple"}
@@ -38,7 +39,7 @@ def _label(run: ModelRun, s: StepStats) -> str:
 
 def step_series(s: StepStats) -> list[float]:
     """Seconds per timed step (warm-up already excluded by the worker), the slowest rank's per
-    step, as analyse.analyse takes them; [] when no rank recorded steps."""
+    step, as figures.analyse takes them; [] when no rank recorded steps."""
     good = [r["phases"]["step"] for r in s.ranks if (r.get("phases") or {}).get("step")]
     if not good:
         return []

@@ -38,7 +38,7 @@ RANK = Obj({
     "steps_index": List(Int(0), null=True), "samples_per_s": Num(0, null=True),
 }, what="a rank", rule=_phases_rule)
 _SHARES = ("matmul_share", "attention_share", "other_kernel_share", "comm_kernel_share", "comm_exposed_kernel_share")
-# What analyse.analyse always derives from a run with steps (mfu may be null: no peak figure).
+# What figures.analyse always derives from a run with steps (mfu may be null: no peak figure).
 _BASE = ("step_s", "samples_per_s", "flops_per_s_per_gpu", "data_share")  # tokens/s: where there are tokens
 _TOGETHER = (("gpu_idle_share", _SHARES), ("matmul_ceiling", ("of_ceiling",)), ("of_ceiling", ("matmul_ceiling",)),
              ("no_sync_step_s", ("exposed_comm_share",)), ("sync_busbw", ("sync_bytes", "sync_busy_s")))

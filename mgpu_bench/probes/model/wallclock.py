@@ -1,7 +1,7 @@
 """A run's figures from its ranks' steps, as the wall clock sees them: each rank's totals over every
 timed step, its long steps (stalls.py) and the job's, the gradient all-reduce's figures from
 DDP's communication hook (gradsync.py), and the straggler over the stable window (straggler.py).
-analyse.analyse() puts them into a configuration's StepStats."""
+figures.analyse() puts them into a configuration's StepStats."""
 
 from __future__ import annotations
 
