@@ -11,22 +11,12 @@ import re
 import numpy as np
 import pytest
 
-from mgpu_bench.probes.comm import tune, tune_run
 from mgpu_bench.probes.comm.plan import CommRun
-from mgpu_bench.probes.comm.tune import (
-    BUFFER,
-    CHANNELS,
-    DEFAULT,
-    PROTOCOL,
-    Band,
-    Candidate,
-    Nvls,
-    Trial,
-    Tuning,
-    advise,
-    decide,
-    evaluate,
-)
+from mgpu_bench.probes.comm.tune import rule as tune_rule
+from mgpu_bench.probes.comm.tune import run as tune_run
+from mgpu_bench.probes.comm.tune import trials as tune_trials
+from mgpu_bench.probes.comm.tune.rule import Tuning, advise, decide, evaluate
+from mgpu_bench.probes.comm.tune.trials import BUFFER, CHANNELS, DEFAULT, PROTOCOL, Band, Candidate, Nvls, Trial
 from mgpu_bench.results.measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
 
 MIB = 1 << 20
@@ -122,13 +112,13 @@ def test_a_setting_that_failed_to_run_is_never_recommended():
 
 
 def test_nvls_is_never_recommended_where_it_is_off():
-    nvls = trial({"NCCL_ALGO": "allreduce:NVLS"}, {1 * MIB: 140e9, 4 * MIB: 140e9}, group=tune.ALGORITHM)
+    nvls = trial({"NCCL_ALGO": "allreduce:NVLS"}, {1 * MIB: 140e9, 4 * MIB: 140e9}, group=tune_trials.ALGORITHM)
     assert nvls.candidate.uses_nvls
     assert choice(defaults() + [nvls], nvls=NVLS_ON).recommended  # the same figures where NVLS is on
     c = choice(defaults() + [nvls], nvls=NVLS_OFF)
     assert not c.recommended and c.setting is None
-    assert tune.exclusion(nvls, NVLS_OFF) == "NVLS is off here: NCCL_NVLS_ENABLE=0 in this environment"
-    forced = Candidate((("NCCL_NVLS_ENABLE", "1"),), tune.ALGORITHM, ("allreduce",))
+    assert tune_rule.exclusion(nvls, NVLS_OFF) == "NVLS is off here: NCCL_NVLS_ENABLE=0 in this environment"
+    forced = Candidate((("NCCL_NVLS_ENABLE", "1"),), tune_trials.ALGORITHM, ("allreduce",))
     assert forced.uses_nvls and not Candidate((("NCCL_NVLS_ENABLE", "0"),), "x", ()).uses_nvls
 
 
@@ -207,49 +197,49 @@ def test_env_lines_are_exact_and_quoted_for_a_shell():
 def test_bands_take_the_ends_of_each():
     from mgpu_bench.results.sizes import parse_sizes
 
-    bands = tune.cut_bands(parse_sizes("1M-1G", None, None))
+    bands = tune_trials.cut_bands(parse_sizes("1M-1G", None, None))
     assert [(b.name, b.sizes) for b in bands] == [("small", (MIB, 4 * MIB)), ("medium", (8 * MIB, 64 * MIB)),
                                                   ("large", (128 * MIB, 1024 * MIB))]
     assert bands[0].label == "1 MiB-4 MiB"
-    assert [(b.name, b.sizes) for b in tune.cut_bands([64 * MIB])] == [("medium", (64 * MIB,))]
-    assert tune.cut_bands(parse_sizes("1M-1G", None, None), 3)[2].sizes == (128 * MIB, 512 * MIB, 1024 * MIB)
+    assert [(b.name, b.sizes) for b in tune_trials.cut_bands([64 * MIB])] == [("medium", (64 * MIB,))]
+    assert tune_trials.cut_bands(parse_sizes("1M-1G", None, None), 3)[2].sizes == (128 * MIB, 512 * MIB, 1024 * MIB)
 
 
 def test_candidates_per_collective_with_nccl_s_syntax():
-    labels = [c.label for c in tune.first_candidates(["allreduce", "allgather"], 22809, NVLS_OFF)]
+    labels = [c.label for c in tune_trials.first_candidates(["allreduce", "allgather"], 22809, NVLS_OFF)]
     assert labels == ["NCCL_ALGO=allreduce:Ring", "NCCL_ALGO=allreduce:Tree", "NCCL_PROTO=allreduce:LL",
                       "NCCL_PROTO=allreduce:LL128", "NCCL_PROTO=allreduce:Simple", "NCCL_PROTO=allgather:LL",
                       "NCCL_PROTO=allgather:LL128", "NCCL_PROTO=allgather:Simple", "NCCL_BUFFSIZE=8388608",
                       "NCCL_BUFFSIZE=16777216"]
-    on = [c.label for c in tune.first_candidates(["allreduce"], 22809, NVLS_ON) if c.uses_nvls]
+    on = [c.label for c in tune_trials.first_candidates(["allreduce"], 22809, NVLS_ON) if c.uses_nvls]
     assert on == ["NCCL_ALGO=allreduce:NVLS"]
     # before NCCL 2.24 a setting applies to every collective: Tree only where allreduce runs alone
-    old = tune.first_candidates(["allreduce", "allgather"], 22304, NVLS_OFF)
+    old = tune_trials.first_candidates(["allreduce", "allgather"], 22304, NVLS_OFF)
     assert [c.label for c in old][:2] == ["NCCL_ALGO=Ring", "NCCL_PROTO=LL"]
     assert all(c.ops == ("allreduce", "allgather") for c in old)
-    assert "NCCL_ALGO=Tree" in [c.label for c in tune.first_candidates(["allreduce"], 22304, NVLS_OFF)]
-    assert [c.label for c in tune.channel_candidates(["allreduce"], 24)] == ["NCCL_MAX_NCHANNELS=12",
+    assert "NCCL_ALGO=Tree" in [c.label for c in tune_trials.first_candidates(["allreduce"], 22304, NVLS_OFF)]
+    assert [c.label for c in tune_trials.channel_candidates(["allreduce"], 24)] == ["NCCL_MAX_NCHANNELS=12",
                                                                                "NCCL_MIN_NCHANNELS=48"]
-    assert [c.label for c in tune.channel_candidates(["allreduce"], 64)] == ["NCCL_MAX_NCHANNELS=32"]
-    assert tune.channel_candidates(["allreduce"], None) == []
-    assert all(c.group == CHANNELS for c in tune.channel_candidates(["allreduce"], 8))
+    assert [c.label for c in tune_trials.channel_candidates(["allreduce"], 64)] == ["NCCL_MAX_NCHANNELS=32"]
+    assert tune_trials.channel_candidates(["allreduce"], None) == []
+    assert all(c.group == CHANNELS for c in tune_trials.channel_candidates(["allreduce"], 8))
 
 
 def test_nvls_state_from_the_environment_and_nccl_s_log():
-    assert tune.nvls_before({"NCCL_NVLS_ENABLE": "0"}) == NVLS_OFF
-    assert tune.nvls_before({}) is None
-    assert tune.nvls_after(16, {}).allowed and not tune.nvls_after(0, {}).allowed
-    assert "NCCL_DEBUG is set" in tune.nvls_after(None, {"NCCL_DEBUG": "WARN"}).why
-    assert tune.nvls_after(None, {}).why == "NVLS support is unknown (NCCL's log did not state it): NVLS not tried"
+    assert tune_trials.nvls_before({"NCCL_NVLS_ENABLE": "0"}) == NVLS_OFF
+    assert tune_trials.nvls_before({}) is None
+    assert tune_trials.nvls_after(16, {}).allowed and not tune_trials.nvls_after(0, {}).allowed
+    assert "NCCL_DEBUG is set" in tune_trials.nvls_after(None, {"NCCL_DEBUG": "WARN"}).why
+    assert tune_trials.nvls_after(None, {}).why == "NVLS support is unknown (NCCL's log did not state it): NVLS not tried"
     log = "h:1:2 [0] NCCL INFO 24 coll channels, 24 collnet channels, 0 nvls channels, 32 p2p channels, 32 p2p"
-    assert tune.channels_in(log) == (24, 0) and tune.channels_in("") == (None, None)
+    assert tune_trials.channels_in(log) == (24, 0) and tune_trials.channels_in("") == (None, None)
 
 
 def test_the_recorded_nccl_log_gives_the_channels():
     from pathlib import Path
 
     log = (Path(__file__).parent / "fixtures" / "nccl_info_2x_h200.log").read_text()
-    assert tune.channels_in(log) == (24, 0)
+    assert tune_trials.channels_in(log) == (24, 0)
 
 
 def test_the_document_round_trip_and_the_paste_lines_on_the_terminal():
@@ -339,7 +329,7 @@ def test_a_trial_process_without_a_gpu_ends_with_the_driver_s_message():
 
     if selection.visible_gpu_count():
         pytest.skip("a GPU is visible: the trial would run (tests/test_gpu_comm_tune.py covers it)")
-    cfg = tune.TuneConfig(ops=("allreduce",), dtype="fp32", redop="sum", sizes=(MIB,), inplace=(False,),
+    cfg = tune_trials.TuneConfig(ops=("allreduce",), dtype="fp32", redop="sum", sizes=(MIB,), inplace=(False,),
                           timing=TimingOptions(iters=5), timeout_s=30.0)
     kept: list[Trial] = []
     t = tune_run.run_trial(Candidate((("NCCL_PROTO", "allreduce:LL"),), PROTOCOL, ("allreduce",)),
@@ -347,4 +337,4 @@ def test_a_trial_process_without_a_gpu_ends_with_the_driver_s_message():
                        keep=kept)
     assert kept == [t] and t.measurements == [] and t.stopped == "error"
     assert t.error and selection.no_gpu_reason().split(" (")[0] in t.error
-    assert tune.exclusion(t, NVLS_OFF).startswith("failed: ")
+    assert tune_rule.exclusion(t, NVLS_OFF).startswith("failed: ")

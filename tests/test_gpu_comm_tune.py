@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from mgpu_bench.probes.comm import tune, tune_run
+from mgpu_bench.probes.comm.tune import rule as tune_rule
+from mgpu_bench.probes.comm.tune import run as tune_run
+from mgpu_bench.probes.comm.tune import trials as tune_trials
 from mgpu_bench.results.measurement import CommRequest, TimingOptions
 
 EXPORT = re.compile(r"^export (NCCL_[A-Z_]+)=(\S+)$")
@@ -57,26 +59,26 @@ def test_allreduce_1m_1g_is_tuned_in_under_a_minute_with_lines_that_parse(tmp_pa
     # every recommendation is backed by figures that pass the rule
     for c in tu["choices"]:
         if c["recommended"]:
-            assert c["gain"] > max(tune.MIN_GAIN, tune.NOISE_FACTOR * c["noise"])
+            assert c["gain"] > max(tune_rule.MIN_GAIN, tune_rule.NOISE_FACTOR * c["noise"])
     print(r.stdout[-3000:], f"\nwall {wall:.1f} s")
 
 
 @pytest.mark.multi_gpu(2)
 def test_a_setting_that_returns_wrong_data_is_never_recommended():
-    cfg = tune.TuneConfig(ops=("allreduce",), dtype="fp32", redop="sum", sizes=(1 << 20,), inplace=(False,),
+    cfg = tune_trials.TuneConfig(ops=("allreduce",), dtype="fp32", redop="sum", sizes=(1 << 20,), inplace=(False,),
                           timing=TimingOptions(), timeout_s=60.0)
     req = [CommRequest("allreduce", "fp32", "sum", 1 << 20, False)]
-    default = tune.Candidate((), tune.DEFAULT, ("allreduce",))
-    cand = tune.Candidate((("NCCL_PROTO", "allreduce:LL"),), tune.PROTOCOL, ("allreduce",))
+    default = tune_trials.Candidate((), tune_trials.DEFAULT, ("allreduce",))
+    cand = tune_trials.Candidate((("NCCL_PROTO", "allreduce:LL"),), tune_trials.PROTOCOL, ("allreduce",))
     trials = [tune_run.run_trial(default, req, [0, 1], ["cuda:0", "cuda:1"], cfg, run=n) for n in (1, 2)]
     # the test plants the corruption (the native test hook), in the trial's own process
     bad = tune_run.run_trial(cand, req, [0, 1], ["cuda:0", "cuda:1"], cfg, corrupt_rank=1)
     assert bad.error is None and bad.wrong >= 1 and bad.measurements[0].wrong[1] >= 1
-    band = tune.Band("small", (1 << 20,))
-    choices = tune.decide(trials + [bad], (band,), ("allreduce",), tune.Nvls(False, ""))
+    band = tune_trials.Band("small", (1 << 20,))
+    choices = tune_rule.decide(trials + [bad], (band,), ("allreduce",), tune_trials.Nvls(False, ""))
     assert not choices[0].recommended and choices[0].setting is None
-    passing = tune.evaluate(trials + [bad], (band,), ("allreduce",), tune.Nvls(False, ""))
-    assert tune.advise(passing, trials + [bad]).lines == ()
+    passing = tune_rule.evaluate(trials + [bad], (band,), ("allreduce",), tune_trials.Nvls(False, ""))
+    assert tune_rule.advise(passing, trials + [bad]).lines == ()
 
 
 @pytest.mark.gpu

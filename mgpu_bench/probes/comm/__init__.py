@@ -1,16 +1,20 @@
 """`mgpu-bench comm`: collective bus bandwidth sweeps, checked, against the theory of the path.
 
     plan.py           the config, the backend and ranks, every input check, the requests
+    cpu_sizing.py     a sweep on CPU processes (gloo): its estimate, each size's share, a size left out
     measure.py        runs them: the native core, torch.distributed workers (torch_backend.py),
                       or one rank of a launcher's job (joined.py)
+    torch_backend.py  the torch backend: the native core's sweep run through torch.distributed
+    joined.py         one rank of a launcher's job (torchrun, srun, mpirun), whatever the backend
     analyse.py        busbw against theory, the summary per op, stragglers, the suite's verdicts
     render.py         terminal table and CSV
     report.py         busbw-vs-size plots, HTML page, Markdown, the suite section
     document.py       the result document, written and read back
     shape.py          its declared shape, checked on every read (no backend imported)
     headline.py       the metrics history compares
-    tune.py           `--tune`: the settings tried per size band and the rule that recommends (pure)
-    tune_run.py       `--tune`: each setting measured in a fresh process, and the whole tuning run
+    imported.py       nccl-tests and rccl-tests logs as comm runs (`mgpu-bench history add LOG`)
+    tune/             `--tune`: the settings tried per size band (trials.py), the rule that recommends
+                      (rule.py), each setting measured in a fresh process (run.py)
 """
 
 from __future__ import annotations
@@ -149,7 +153,7 @@ class CommProbe(Probe):
                          backend=o["backend"], gpus=o["gpus"], nproc=o["nproc"], timing=timing,
                          timeout_s=o["timeout"], launch=o["launch_mode"])
         if o.get("tune"):
-            from .tune import tune_config
+            from .tune.trials import tune_config
 
             return tune_config(cfg)
         return cfg
@@ -199,7 +203,7 @@ class CommProbe(Probe):
         from mgpu_bench.machine.selection import visible_gpu_count
 
         from .plan import estimate_seconds
-        from .tune import TuneConfig, estimate
+        from .tune.trials import TuneConfig, estimate
 
         if isinstance(cfg, TuneConfig):
             return estimate(cfg)
@@ -227,8 +231,8 @@ class CommProbe(Probe):
             said[0] = note
             ctx.progress.step(i, total, label if bar or not note else f"{label} ({note})")
 
-        from .tune import TuneConfig
-        from .tune_run import run_tune
+        from .tune.run import run_tune
+        from .tune.trials import TuneConfig
 
         tuning = None
         if isinstance(cfg, TuneConfig):
@@ -252,7 +256,7 @@ class CommProbe(Probe):
     def failure(self, doc: Mapping) -> str | None:
         wrong = self.load(doc).total_wrong
         if not wrong and doc.get("tuning"):
-            from .tune import Tuning
+            from .tune.rule import Tuning
 
             bad = Tuning.from_dict(doc["tuning"]).wrong
             if bad:

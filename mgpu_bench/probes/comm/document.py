@@ -21,7 +21,7 @@ from .plan import CommRun
 def result_document(run: CommRun, environment: dict, command: list[str] | None = None,
                     tuning: dict | None = None) -> dict:
     """The versioned JSON document: schema, tool version, time, environment, measurements; for
-    `comm --tune`, `tuning` (tune.Tuning.to_dict: every setting's measurements, the choices per
+    `comm --tune`, `tuning` (tune.rule.Tuning.to_dict: every setting's measurements, the choices per
     band and the lines to paste), the measurements being the default's first run."""
     doc = {
         **envelope("comm", environment, command),

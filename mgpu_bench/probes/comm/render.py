@@ -180,7 +180,8 @@ def render_tuning(tuning: dict, console, run: CommRun) -> None:
     from mgpu_bench.output.tables import print_table
     from mgpu_bench.results.sizes import format_gbs
 
-    from .tune import DEFAULT, Tuning, exclusion
+    from .tune.rule import Tuning, exclusion
+    from .tune.trials import DEFAULT
 
     tu = Tuning.from_dict(tuning)
     choices = tu.choices()
@@ -259,7 +260,7 @@ def tuning_rows(tuning: dict) -> tuple[list[list[str]], list[str]]:
     the report page and summary.md; the terminal draws the same choices (render_tuning)."""
     from mgpu_bench.results.sizes import format_gbs
 
-    from .tune import Tuning
+    from .tune.rule import Tuning
 
     tu = Tuning.from_dict(tuning)
     rows = []
@@ -281,7 +282,7 @@ def tuning_rows(tuning: dict) -> tuple[list[list[str]], list[str]]:
 def tuning_csv(tuning: dict) -> str:
     """Every setting's measurements, one row each: the setting's environment, then the figures in
     base units (bytes, seconds, bytes/s) as render_csv writes them."""
-    from .tune import Tuning
+    from .tune.rule import Tuning
 
     buf = io.StringIO()
     w = csv.writer(buf)

@@ -1,6 +1,6 @@
 """`mgpu-bench comm --tune`, the running part: each NCCL setting measured in a process of its own
-(this module run as `python -m`, a trial), and the whole tuning run. What is tried, why a fresh
-process, and the rule that recommends are in tune.py.
+(this module run as `python -m`, a trial), and the whole tuning run. Why a fresh process: this
+folder's __init__; what is tried: trials.py; the rule that recommends: rule.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 
 from mgpu_bench.results.measurement import CommMeasurement, CommRequest
 
-from .plan import CommConfig, CommRun
-from .tune import (
+from ..plan import CommConfig, CommRun
+from .rule import Tuning
+from .trials import (
     DEFAULT,
     SCOPED_SYNTAX,
     TAG,
@@ -23,7 +24,6 @@ from .tune import (
     Nvls,
     Trial,
     TuneConfig,
-    Tuning,
     channel_candidates,
     channels_in,
     cut_bands,
@@ -43,7 +43,7 @@ def _child_main() -> int:
     from mgpu_bench.machine import nccl_log
     from mgpu_bench.results.measurement import TimingOptions
 
-    from .plan import native_args
+    from ..plan import native_args
 
     def emit(**fields: Any) -> None:
         sys.stdout.write(TAG + json.dumps(fields) + "\n")
@@ -95,7 +95,7 @@ def run_trial(candidate: Candidate, requests: Sequence[CommRequest], gpus: Seque
     import subprocess
     import tempfile
 
-    from .plan import spec_of
+    from ..plan import spec_of
 
     trial = Trial(candidate, run)
     if keep is not None:
@@ -111,7 +111,7 @@ def run_trial(candidate: Candidate, requests: Sequence[CommRequest], gpus: Seque
     deadline = time.monotonic() + cfg.timeout_s * (len(todo) + 2) + 60.0
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as errfile:
-        proc = subprocess.Popen([sys.executable, "-m", "mgpu_bench.probes.comm.tune_run"],
+        proc = subprocess.Popen([sys.executable, "-m", "mgpu_bench.probes.comm.tune.run"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errfile,
                                 env=children.child_env(env))  # the trial dies with this process
         try:
@@ -193,8 +193,8 @@ def run_tune(cfg: TuneConfig, progress: Callable[[int, int, str], None] | None =
     from mgpu_bench import _native
     from mgpu_bench.core.errors import interruption
 
-    from .analyse import nvls_note
-    from .plan import check_memory, resolve_backend, ring_theory_for
+    from ..analyse import nvls_note
+    from ..plan import check_memory, resolve_backend, ring_theory_for
 
     backend, devices, gpus = resolve_backend(cfg)
     bands = cut_bands(cfg.sizes, cfg.sizes_per_band)
