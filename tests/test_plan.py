@@ -17,7 +17,7 @@ from mgpu_bench.cli import cli
 from mgpu_bench.core.errors import InputError
 from mgpu_bench.history import History
 from mgpu_bench.probes.plan.config import BareSize, parse_bare_size, parse_count
-from mgpu_bench.probes.plan.project import DDP_BUCKET, DDP_FIRST_BUCKET, Bandwidth, ddp_buckets
+from mgpu_bench.probes.plan.estimate.project import DDP_BUCKET, DDP_FIRST_BUCKET, Bandwidth, ddp_buckets
 
 FIX = Path(__file__).parent / "fixtures"
 SUITE = json.loads((FIX / "suite" / "suite.json").read_text())

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from mgpu_bench.cli import cli
 from mgpu_bench.history import History
 from mgpu_bench.machine import hardware
-from mgpu_bench.probes.plan import clean
+from mgpu_bench.probes.plan.sources import clean
 
 FIX = Path(__file__).parent / "fixtures"
 GPU = FIX / "gpu"
@@ -154,7 +154,7 @@ def test_the_evidence_is_found_through_the_index_not_by_reading_every_run(tmp_pa
 
 
 def test_many_runs_of_the_workload_itself_are_read_only_to_a_bound(tmp_path):
-    from mgpu_bench.probes.plan.evidence import MODEL_DOCS
+    from mgpu_bench.probes.plan.sources.evidence import MODEL_DOCS
 
     db = tmp_path / "h.sqlite3"
     ids = history(db, load("model-healthy.json"))

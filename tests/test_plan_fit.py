@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from mgpu_bench.cli import cli
 from mgpu_bench.history import History
-from mgpu_bench.probes.plan.project import Bandwidth
+from mgpu_bench.probes.plan.estimate.project import Bandwidth
 from mgpu_bench.results.probe import headline
 
 FIX = Path(__file__).parent / "fixtures"
@@ -232,7 +232,7 @@ def test_the_model_states_of_each_zero_stage_are_figure_1s():
     """ZeRO's Figure 1 (section 3.1 / 5.1): 7.5B parameters on 64 GPUs with mixed-precision Adam
     (2 B fp16 weights, 2 B fp16 gradients, K = 12) hold 120, 31.4, 16.6 and 1.9 GB per GPU under
     DDP, P_os, P_os+g and P_os+g+p: from the plan's own memory function, to the paper's rounding."""
-    from mgpu_bench.probes.plan.memory import ZERO_K, model_state_bytes
+    from mgpu_bench.probes.plan.estimate.memory import ZERO_K, model_state_bytes
 
     psi, n = 7.5e9, 64
     gb = {s: model_state_bytes(psi, s, n) / 1e9 for s in ("ddp", "zero1", "zero2", "fsdp")}
@@ -249,8 +249,8 @@ def test_zero_stages_move_ddps_volume_and_zero_3_half_as_much_again():
     weights, the 2 Psi elements of DDP's all-reduce; ZeRO-3 (FSDP) gathers the weights twice, 3 Psi,
     less what FSDP2 keeps (the root, the last block). With every dtype 4 bytes (CPU processes) the
     bytes compare as the elements do."""
+    from mgpu_bench.probes.plan.estimate.project import collectives
     from mgpu_bench.probes.plan.layout import Layout
-    from mgpu_bench.probes.plan.project import collectives
     from mgpu_bench.probes.plan.workload import describe
 
     facts = describe("layers=24,width=1024", None, False)

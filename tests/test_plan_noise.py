@@ -225,7 +225,7 @@ def test_the_synthetic_datas_noise_scale_of_a_model_run_is_said_to_be_its():
     """Where a model run's document keeps the noise scale of its synthetic data (workload.noise_scale,
     as the model probe's findings read it), the plan says whose it is. The figures are the job's own,
     moved to where a model run keeps them."""
-    from mgpu_bench.probes.plan import goodput
+    from mgpu_bench.probes.plan.estimate import goodput
 
     doc = json.loads(json.dumps(JOB))
     doc["workload"]["noise_scale"] = doc["job"].pop("noise_scale")

@@ -1,24 +1,24 @@
 """`mgpu-bench plan`: will this model fit, how many GPUs, how many days, from what this cluster
 measured (the history), each figure with the run it came from, formulas only where nothing was.
 
+The question, at the top (what is asked; nothing here reads the history):
+
     config.py     the question and its parsers (token counts, bare sizes, rates)
     layout.py     how it trains: tp, pp, dp, DDP, ZeRO-1, ZeRO-2 or FSDP over the replicas, recomputation;
                   --parallel
     workload.py   the workload's parameters, tensors, blocks and FLOPs (mgpu_bench.workloads, meta device)
-    index.py      where the evidence is: the history's metric index and run rows (read-only SQL)
-    clean.py      whether a run's figures are its GPUs' own (shared, throttled, interrupted, below a floor)
-    evidence.py   what the history measured: model, memory, comm, fleet and gemm runs
-    target.py     another GPU (--gpu): the step scaled, memory and links from the datasheet
-    memory.py     the fit: model states (ZeRO's stages), activations, the fewest GPUs, the largest batch
-    project.py    the step on N GPUs: measured, or compute (+ bubble, tp and pp traffic) + the exposed
-                  gradient collectives
-    answer.py     fit first: the answer where the layout fits, what fits instead where it does not
-    build.py      the plan from those, and what is missing
+
+Where the figures come from, and the arithmetic from them (each folder's __init__ lists its files):
+
+    sources/      what the history measured (index, clean, evidence) and another GPU's datasheet (target)
+    estimate/     the fit (memory), the step on N GPUs (project), the answer, the goodput, the plan (build)
+
+The command around them (the probe's roles, at the top):
+
     measure.py    --measure: the missing short measurements, as child commands
-    goodput.py    --noise-scale: each GPU count's statistical efficiency, goodput, days to the same progress
     analyse.py    findings: the fit, the answer, the goodput, what is missing
     render.py     terminal tables;  report.py  the curve beside the measured points, HTML, Markdown
-    document.py   the result document;  shape.py  its declared shape;  headline.py  its metrics
+    shape.py      the document's declared shape;  headline.py  its metrics;  text.py  figures in words
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 from mgpu_bench.core.errors import InputError
 from mgpu_bench.results.probe import Probe, option, within
 
-from .goodput import BATCH_HELP, NOISE_HELP
+from .estimate.goodput import BATCH_HELP, NOISE_HELP
 from .layout import PARALLEL_HELP
 
 HELP = """Will this model fit, how many GPUs, how many days: from what this cluster measured.
@@ -161,8 +161,10 @@ class PlanProbe(Probe):
     def configure(self, o: dict) -> Request:
         from mgpu_bench.machine import hardware
 
-        from . import goodput, layout, target
+        from . import layout
         from .config import MAX_DAYS, MAX_GPUS, MIN_MFU, PlanConfig, parse_count, parse_rate
+        from .estimate import goodput
+        from .sources import target
         from .workload import describe
 
         if o.get("days") is not None and o.get("gpus_count") is not None:
@@ -226,7 +228,7 @@ class PlanProbe(Probe):
                              "--samples")
         layout.check(lay, facts, gpus, cfg.gpus_per_node)
         if cfg.global_batch is not None and (cfg.batch_size or not lay.plain):  # the micro-batch is known already
-            from .build import check_global_batch
+            from .estimate.build import check_global_batch
 
             check_global_batch(cfg, cfg.batch_size or 1)
         return Request(cfg, facts, local_gpu, local_n)
@@ -279,7 +281,8 @@ def _local_gpus() -> tuple[str | None, int]:
 
 def _plan(request: Request, history, say) -> tuple[dict, bool]:
     """The payload from the history; with --measure, the missing measurements first."""
-    from . import evidence, goodput
+    from .estimate import goodput
+    from .sources import evidence
 
     noise = goodput.resolve(request.config.noise_scale, request.config.noise_batch, history)  # exit 2 before any work
     reader = evidence.Reader(history)
@@ -293,7 +296,7 @@ def _device(request: Request, reader) -> tuple[str, str, int | None]:
     """The device the plan is for (--gpu's NVML name, else as evidence.newest finds it)."""
     from mgpu_bench.machine import hardware
 
-    from . import evidence
+    from .sources import evidence
 
     cfg = request.config
     if cfg.gpu:
@@ -307,7 +310,8 @@ def _device(request: Request, reader) -> tuple[str, str, int | None]:
 def _scaled(request: Request, reader, facts, ev):
     """For --gpu with no step of its own: the nearest measured GPU's evidence and the ratio its
     step takes here (target.py); None where there is none, or a rate is given."""
-    from . import build, evidence, target
+    from .estimate import build
+    from .sources import evidence, target
 
     cfg = request.config
     if not cfg.gpu or cfg.rate or cfg.mfu or ev.one_gpu() or ev.flop_rates:
@@ -321,7 +325,9 @@ def _scaled(request: Request, reader, facts, ev):
 
 
 def _plan_from(request: Request, reader, say, noise=None) -> tuple[dict, bool]:
-    from . import build, evidence, goodput, measure
+    from . import measure
+    from .estimate import build, goodput
+    from .sources import evidence
     from .workload import describe
 
     cfg, facts = request.config, request.facts

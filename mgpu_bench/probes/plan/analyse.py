@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from mgpu_bench.results.probe import OK, PROBLEM, WARNING, Finding
 
 from . import text
-from .evidence import CPU
 from .layout import SHARD_WORDS, SHARDS, ZERO_STAGES
+from .sources.evidence import CPU
 
 MAX_LEFT_OUT = 5  # runs named one per line; the rest counted
 
@@ -105,7 +105,7 @@ def _answer_lines(doc: Mapping) -> list[Finding]:
 
 def _goodput_lines(doc: Mapping) -> list[Finding]:
     """--noise-scale: the answer's global batch against the noise scale, its statistical
-    efficiency, goodput and days to the same progress (goodput.py), and whether more GPUs buy
+    efficiency, goodput and days to the same progress (estimate/goodput.py), and whether more GPUs buy
     convergence there (noise_scale.NOT_WORTH: doubling them divides the steps by less)."""
     from mgpu_bench.training.noise_scale import NOT_WORTH
 

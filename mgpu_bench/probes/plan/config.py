@@ -60,7 +60,7 @@ class PlanConfig:
     stored runs'); rate: an achieved FLOP/s per GPU over the whole step, mfu: an assumed model
     FLOPs utilisation (either replaces the measured step); measure: run what is missing first; db:
     the history database (None: the default); noise_scale: --noise-scale as given (a stored run, or
-    a number of samples), noise_batch: B_0 in samples (goodput.py)."""
+    a number of samples), noise_batch: B_0 in samples (estimate/goodput.py)."""
 
     model: str
     tokens: float | None = None

@@ -34,7 +34,7 @@ def curve_rows(doc: Mapping) -> tuple[list[str], list[list[str]]]:
 def goodput_rows(doc: Mapping) -> tuple[list[str], list[list[str]]]:
     """With --noise-scale, per GPU count: the global batch, its statistical efficiency E and E's
     range, the goodput of all the GPUs (throughput x E), the plain days and the days to the same
-    training progress (days / E) with their range (goodput.py)."""
+    training progress (days / E) with their range (estimate/goodput.py)."""
     curve = [p for p in doc.get("curve") or [] if p.get("stat_efficiency") is not None]
     if not curve:
         return [], []

@@ -17,7 +17,7 @@ from .layout import SHARDS
 
 _GPUS = Int(1, MAX_RANKS)
 _SECONDS = Num(0, null=True)
-# --noise-scale (goodput.py): a configuration's global batch (samples), its statistical efficiency E and
+# --noise-scale (estimate/goodput.py): a configuration's global batch (samples), its statistical efficiency E and
 # E's range, the goodput of all its GPUs (samples/s or tokens/s) and the days to the same progress (days / E)
 GOODPUT = {"global_batch": Num(0), "stat_efficiency": Num(0), "stat_efficiency_low": Num(0),
            "stat_efficiency_high": Num(0), "doubling_fewer_steps": Num(0), "goodput": Num(0, null=True),

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from .config import MAX_GPUS
-from .layout import Layout, candidates
+from ..config import MAX_GPUS
+from ..layout import Layout, candidates
 from .memory import Memory, offload
 from .project import Estimate, Projection
 

@@ -28,7 +28,7 @@ projected from its parts, each from what was measured.
                to all hidden; their all-gather after the optimizer step is never hidden.
 
 With tensor (t) and pipeline (p) parallelism, or recomputation, or m > 1 micro-batches a step
-(layout.py), over d = N / (t p) data-parallel replicas:
+(plan/layout.py), over d = N / (t p) data-parallel replicas:
 
     step(N) = (m + p - 1) x (c / (t p) x r + tp + pp) + exposed(N)
     c          the one-GPU step at the micro-batch (as above), split evenly over the t x p GPUs of
@@ -67,8 +67,8 @@ from dataclasses import dataclass, replace
 
 from mgpu_bench.results.ops import busbw_factor
 
-from .evidence import BusPoint, Evidence, StepPoint
-from .layout import ZERO_STAGES
+from ..layout import ZERO_STAGES
+from ..sources.evidence import BusPoint, Evidence, StepPoint
 
 MIB = 1 << 20
 DDP_FIRST_BUCKET = 1 * MIB  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES

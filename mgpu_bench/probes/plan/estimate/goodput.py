@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from mgpu_bench.core.errors import InputError
 from mgpu_bench.training import noise_scale
 
-from . import text
-from .config import COUNT_UNITS
+from .. import text
+from ..config import COUNT_UNITS
 
 MAX_NOISE = 1e15  # samples: a noise scale or batch beyond is a typo, far past any batch a job trains at
 _RUN = re.compile(r"^\s*(r\d{1,18}|latest)\s*$", re.IGNORECASE)

@@ -35,7 +35,7 @@ fused attention (SDPA's flash and memory-efficient kernels, which the built-in G
 stores, leaving their 34 s b h; the LM head's logits, outside the layers, add s V x 6 bytes per
 sample here (bf16 from the matmul, fp32 for the cross-entropy).
 
-With tensor, pipeline parallelism or recomputation (layout.py) the formula gives the activations
+With tensor, pipeline parallelism or recomputation (plan/layout.py) the formula gives the activations
 (layer_bytes, formula_bytes), multiplied by the ratio the measured activations bear to it at tp =
 pp = 1 where they were measured; the model states per GPU are those of the first pipeline stage
 (its blocks and the embeddings), split by tp, sharded over the data-parallel ranks under FSDP.
@@ -61,8 +61,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .layout import Layout
-from .workload import Facts
+from ..layout import Layout
+from ..sources.evidence import MemPoint
+from ..workload import Facts
 
 STATE_BYTES = 16  # per parameter, DDP; see the module docs
 ZERO_K = 12  # ZeRO's K: bytes of optimizer state per parameter of mixed-precision Adam (Rajbhandari et al. 2020, 3.1)
@@ -74,15 +75,6 @@ EDGE_HEADROOM = 0.02  # of the device memory: the CUDA context and what the allo
 CE_MAX_ELEMENTS = 2**31 - 1  # workloads/gpt.py: the logits past which its loss is summed over chunks
 KORTHIKANTI_SBH = 34  # bytes per s*b*h per layer, without the attention-score term (fused attention)
 LOGIT_BYTES = 6  # bf16 logits + their fp32 copy for the loss, per logit
-
-
-@dataclass(frozen=True)
-class MemPoint:
-    """One measured peak: `batch` samples per GPU, `peak` allocated bytes, from run `run`."""
-
-    batch: int
-    peak: float
-    run: str
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from mgpu_bench.machine import hardware
 from mgpu_bench.results.metrics import slug, window_steps
 
+from ..workload import Facts
 from . import clean
 from .index import Index
-from .memory import MemPoint
-from .workload import Facts
 
 CPU = "CPU processes"
 # How many runs the index offers per kind, and how many clean documents of them are read (newest
@@ -88,6 +87,15 @@ class BusPoint:
     size: int
     busbw: float
     noise: float | None
+
+
+@dataclass(frozen=True)
+class MemPoint:
+    """One measured peak: `batch` samples per GPU, `peak` allocated bytes, from run `run`."""
+
+    batch: int
+    peak: float
+    run: str
 
 
 @dataclass

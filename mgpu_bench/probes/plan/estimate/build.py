@@ -12,15 +12,16 @@ from mgpu_bench.core.errors import InputError
 from mgpu_bench.machine import hardware
 from mgpu_bench.machine.theory import PRACTICAL_RING_SHARE
 
-from . import layout as layouts
-from . import target, text
+from .. import layout as layouts
+from .. import text
+from ..config import MAX_GPUS, PlanConfig
+from ..layout import ZERO_STAGES, Layout
+from ..sources import target
+from ..sources.evidence import CPU, Evidence
+from ..workload import Facts
 from .answer import Planner
-from .config import MAX_GPUS, PlanConfig
-from .evidence import CPU, Evidence
-from .layout import ZERO_STAGES, Layout
 from .memory import STATE_BYTES, Memory, activations
 from .project import Bandwidth, Compute, Parts, Projection, bandwidth_from, collectives, compute_time, curve_counts
-from .workload import Facts
 
 SECONDS_PER_DAY = 86400.0
 MODEL_SHARDS = ("ddp", "fsdp")  # what the model probe trains (and measures the overlap of)
@@ -364,7 +365,7 @@ def _recompute_factor(facts: Facts) -> float:
 
 def _compute(cfg: PlanConfig, facts: Facts, ev: Evidence, batch: int, scaled: Scaled | None) -> Compute | None:
     """The step's compute at `batch`: --rate or --mfu (assumed), else measured on this GPU, else
-    measured on another and scaled (target.py)."""
+    measured on another and scaled (sources/target.py)."""
     if cfg.rate or cfg.mfu:
         if not facts.flops_per_sample:
             raise InputError(f"--rate/--mfu: the FLOPs of {facts.key} are not known ({facts.flops_source})")
@@ -491,7 +492,7 @@ def _within(node_bw: dict, op: str) -> Bandwidth | None:
 
 def _node_bandwidth(cfg, ev, coll, ops, need, gpn, missing, run_here, on_gpu) -> dict[str, Bandwidth] | None:
     """The bus bandwidth of each op within one node: measured (`comm` on this GPU model; the
-    allreduce's standing in for an op not measured), else for --gpu the datasheet's (target.py).
+    allreduce's standing in for an op not measured), else for --gpu the datasheet's (sources/target.py).
     A missing figure is said for the ops the asked layout needs (`need`)."""
     out: dict[str, Bandwidth] = {}
     if gpn <= 1:  # one GPU per node: every collective crosses nodes (_world_bandwidth)
