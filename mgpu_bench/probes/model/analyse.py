@@ -15,7 +15,7 @@ from mgpu_bench.results.probe import OK, PROBLEM, WARNING, Finding, Verdict
 from . import stalls as stall_rule
 from .figures import (
     STABLE_TOLERANCE,
-    ModelRun,
+    ModelRun,  # used here; tests import it from here too
     StepStats,
     analyse,  # noqa: F401 - re-exported: tests import it from here
     steady_gap,
