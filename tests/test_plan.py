@@ -149,7 +149,7 @@ def test_every_figure_of_the_h200_plan_comes_from_its_run(tmp_path, h200):
     # activations: the line through the model run's peak and the max-batch result's
     mb = next(m for m in memory["max_batch"] if not m["checkpointing"])
     # (the built-in GPT's loss is chunked past 2^31 - 1 logits: 4 B x seq x vocab per sample less from there,
-    # taken back out of the larger point before the line is drawn; plan/memory.py)
+    # taken back out of the larger point before the line is drawn; plan/estimate/memory.py)
     seq, vocab = 2048, 50304
     chunked, chunk_batch = 4 * seq * vocab, ((2**31 - 1) // vocab) / seq
     assert batch < chunk_batch < mb["max_batch"]
