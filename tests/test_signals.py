@@ -27,9 +27,11 @@ def _cpu_only():
         pytest.skip("CPU only (the gloo ranks)")
 
 
-def _start(args: list[str], cwd, env: dict | None = None) -> subprocess.Popen:
+def _start(args: list[str], cwd, env: dict | None = None, code: str | None = None) -> subprocess.Popen:
+    """`mgpu-bench ARGS` in a session of its own (or, given `code`, `python -c CODE ARGS`)."""
     env = {**os.environ, **AS_A_TERMINAL, "CUDA_VISIBLE_DEVICES": "", **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "mgpu_bench.cli", *args], stdout=subprocess.PIPE,
+    how = ["-c", code] if code is not None else ["-m", "mgpu_bench.cli"]
+    return subprocess.Popen([sys.executable, *how, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
 
 
@@ -307,6 +309,9 @@ def test_every_child_process_and_temporary_folder_of_the_tool_is_bound_to_its_ru
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root.parent).as_posix()
         text = path.read_text()
+        if not any(w in text for w in ("subprocess", "elastic_launch", "get_context", "spawn", "start_processes",
+                                       "tempfile")):
+            continue  # none of the calls below can be in it (parsing every file is most of the test's time)
         tree = ast.parse(text)
         spawns_mp = False
         for node in ast.walk(tree):
@@ -346,13 +351,16 @@ def test_every_child_started_through_child_env_runs_mgpu_bench():
     root = Path(mgpu_bench.__file__).parent
     wrong, seen = [], 0
     for path in sorted(root.rglob("*.py")):
-        tree = ast.parse(path.read_text())
+        text = path.read_text()
+        if "child_env" not in text:
+            continue  # no call below can be in it (parsing and unparsing every file is most of the test's time)
+        tree = ast.parse(text)
         for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-            body = ast.unparse(fn)
             for node in ast.walk(fn):
                 if isinstance(node, ast.Call) and ast.unparse(node.func).startswith("subprocess.") and \
                         any(k.arg == "env" and "child_env(" in ast.unparse(k.value) for k in node.keywords):
                     seen += 1
+                    body = ast.unparse(fn)
                     bound = any(k.arg == "preexec_fn" and ast.unparse(k.value) == "children.die_with_parent"
                                 for k in node.keywords)
                     if not bound and ("sys.executable" not in body or not any(
@@ -498,15 +506,16 @@ _LAST_SIZE = r"(?:^|[\s\[])1/2(?:[\s\]]|$)"
 
 
 def _last_second(folder, delay_s: float | None, sig: int = signal.SIGTERM, group: bool = False,
-                 run: list[str] | None = None, until: str = _LAST_SIZE) -> dict:
+                 run: list[str] | None = None, until: str = _LAST_SIZE, code: str | None = None) -> dict:
     """One short comm run into `folder` (or `run`: another command, its JSON and history database
-    in `folder` too); `delay_s` after `until` appears on its stderr (comm: its last size began),
-    `sig` to the tool (or, with `group`, to its process group: the gloo ranks too, as a closing
-    terminal or scancel does). -> its exit code, stderr, and the seconds from `until` to its exit."""
+    in `folder` too; `code`: run by `python -c CODE`); `delay_s` after `until` appears on its
+    stderr (comm: its last size began), `sig` to the tool (or, with `group`, to its process group:
+    the gloo ranks too, as a closing terminal or scancel does). -> its exit code, stderr, and the
+    seconds from `until` to its exit."""
     folder.mkdir()
     outputs = ["--json", str(folder / "r.json"), "--db", str(folder / "h.sqlite3")]
     proc = _start([*run, *outputs] if run is not None else [*_LAST_RUN, *outputs, "--report", str(folder / "rep")],
-                  folder)
+                  folder, code=code)
     try:
         seen = wait_for_output(proc, until)
         began = time.monotonic()
@@ -559,9 +568,11 @@ def test_a_stop_signal_in_the_last_second_of_comm_keeps_the_json_the_history_row
     assert first["code"] == 0 and _kept_whole(first) == "complete", first["err"][-3000:]
     window = first["window_s"]
     kinds = [(signal.SIGTERM, False), (signal.SIGHUP, True), (signal.SIGTERM, True), (signal.SIGHUP, False)]
-    n = 6  # every signal kind, spread over the window (CI's minutes: each trial is a comm run of its own)
+    # every signal kind once, at 0, 1/4, 1/2 and 3/4 of the window: each trial is a comm run of its own, three
+    # processes that import torch (10 s of CPU); the window in sixths, two kinds twice, cost CI 20 s more
+    n = len(kinds)
     plans = [(tmp_path / f"t{k}", window * k / n, *kinds[k % len(kinds)]) for k in range(n)]
-    with ThreadPoolExecutor(4) as pool:  # four at a time: the test's time, and a host as busy as a real one
+    with ThreadPoolExecutor(4) as pool:  # all four at once: the test's time, and a host as busy as a real one
         trials = list(pool.map(lambda p: _last_second(*p), plans))
     told = []
     for t in trials:
@@ -611,38 +622,6 @@ def _model_left(trial: dict) -> str:
     return "complete"
 
 
-@linux
-def test_a_stop_signal_in_the_last_seconds_of_model_keeps_the_json_and_the_history_row(tmp_path):
-    """SIGTERM or SIGHUP, to the tool or to its process group (the gloo ranks too), at points spread
-    over the end of a model run (the window measured by a first run: from rank 0's line for its
-    last pass to the exit): every trial leaves the JSON, complete with its history row, and exits
-    128 + the signal (or 0, where the signal came once the exit code was chosen); only a signal at
-    the line itself may come before the ranks handed their figures over, and its run says it was
-    interrupted. Once a signal after the ranks had returned (their analysis, the document) lost the
-    configuration or every output."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    _cpu_only()
-    first = _last_second(tmp_path / "first", None, run=_MODEL_RUN, until=_MODEL_LAST_PASS)
-    assert first["code"] == 0 and _model_left(first) == "complete", first["err"][-3000:]
-    window = first["window_s"]
-    n = 4  # each run costs about 16 s of CPU (three processes importing torch): the test keeps to a minute on 2 cores
-    plans = [(tmp_path / f"t{k}", window * k / n, *_SIGNALS[k % len(_SIGNALS)]) for k in range(n)]
-    with ThreadPoolExecutor(2) as pool:  # two at a time: each run is three processes
-        trials = list(pool.map(lambda p: _last_second(*p, run=_MODEL_RUN, until=_MODEL_LAST_PASS), plans))
-    told = []
-    for t in trials:
-        what = _model_left(t)
-        code, expected = t["code"], 128 + t["sig"]
-        said = (t["delay_s"], code, t["err"][-3000:])
-        assert code in (0, expected), said
-        assert what != "stopped" or code == expected, said
-        assert what == "complete" or t["delay_s"] == 0, said  # the figures are handed over within ms of the line
-        told.append(code == expected)
-    # the signals did land in the runs, not after them
-    assert sum(told) >= n // 2, [(round(t["delay_s"], 2), t["code"], round(t["window_s"], 2)) for t in trials]
-
-
 # Run as `python -c _AT_ANALYSIS model ...`: the CLI, with SIGTERM sent to itself as the last
 # configuration's figures are analysed (the ranks gone, the runner not yet writing): a scancel
 # landing at that moment, every time.
@@ -660,18 +639,55 @@ _AT_ANALYSIS = (
 )
 
 
+@pytest.fixture(scope="module")
+def model_at_analysis(tmp_path_factory) -> dict:
+    """One model run (_MODEL_RUN) with SIGTERM at its analysis (_AT_ANALYSIS), for two tests: what it
+    kept, and, from rank 0's line for its last pass to its exit, the window of a model run's end
+    (the SIGTERM is deferred there: the run goes on through the ranks' teardown, the analysis, the
+    history row and the JSON, as a run no signal reached does). A model run is three processes
+    that import torch (16 s of CPU); one serves both tests."""
+    _cpu_only()
+    return _last_second(tmp_path_factory.mktemp("at-analysis") / "run", None, run=_MODEL_RUN, until=_MODEL_LAST_PASS,
+                        code=_AT_ANALYSIS)
+
+
 @linux
-def test_sigterm_while_the_last_configuration_is_analysed_keeps_it(tmp_path):
+def test_sigterm_while_the_last_configuration_is_analysed_keeps_it(model_at_analysis):
     """The narrow part of model's window, hit every time: SIGTERM after the last configuration's
     ranks returned, while their figures are read. The run is kept whole (the JSON and its history
     row, not a run marked interrupted with nothing in it) and exits 143. It once lost the
     configuration: the signal raised in the analysis, before the runner deferred stop signals."""
+    trial = model_at_analysis
+    assert trial["code"] == 143 and _model_left(trial) == "complete", trial["err"][-3000:]
+
+
+@linux
+def test_a_stop_signal_in_the_last_seconds_of_model_keeps_the_json_and_the_history_row(tmp_path, model_at_analysis):
+    """SIGTERM or SIGHUP, to the tool or to its process group (the gloo ranks too), at points spread
+    over the end of a model run (the window measured by the run of model_at_analysis: from rank 0's
+    line for its last pass to the exit): every trial leaves the JSON, complete with its history
+    row, and exits 128 + the signal (or 0, where the signal came once the exit code was chosen);
+    only a signal at the line itself may come before the ranks handed their figures over, and its
+    run says it was interrupted. Once a signal after the ranks had returned (their analysis, the
+    document) lost the configuration or every output."""
+    from concurrent.futures import ThreadPoolExecutor
+
     _cpu_only()
-    folder = tmp_path / "run"
-    folder.mkdir()
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-c", _AT_ANALYSIS, *_MODEL_RUN, "--json", str(folder / "r.json"), "--db",
-                           str(folder / "h.sqlite3")], capture_output=True, text=True, env=env, cwd=tmp_path,
-                          timeout=scaled(DEADLINE_S), check=False, start_new_session=True)
-    trial = {"folder": folder, "err": proc.stderr, "code": proc.returncode, "delay_s": None}
-    assert proc.returncode == 143 and _model_left(trial) == "complete", proc.stderr[-3000:]
+    reference = model_at_analysis  # a whole run's end: what it wrote is checked, so its window is a whole one
+    assert reference["code"] == 143 and _model_left(reference) == "complete", reference["err"][-3000:]
+    window = reference["window_s"]
+    n = 4  # each run costs about 16 s of CPU (three processes importing torch): the test keeps to a minute on 2 cores
+    plans = [(tmp_path / f"t{k}", window * k / n, *_SIGNALS[k % len(_SIGNALS)]) for k in range(n)]
+    with ThreadPoolExecutor(2) as pool:  # two at a time: each run is three processes
+        trials = list(pool.map(lambda p: _last_second(*p, run=_MODEL_RUN, until=_MODEL_LAST_PASS), plans))
+    told = []
+    for t in trials:
+        what = _model_left(t)
+        code, expected = t["code"], 128 + t["sig"]
+        said = (t["delay_s"], code, t["err"][-3000:])
+        assert code in (0, expected), said
+        assert what != "stopped" or code == expected, said
+        assert what == "complete" or t["delay_s"] == 0, said  # the figures are handed over within ms of the line
+        told.append(code == expected)
+    # the signals did land in the runs, not after them
+    assert sum(told) >= n // 2, [(round(t["delay_s"], 2), t["code"], round(t["window_s"], 2)) for t in trials]
