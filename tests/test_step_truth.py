@@ -133,10 +133,10 @@ def test_a_healthy_loop_has_no_false_finding():
 LAG_S = 0.05  # rank 1's extra time inside its forward, every step
 
 
-def job(case: str, db: str) -> dict:
-    """One rank of a user's DDP job on gloo, monitored: `slow`: rank 1 sleeps LAG_S inside its
-    forward every step; `comm`: many parameters and little compute (the sync most of the step);
-    also the same steps timed with and without gradient sync (no_sync), unmonitored."""
+def job(cases: tuple[str, ...], db: str) -> dict:
+    """One rank of a user's DDP job on gloo, monitored once per case: `slow`: rank 1 sleeps LAG_S
+    inside its forward every step; `comm`: many parameters and little compute (the sync most of the
+    step); also the same steps timed with and without gradient sync (no_sync), unmonitored."""
     import torch.distributed as dist
 
     from mgpu_bench import StepMonitor
@@ -144,39 +144,43 @@ def job(case: str, db: str) -> dict:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    width, layers, batch = (256, 3, 32) if case == "slow" else (1024, 8, 2)
-    model = torch.nn.parallel.DistributedDataParallel(_mlp(width, layers))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(batch, width)
+    out = {}
+    for case in cases:
+        width, layers, batch = (256, 3, 32) if case == "slow" else (1024, 8, 2)
+        model = torch.nn.parallel.DistributedDataParallel(_mlp(width, layers))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.randn(batch, width)
 
-    def step():
-        if case == "slow" and rank == 1:
-            time.sleep(LAG_S)  # inside compute(), before the forward: the others wait in the all-reduce
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        def step(case=case, model=model, opt=opt, x=x):
+            if case == "slow" and rank == 1:
+                time.sleep(LAG_S)  # inside compute(), before the forward: the others wait in the all-reduce
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
 
-    docs = []
-    for hook in (None, True) if case == "comm" else (None,):  # the default marks, then the all-reduce in its hook
-        mon = StepMonitor(f"ranks-{case}", model=model, warmup=3, window=10, db=db, print=rank == 0, comm_hook=hook)
-        for _ in range(33):
-            with mon.step(samples=batch), mon.compute():
-                step()
-        docs.append(mon.finish())
-    ab = {}
-    for sync in (True, False):  # the A/B the monitor does not do in the job: the same steps without sync
-        with (model.no_sync() if not sync else torch.enable_grad()):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(10):
-                step()
-            ab[sync] = (time.perf_counter() - t0) / 10
+        docs = []
+        for hook in (None, True) if case == "comm" else (None,):  # the default marks, then the all-reduce in its hook
+            mon = StepMonitor(f"ranks-{case}", model=model, warmup=3, window=10, db=db, print=rank == 0,
+                              comm_hook=hook)
+            for _ in range(33):
+                with mon.step(samples=batch), mon.compute():
+                    step()
+            docs.append(mon.finish())
+        ab = {}
+        for sync in (True, False):  # the A/B the monitor does not do in the job: the same steps without sync
+            with (model.no_sync() if not sync else torch.enable_grad()):
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(10):
+                    step()
+                ab[sync] = (time.perf_counter() - t0) / 10
+        out[case] = {"doc": docs[0], "hooked": docs[-1], "ab": ab}
     dist.destroy_process_group()
-    return {"doc": docs[0], "hooked": docs[-1], "ab": ab}
+    return out
 
 
-def _two_ranks(case: str, db: str) -> list[dict]:
+def _two_ranks(cases: tuple[str, ...], db: str) -> list[dict]:
     import uuid
 
     from torch.distributed.launcher.api import LaunchConfig
@@ -186,12 +190,21 @@ def _two_ranks(case: str, db: str) -> list[dict]:
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=f"truth-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,
                       monitor_interval=0.1, start_method="spawn")
-    results = launch.run_elastic(lc, job, case, db, children="die")
+    results = launch.run_elastic(lc, job, cases, db, children="die")
     return [results[r] for r in sorted(results)]
 
 
-def test_a_rank_slow_inside_its_forward_is_named_with_its_lag(tmp_path):
-    doc = _two_ranks("slow", str(tmp_path / "h.sqlite3"))[0]["doc"]
+@pytest.fixture(scope="module")
+def two(tmp_path_factory) -> dict:
+    """Rank 0's result of each case, both cases in one job of two ranks (one launch, not one per
+    case: each costs two processes that import torch, several CPU-seconds each), one after the
+    other as a user's job runs its phases."""
+    db = str(tmp_path_factory.mktemp("truth") / "h.sqlite3")
+    return _two_ranks(("slow", "comm"), db)[0]
+
+
+def test_a_rank_slow_inside_its_forward_is_named_with_its_lag(two):
+    doc = two["slow"]["doc"]
     s = doc["job"]["straggler"]
     assert (s["rank"], s["by"], s["named"]) == (1, "compute", True), doc["findings"]
     assert 0.6 * LAG_S < s["lag_s"] < 2.0 * LAG_S
@@ -201,8 +214,8 @@ def test_a_rank_slow_inside_its_forward_is_named_with_its_lag(tmp_path):
     assert doc["runs"][0]["comm_method"] == "marks"  # DDP's all-reduce untouched: marks on the model's tensors
 
 
-def test_ddp_whose_sync_is_most_of_the_step_is_communication_bound_with_the_share(tmp_path):
-    got = _two_ranks("comm", str(tmp_path / "h.sqlite3"))[0]
+def test_ddp_whose_sync_is_most_of_the_step_is_communication_bound_with_the_share(two):
+    got = two["comm"]
     doc, ab = got["doc"], got["ab"]
     cost = 1 - ab[False] / ab[True]
     assert cost > 0.3  # the job itself: the sync is over 30% of its step
