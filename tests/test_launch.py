@@ -97,17 +97,53 @@ def _torchrun(args: list[str], tmp_path, timeout=None):
                            *args], capture_output=True, text=True, timeout=timeout or scaled(240), cwd=tmp_path, check=False)
 
 
-def test_torchrun_two_gloo_ranks_rank0_prints_and_writes(tmp_path):
+# One torchrun job (its agent and two ranks) runs the four commands the tests below read, one
+# after the other, each rank's output in files of its own: `comm` and `model` as every rank agrees,
+# then each with an argument that differs on rank 1. A torchrun job of its own for each would start
+# three more agents, each a process importing torch. Each command gets a job id of its own, as a
+# restarted torchrun job does, so that its keys in the agent's store are fresh (ranks.key_prefix).
+TORCHRUN_COMMANDS = {
+    "comm": "comm --backend torch --ops allreduce --sizes 1K,64K --json r.json",
+    "model": "model --steps 2 --warmup-steps 1 --batch-size 2 --seq-len 64 --data both --num-workers 0 --json m.json",
+    "comm-disagree": 'comm --backend torch --ops allreduce --sizes $([ "$RANK" = 0 ] && echo 1K || echo 2K)',
+    "model-disagree": 'model --steps 2 --warmup-steps 1 --seq-len 64 --batch-size $([ "$RANK" = 0 ] && echo 2 || echo 8)',
+}
+
+
+@pytest.fixture(scope="module")
+def torchrun_job(tmp_path_factory):
+    """TORCHRUN_COMMANDS under one `torchrun --nproc-per-node 2`: {name: [(exit code, stdout,
+    stderr) of rank 0, of rank 1]}, and the folder they ran in (the JSON documents)."""
     from mgpu_bench.machine.selection import visible_gpu_count
 
-    if visible_gpu_count() > 0:
-        pytest.skip("the GPU tests launch NCCL ranks instead")
-    out = tmp_path / "r.json"
-    proc = _torchrun(["-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops", "allreduce", "--sizes",
-                      "1K,64K", "--json", str(out), "--no-progress"], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("allreduce  (2 ranks, torch-gloo") == 1  # one table: rank 0's
-    doc = json.loads(out.read_text())
+    if visible_gpu_count() > 0 or shutil.which("sh") is None:
+        pytest.skip("CPU only: the GPU tests launch NCCL ranks instead")
+    where = tmp_path_factory.mktemp("torchrun")
+    # --no-store: a module's fixture runs outside the per-test private history (conftest.py)
+    script = "".join(f'TORCHELASTIC_RUN_ID="$TORCHELASTIC_RUN_ID-{name}" {sys.executable} -m mgpu_bench.cli {cmd} '
+                     f'--no-progress --no-store > {name}-$RANK.out 2> {name}-$RANK.err; echo $? > {name}-$RANK.rc\n'
+                     for name, cmd in TORCHRUN_COMMANDS.items())
+    proc = _torchrun(["--no-python", "sh", "-c", script], where, timeout=scaled(480))
+    assert proc.returncode == 0, proc.stderr[-3000:]  # the script's own end: each command's code is in its file
+    got = {name: [(int((where / f"{name}-{rank}.rc").read_text()), (where / f"{name}-{rank}.out").read_text(),
+                   (where / f"{name}-{rank}.err").read_text()) for rank in (0, 1)] for name in TORCHRUN_COMMANDS}
+    return got, where
+
+
+def _disagreed(ranks: list[tuple[int, str, str]]) -> None:
+    """Every rank stopped with one line saying that the ranks' arguments differ, no traceback."""
+    for code, _out, err in ranks:
+        assert code != 0 and "Traceback" not in err, err[-3000:]
+        lines = [x for x in err.splitlines() if x.startswith("mgpu-bench: error:")]
+        assert len(lines) == 1 and "were started with different arguments than rank 0" in lines[0], err
+
+
+def test_torchrun_two_gloo_ranks_rank0_prints_and_writes(torchrun_job):
+    got, where = torchrun_job
+    (code0, out0, err0), (code1, out1, err1) = got["comm"]
+    assert code0 == code1 == 0, err0[-3000:] + err1[-3000:]
+    assert out0.count("allreduce  (2 ranks, torch-gloo") == 1 and "allreduce" not in out1  # one table: rank 0's
+    doc = json.loads((where / "r.json").read_text())
     assert doc["environment"]["launcher"]["kind"] == "torchrun"
     assert doc["environment"]["launcher"]["world_size"] == 2
     assert len(doc["measurements"]) == 4 and all(sum(m["wrong"]) == 0 for m in doc["measurements"])
@@ -115,33 +151,20 @@ def test_torchrun_two_gloo_ranks_rank0_prints_and_writes(tmp_path):
     assert all(len(m["samples"]) == 2 for m in doc["measurements"])
 
 
-def test_torchrun_ranks_with_different_arguments_stop_with_one_line(tmp_path):
-    from mgpu_bench.machine.selection import visible_gpu_count
-
-    if visible_gpu_count() > 0 or shutil.which("sh") is None:
-        pytest.skip("CPU only")
-    script = (f'exec {sys.executable} -m mgpu_bench.cli comm --backend torch --ops allreduce --no-progress '
-              '--sizes $([ "$RANK" = 0 ] && echo 1K || echo 2K)')
-    proc = _torchrun(["--no-python", "sh", "-c", script], tmp_path)
-    assert proc.returncode != 0
-    assert "were started with different arguments than rank 0" in proc.stderr
-    # our ranks print one line each; the traceback after it is torchrun's own report of the exit
-    ours = proc.stderr.split("elastic/multiprocessing")[0]
-    assert "Traceback" not in ours and ours.count("mgpu-bench: error:") == 2
+def test_torchrun_ranks_with_different_arguments_stop_with_one_line(torchrun_job):
+    got, _ = torchrun_job
+    _disagreed(got["comm-disagree"])
 
 
-def test_torchrun_model_rank0_reports_the_whole_job(tmp_path):
-    from mgpu_bench.machine.selection import visible_gpu_count
-
-    if visible_gpu_count() > 0:
-        pytest.skip("CPU only")
-    out = tmp_path / "m.json"
-    proc = _torchrun(["-m", "mgpu_bench.cli", "model", "--steps", "3", "--warmup-steps", "1", "--batch-size", "2",
-                      "--seq-len", "64", "--no-progress", "--json", str(out)], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("tiny training steps") == 1
-    (run,) = json.loads(out.read_text())["runs"]
-    assert run["world"] == 2 and run["tokens_per_step"] == 2 * 64 * 2
+def test_torchrun_model_rank0_reports_the_whole_job(torchrun_job):
+    got, where = torchrun_job
+    (code0, out0, err0), (code1, out1, err1) = got["model"]
+    assert code0 == code1 == 0, err0[-3000:] + err1[-3000:]
+    assert out0.count("tiny training steps") == 1 and "tiny training steps" not in out1  # one table: rank 0's
+    runs = json.loads((where / "m.json").read_text())["runs"]
+    assert [r["data"] for r in runs] == ["synthetic", "loader"]
+    for run in runs:
+        assert run["world"] == 2 and run["tokens_per_step"] == 2 * 64 * 2
 
 
 def _free_port() -> int:
@@ -152,9 +175,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="module")
+def start_once() -> float:
+    """start_s() measured once for the tests that need it only for a generous bound (a start probe
+    is a process that imports torch: about 3 s of CPU)."""
+    return start_s()
+
+
 @pytest.mark.parametrize("rank,expect", [(0, "rank(s) 1 of 2 never arrived"),
                                          (1, "rank 0 (which serves it) never arrived")])
-def test_a_rank_that_never_arrives_is_named_within_the_timeout(tmp_path, rank, expect):
+def test_a_rank_that_never_arrives_is_named_within_the_timeout(tmp_path, rank, expect, start_once):
     """One process of a two-rank job, started alone: it stops after --timeout with the missing
     rank named, exit code 1, no hang."""
     import os
@@ -166,7 +196,7 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout(tmp_path, rank, e
         pytest.skip("CPU only")
     env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    start = start_s()  # how long a process takes to get going here now (3-5 s idle, 20-40 s under load)
+    start = start_once  # how long a process takes to get going here (3-5 s idle, 20-40 s under load)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--backend", "torch", "--ops",
                            "allreduce", "--sizes", "1K", "--timeout", "3", "--no-progress"], env=env,
@@ -214,22 +244,15 @@ def test_every_waiting_rank_names_the_missing_one(tmp_path):
         assert "rank(s) 2 of 3 never arrived" in text and "Traceback" not in text
 
 
-def test_torchrun_model_both_data_sources_and_argument_agreement(tmp_path):
-    from mgpu_bench.machine.selection import visible_gpu_count
-
-    if visible_gpu_count() > 0:
-        pytest.skip("CPU only")
-    proc = _torchrun(["-m", "mgpu_bench.cli", "model", "--steps", "2", "--warmup-steps", "1", "--batch-size", "2",
-                      "--seq-len", "64", "--data", "both", "--num-workers", "0", "--no-progress"], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_torchrun_model_both_data_sources_and_argument_agreement(torchrun_job):
+    got, _ = torchrun_job
+    (code, out, err), _rank1 = got["model"]
+    assert code == 0, err[-3000:]
     # both configurations ran on one process group, and the loader's cost against the synthetic batches
     # is said: as its own line, or in the verdict where the loader bounds the step (the tiny model's
     # step is a few milliseconds: it often does)
-    assert re.search(r"input-pipeline loss|input-bound: the input pipeline costs", proc.stdout), proc.stdout[-3000:]
-    script = (f'exec {sys.executable} -m mgpu_bench.cli model --steps 2 --warmup-steps 1 --seq-len 64 --no-progress '
-              '--batch-size $([ "$RANK" = 0 ] && echo 2 || echo 8)')
-    proc = _torchrun(["--no-python", "sh", "-c", script], tmp_path)
-    assert proc.returncode != 0 and "were started with different arguments than rank 0" in proc.stderr
+    assert re.search(r"input-pipeline loss|input-bound: the input pipeline costs", out), out[-3000:]
+    _disagreed(got["model-disagree"])
 
 
 def test_launch_processes_reruns_the_command_under_the_elastic_launcher(tmp_path):
@@ -254,12 +277,15 @@ def test_launch_processes_reruns_the_command_under_the_elastic_launcher(tmp_path
     with History.open(db, readonly=True) as h:
         (run,) = h.list()
     assert run.command.split()[1:] == ["-m", "mgpu_bench.cli", *typed] and doc["command"][3:] == typed, run.command
-    bad = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--backend",
-                          "native"], capture_output=True, text=True, timeout=scaled(60), check=False)
-    assert bad.returncode == 2 and "use --backend torch for CPU ranks" in bad.stderr
-    sizes = subprocess.run([sys.executable, "-m", "mgpu_bench.cli", "comm", "--launch", "processes", "--sizes",
-                            "bogus"], capture_output=True, text=True, timeout=scaled(60), check=False)
-    assert sizes.returncode == 2 and len(sizes.stderr.strip().splitlines()) == 1, sizes.stderr  # before any launch
+    # the refusals come before any launch: in process
+    from click.testing import CliRunner
+
+    from mgpu_bench.cli import cli
+
+    bad = CliRunner().invoke(cli, ["comm", "--launch", "processes", "--backend", "native"])
+    assert bad.exit_code == 2 and "use --backend torch for CPU ranks" in bad.stderr, bad.output
+    sizes = CliRunner().invoke(cli, ["comm", "--launch", "processes", "--sizes", "bogus"])
+    assert sizes.exit_code == 2 and len(sizes.stderr.strip().splitlines()) == 1, sizes.output  # before any launch
 
 
 def test_gpu_choice_maps_through_an_existing_cuda_visible_devices(monkeypatch):
