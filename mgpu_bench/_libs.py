@@ -32,11 +32,13 @@ def _wheel_candidates(subdirs: list[str], names: list[str]) -> list[str]:
 
 
 def _build_config_path(attr: str) -> list[str]:
+    import importlib
+
     try:
-        from . import _build_config
+        config = importlib.import_module(f"{__package__}._build_config")  # written by CMake at build time
     except ImportError:
         return []
-    path = getattr(_build_config, attr, "")
+    path = getattr(config, attr, "")
     return [path] if path and os.path.exists(path) else []
 
 

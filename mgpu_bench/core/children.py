@@ -190,10 +190,9 @@ def child_env(env: dict[str, str] | None = None, mode: str = "keep") -> dict[str
 
 def package_folder() -> str:
     """The folder holding the mgpu_bench package this process runs (site-packages for an
-    installed one, the checkout for a source tree): os.path.dirname of the package's folder."""
-    import mgpu_bench
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(mgpu_bench.__file__)))
+    installed one, the checkout for a source tree): the folder above mgpu_bench/ (this file is
+    mgpu_bench/core/children.py), read without importing the package from below."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _on_path(folder: str) -> bool:
