@@ -80,13 +80,39 @@ def test_a_measuring_process_killed_before_it_hands_over_is_unknown_whatever_an_
     assert stale.read_bytes() == before
 
 
+# HOME -> what the check's stdout is: three ok checks serve the five tests of a stdout that cannot
+# take the npd line and of a HOME that holds no history (a check is three processes, its command,
+# its measuring process and its rank process: 5 s of CPU; one run takes both edges).
+OK_CHECKS = {"": ">&-", "/nonexistent": ">/dev/full", "/dev": ""}
+
+
+@pytest.fixture(scope="module")
+def ok_checks(tmp_path_factory) -> dict[str, dict]:
+    """`check --format npd` (stored) with each HOME of OK_CHECKS, stdout redirected as it says; no
+    XDG_DATA_HOME, XDG_STATE_HOME a folder of its own. -> HOME: the run's exit code, stderr, state
+    folder, and whether the place refused (HOME/.local/share/mgpu-bench) existed before it."""
+    runs = {}
+    for home, redirect in OK_CHECKS.items():
+        folder = tmp_path_factory.mktemp("check-home")
+        env = _env(XDG_STATE_HOME=str(folder))
+        env.pop("XDG_DATA_HOME", None)
+        env["HOME"] = home  # empty, missing or a special place (unset, root's passwd entry gives /root: usable)
+        made = Path(home or "/nonexistent", ".local", "share", "mgpu-bench")
+        there = made.exists()
+        out = redirect or f">{folder / 'out'}"
+        cmd = f"{' '.join(CHECK)} --format npd {out} 2>{folder / 'err'}"
+        r = subprocess.run(["bash", "-c", cmd], env=env, timeout=120, check=False)
+        runs[home] = {"redirect": redirect, "code": r.returncode, "err": (folder / "err").read_text(),
+                      "state": folder, "made": made, "there": there}
+    return runs
+
+
 @pytest.mark.parametrize("redirect", [">&-", ">/dev/full"])
-def test_an_ok_check_exits_0_when_its_stdout_is_closed_or_full(tmp_path, redirect):
+def test_an_ok_check_exits_0_when_its_stdout_is_closed_or_full(ok_checks, redirect):
     """1 is "drain this node": a stdout that cannot take the line must not turn ok into it."""
-    cmd = " ".join(CHECK) + f" --no-store --format npd {redirect} 2>{tmp_path / 'err'}"
-    r = subprocess.run(["bash", "-c", cmd], env=_env(), timeout=120, check=False)
-    err = (tmp_path / "err").read_text()
-    assert r.returncode == 0, err
+    (run,) = [r for r in ok_checks.values() if r["redirect"] == redirect]
+    err = run["err"]
+    assert run["code"] == 0, err
     assert "could not write to stdout" in err and "the exit code is the verdict's all the same (0: ok)" in err
 
 
@@ -167,21 +193,16 @@ def test_under_npd_a_refusal_is_one_line_on_stdout_and_exit_2(args, words):
 # -- a daemon's HOME ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("home", ["", "/nonexistent", "/dev"])
-def test_a_check_runs_without_a_usable_home_stores_elsewhere_and_says_so(tmp_path, home):
+@pytest.mark.parametrize("home", list(OK_CHECKS))
+def test_a_check_runs_without_a_usable_home_stores_elsewhere_and_says_so(ok_checks, home):
     """NHC and slurmd run checks with no HOME, or one that holds no history: the check runs, stores
     in $XDG_STATE_HOME/mgpu-bench (root's default: /var/lib/mgpu-bench), says so, and the stored
     run's command is the one typed (not the measuring process's)."""
-    env = _env(XDG_STATE_HOME=str(tmp_path))
-    env.pop("XDG_DATA_HOME", None)
-    env["HOME"] = home  # empty, missing or a special place (unset, root's passwd entry gives /root: usable)
-    made = Path(home or "/nonexistent", ".local", "share", "mgpu-bench")
-    there = made.exists()
-    r = subprocess.run([*CHECK, "--format", "npd"], env=env, capture_output=True, text=True, timeout=120, check=False)
-    db = tmp_path / "mgpu-bench" / "history.sqlite3"
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert f": stored in {db} instead (give --db PATH" in r.stderr and "note: " in r.stderr
-    assert made.exists() == there  # nothing made in the place refused
+    run = ok_checks[home]
+    db = run["state"] / "mgpu-bench" / "history.sqlite3"
+    assert run["code"] == 0, run["err"]
+    assert f": stored in {db} instead (give --db PATH" in run["err"] and "note: " in run["err"]
+    assert run["made"].exists() == run["there"]  # nothing made in the place refused
     with History.open(db, readonly=True) as h:
         (info,) = h.list()
         rec = h.get(info.run_id)
