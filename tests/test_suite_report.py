@@ -50,6 +50,32 @@ def doc() -> dict:
     return json.loads(SUITE.read_text())
 
 
+# Drawing the stored suite's plots (about ten figures) is what costs here, seconds each on CI's
+# loaded cores: they are drawn once for the module (write_report, below), the tests that only read
+# the page's text or its images share that drawing, and the tests that change a plotted figure
+# still draw their own.
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> tuple[Path, list[Path]]:
+    """suite_report.write_report() of the stored suite with TREND, once for the module: (its
+    folder, the paths it returned). test_write_report checks it; the screenshot test shows it."""
+    out = tmp_path_factory.mktemp("written") / "rep"
+    return out, suite_report.write_report(json.loads(SUITE.read_text()), out, TREND)
+
+
+@pytest.fixture(scope="module")
+def drawn(written) -> dict[str, bytes]:
+    """suite_report.images() of the stored suite with TREND, as write_report wrote them: each PNG
+    under its key as the file's stem (html_page.write_bundle), not drawn a second time."""
+    return {p.stem: p.read_bytes() for p in written[1] if p.suffix == ".png"}
+
+
+def untrended(drawn: dict[str, bytes]) -> dict[str, bytes]:
+    """What images() gives without a trend: the same plots, no history (see suite_report._images)."""
+    return {k: v for k, v in drawn.items() if k != "history"}
+
+
 def probe(doc: dict, name: str) -> dict:
     return next(p for p in doc["probes"] if p["name"] == name)
 
@@ -177,7 +203,7 @@ def test_findings_problems_first_with_figures_and_causes(doc):
     assert json.loads(json.dumps([f.to_dict() for f in fs]))[0]["severity"] == PROBLEM
 
 
-def test_the_suites_own_telemetry_names_the_slow_gpu_and_the_capped_ones(doc):
+def test_the_suites_own_telemetry_names_the_slow_gpu_and_the_capped_ones(doc, drawn):
     """model-sustained failed, but the suite sampled the GPUs while it ran: GPU 2's clock stayed
     below its peers' (telemetry.explain names why); the GEMM probes judge their own samples."""
     cause = (
@@ -201,13 +227,19 @@ def test_the_suites_own_telemetry_names_the_slow_gpu_and_the_capped_ones(doc):
         "round 3 model-sustained: GPU 0, 1, 2, 3 while it ran: thermal (software)"
         in texts(suite_judge.findings(doc), WARNING)
     )
-    page = suite_report.page(doc)
+    # the page's text of the changed summaries; the plots drawn from the series, which are unchanged
+    page = suite_report.page(doc, pngs=untrended(drawn))
     assert page.count("<b>telemetry sampled by the suite</b> every 0.5 s") == 2
     assert "<th>clock-event reasons seen</th>" in page
 
 
 def test_gemm_sustained_without_the_suites_telemetry_draws_its_own_temperature(doc):
     probe(doc, "gemm-sustained")["telemetry"] = None
+    # only gemm-sustained is drawn: the other entries kept in place (their numbers name the files)
+    # without a document or samples to draw
+    for p in doc["probes"]:
+        if p["name"] != "gemm-sustained":
+            p.update(document=None, telemetry=None)
     imgs = suite_report.images(doc)
     assert (
         "08_gemm-sustained_temperature_bf16" in imgs
@@ -228,7 +260,7 @@ def test_skipped_interrupted_and_missing_documents_are_warnings(doc):
     assert "round 3 max-batch: no result document" in warnings
 
 
-def test_a_broken_document_is_a_problem_not_an_exception(doc):
+def test_a_broken_document_is_a_problem_not_an_exception(doc, drawn):
     probe(doc, "gemm")["document"]["results"] = [{"gpu": 0}]
     probe(doc, "comm")["document"]["measurements"] = [{"kind": "comm"}]
     problems = texts(suite_judge.findings(doc), PROBLEM)
@@ -240,7 +272,8 @@ def test_a_broken_document_is_a_problem_not_an_exception(doc):
         t.startswith("round 2 comm: its result document could not be read")
         for t in problems
     )
-    page = suite_report.page(doc)
+    # the plots as drawn from the readable documents: an unreadable entry shows none of its probe's
+    page = suite_report.page(doc, pngs=untrended(drawn))
     assert "result document not readable: KeyError" in page
     assert "| 1 | gemm | ok | 7.8 | - | - |" in suite_report.markdown(doc)
 
@@ -426,11 +459,11 @@ class _Tags(HTMLParser):
             self.style += data
 
 
-def test_page_escapes_outside_text_and_loads_nothing(doc):
+def test_page_escapes_outside_text_and_loads_nothing(doc, drawn):
     doc["environment"]["env"]["NCCL_HOOK"] = (
         "https://evil.example/x.js' onerror='alert(1)"
     )
-    page = suite_report.page(doc, TREND)
+    page = suite_report.page(doc, TREND, pngs=drawn)  # no plot draws the environment
     assert (
         "<script" not in page
         and "<img src=x" not in page
@@ -479,8 +512,8 @@ def test_page_escapes_outside_text_and_loads_nothing(doc):
     assert all(f"={q}http" not in page for q in ("'", '"', ""))
 
 
-def test_page_puts_the_verdicts_on_top_and_every_round_after(doc):
-    page = suite_report.page(doc, TREND)
+def test_page_puts_the_verdicts_on_top_and_every_round_after(doc, drawn):
+    page = suite_report.page(doc, TREND, pngs=drawn)
     order = [
         page.index(s)
         for s in (
@@ -505,8 +538,8 @@ def test_page_puts_the_verdicts_on_top_and_every_round_after(doc):
     assert "thermal (software)" in page
 
 
-def test_page_embeds_every_image(doc):
-    imgs = suite_report.images(doc, TREND)
+def test_page_embeds_every_image(doc, drawn):
+    imgs = drawn  # suite_report.images(doc, TREND), as write_report wrote them
     assert {
         "01_gemm_gemm_bf16",
         "02_hbm-memory_hbm",
@@ -531,19 +564,21 @@ def test_history_plot_reads_what_it_can():
     assert suite_report.plot_history({}) is None
 
 
-def test_write_report_writes_a_page_that_works_alone(doc, tmp_path):
-    paths = suite_report.write_report(doc, tmp_path / "rep", TREND)
+def test_write_report_writes_a_page_that_works_alone(doc, tmp_path, written):
+    folder, paths = written  # suite_report.write_report(doc, folder, TREND)
     names = [p.name for p in paths]
     assert names[-2:] == ["report.html", "summary.md"] and "history.png" in names
     pngs = [p for p in paths if p.suffix == ".png"]
     assert pngs and all(p.read_bytes()[:8] == PNG for p in pngs)
-    page = (tmp_path / "rep" / "report.html").read_text(encoding="utf-8")
+    page = (folder / "report.html").read_text(encoding="utf-8")
     assert page.count("data:image/png;base64,") == len(pngs)
-    assert (tmp_path / "rep" / "summary.md").read_text(
+    assert (folder / "summary.md").read_text(
         encoding="utf-8"
     ) == suite_report.markdown(doc)
+    # a folder whose parent is missing is refused whatever the suite holds: one with no probes,
+    # which draws nothing before the refusal (the stored suite drew all its plots first)
     with pytest.raises(FileNotFoundError):
-        suite_report.write_report(doc, tmp_path / "missing" / "rep")
+        suite_report.write_report({**doc, "probes": []}, tmp_path / "missing" / "rep")
 
 
 # ------------------------------------------------------------------------------------ screenshot
@@ -595,12 +630,11 @@ def _png_size(data: bytes) -> tuple[int, int]:
     reason="no headless Chromium on PATH (chromium-headless-shell, chromium "
     "or google-chrome): Debian's chromium-headless-shell provides one",
 )
-def test_screenshot_of_the_page_shows_the_verdicts(doc, tmp_path):
+def test_screenshot_of_the_page_shows_the_verdicts(tmp_path, written):
     import matplotlib.image
     import numpy as np
 
-    suite_report.write_report(doc, tmp_path / "rep", TREND)
-    page = tmp_path / "rep" / "report.html"
+    page = written[0] / "report.html"  # suite_report.write_report(doc, folder, TREND)
     shots = {}
     for offline in (False, True):
         out = tmp_path / f"shot_{'offline' if offline else 'plain'}.png"
