@@ -321,11 +321,21 @@ def job() -> dict:
     return out
 
 
+def _start_method() -> str:
+    """How the ranks start: forked from this process's imports, unless this process holds what a
+    forked child must not inherit (a CUDA context from an earlier test on a GPU machine, a process
+    group): then spawned."""
+    import torch.distributed as dist
+
+    return "spawn" if torch.cuda.is_initialized() or (dist.is_available() and dist.is_initialized()) else "fork"
+
+
 @pytest.fixture(scope="module")
 def ranks():
-    """job() on two ranks, forked from this process, which has torch and the package imported
-    already (spawned ranks import them again: about 3 s of CPU each on a 2-core CI host). job()
-    sets one thread before any work, so no OpenMP pool is used after the fork."""
+    """job() on two ranks, forked from this process where it can (_start_method), which has torch
+    and the package imported already (spawned ranks import them again: about 3 s of CPU each on a
+    2-core CI host). job() sets one thread before any work, so no OpenMP pool is used after the
+    fork."""
     import uuid
 
     from torch.distributed.launcher.api import LaunchConfig
@@ -334,7 +344,7 @@ def ranks():
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=f"faults-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,
-                      monitor_interval=0.1, start_method="fork")
+                      monitor_interval=0.1, start_method=_start_method())
     results = launch.run_elastic(lc, job, children="die")
     return [results[r] for r in sorted(results)]
 

@@ -55,12 +55,21 @@ def job(db: str, steps: int = STEPS, window: int = WINDOW, lr: float = LR, batch
     return {"doc": doc, "exact": exact}
 
 
+def _start_method() -> str:
+    """How the ranks start: forked from this process's imports, unless this process holds what a
+    forked child must not inherit (a CUDA context from an earlier test on a GPU machine, a process
+    group): then spawned."""
+    import torch.distributed as dist
+
+    return "spawn" if torch.cuda.is_initialized() or (dist.is_available() and dist.is_initialized()) else "fork"
+
+
 def _run(nproc: int, db: str, *params) -> dict:
-    """job() on `nproc` ranks. The ranks are forked from this process, which has torch and the
-    package imported already: spawned ranks import them again, about 3 s of CPU each on a 2-core CI
-    host (a third of the test's cost). job() sets one thread before any work, so no OpenMP pool is
-    used after the fork; what is tested, the noise scale of a DDP job, does not depend on how its
-    ranks were started."""
+    """job() on `nproc` ranks. The ranks are forked from this process where it can
+    (_start_method), which has torch and the package imported already: spawned ranks import them
+    again, about 3 s of CPU each on a 2-core CI host (a third of the test's cost). job() sets one
+    thread before any work, so no OpenMP pool is used after the fork; what is tested, the noise
+    scale of a DDP job, does not depend on how its ranks were started."""
     import uuid
 
     from torch.distributed.launcher.api import LaunchConfig
@@ -69,7 +78,7 @@ def _run(nproc: int, db: str, *params) -> dict:
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"noise-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launch.free_port()}", max_restarts=0,
-                      monitor_interval=0.1, start_method="fork")
+                      monitor_interval=0.1, start_method=_start_method())
     return launch.run_elastic(lc, job, db, *params, children="die")[0]
 
 
