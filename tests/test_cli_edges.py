@@ -246,12 +246,12 @@ def test_user_code_that_hangs_or_exits_before_measuring_is_bad_input(bad_module,
     CLI's configure runs here)."""
     import time
 
-    import torch.distributed  # noqa: F401 - imported before the 2 s bound starts: the module's own code is timed
+    import torch.distributed  # noqa: F401 - imported before the 1 s bound starts: the module's own code is timed
 
     from mgpu_bench import workloads
 
     monkeypatch.setenv("BAD", mode)
-    monkeypatch.setenv("MGPU_BENCH_USER_CODE_TIMEOUT", "2")
+    monkeypatch.setenv("MGPU_BENCH_USER_CODE_TIMEOUT", "1")  # the module's own code takes ms; three cases sleep to it
     monkeypatch.delitem(sys.modules, "mgpu_bench_user_badstep", raising=False)
     t0 = time.monotonic()
     with pytest.raises(InputError) as caught:
@@ -291,8 +291,23 @@ def test_the_bound_leaves_a_callers_own_timer_and_handler_alone(monkeypatch):
 
 STEP_CASES = {"raise in the step": ("rank 0 failed: RuntimeError: my step broke: shapes (4, 8) and (9, 8) (at ",
                                     "badstep.py:"),
-              "sleep in the step": ("did not return within {bound} s",),
+              "sleep in the step": ("badstep.py:step's loss did not return within {bound} s",),
               "exit in the step": ("called sys.exit(0)",)}
+
+
+# `python -m mgpu_bench.cli ARGS` with torch warmed up first. The CLI imports a user module before
+# torch and counts the workload's FLOPs on the meta device, under the bound: torch's import and the
+# lazy imports of its first meta step under the FLOP counter (800 modules, 5 s of CPU, 10-20 s on a
+# loaded machine) would need a bound of half a minute. Done before, every bounded call of the CLI
+# and of the ranks (which import torch themselves, first) takes under 0.1 s, and a step that sleeps
+# is stopped after seconds.
+_CLI_TORCH_FIRST = (
+    "import runpy, torch\n"
+    "from torch.utils.flop_counter import FlopCounterMode\n"
+    "with FlopCounterMode(display=False):\n"
+    "    torch.nn.Linear(8, 8, device='meta')(torch.randn(4, 8, device='meta')).square().mean().backward()\n"
+    "runpy.run_module('mgpu_bench.cli', run_name='__main__', alter_sys=True)\n"
+)
 
 
 @pytest.mark.parametrize("mode", list(STEP_CASES))
@@ -300,10 +315,12 @@ def test_a_ranks_step_that_fails_hangs_or_exits_is_its_own_one_line(tmp_path, ba
     """Two gloo ranks under torch's elastic agent: a step that raised printed 30-65 lines of the
     agent's traceback and then `mgpu-bench: ChildFailedError: `; one that slept never answered.
     Now the rank's own error in one line, exit 1, the document written with the failure."""
-    bound = max(5, round(scaled(15)))  # the module's own import (torch's, first) fits in it on a loaded machine
+    bound = max(5, round(scaled(2)))  # 50 times what the slowest bounded call takes (warmed, _CLI_TORCH_FIRST)
     env = _env(BAD=mode, MGPU_BENCH_USER_CODE_TIMEOUT=str(bound))
-    proc = _cli(["model", "--model", f"{bad_module}:step", "--steps", "1", "--warmup-steps", "0",
-                 "--no-exposed-comm", "--no-progress", "--no-store", "--json", tmp_path / "m.json"], tmp_path, env)
+    args = ["model", "--model", f"{bad_module}:step", "--steps", "1", "--warmup-steps", "0", "--no-exposed-comm",
+            "--no-progress", "--no-store", "--json", tmp_path / "m.json"]
+    proc = subprocess.run([sys.executable, "-c", _CLI_TORCH_FIRST, *map(str, args)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=600, check=False)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert not any(t in proc.stderr for t in TRACES), proc.stderr[-3000:]
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("mgpu-bench: "))
