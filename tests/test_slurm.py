@@ -139,16 +139,37 @@ def _check_script(c, node_db: str, out: str, log: str, *args: str) -> str:
             f"exec {' '.join(CLI)} check {' '.join(args)} --db {node_db} --json {out} > {log} 2>&1\n")
 
 
+@pytest.fixture(scope="module")
+def first_check(cluster, tmp_path_factory):
+    """node2's first check, run as it while another tool holds it drained: `check --resume`, stored
+    in a database of its own. It serves two tests: what --resume does with another tool's reason
+    (test_resume_leaves_a_reason_another_tool_wrote_alone), and node2's baseline for the health
+    check (each check is a measuring process importing torch, and seconds of wall time).
+    -> (the check's process, the reasons Slurm held right after it, the database)."""
+    c = cluster
+    c.reset()
+    c.run("scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=site-tool: disk smart errors")
+    folder = tmp_path_factory.mktemp("node2")
+    db = folder / "node2.sqlite3"
+    try:
+        r = subprocess.run([*CLI, "check", "--resume", "--db", str(db), "--json", str(folder / "base.json")],
+                           check=False, env=_env(c, SLURMD_NODENAME="node2"), capture_output=True, text=True,
+                           timeout=120)
+        reasons = c.reasons()
+    finally:
+        c.reset()
+    return r, reasons, db
+
+
 @pytest.mark.timing  # judges measured speed (against what the same run measured)
-def test_check_as_health_check_program_drains_a_node_below_its_baseline_and_resume_brings_it_back(idle, tmp_path):
-    """node2 gets a baseline from a check run as it; then slurmd's HealthCheckProgram runs `check
-    --drain` on node2 while its CPU ranks are stopped 3/4 of the time once they run: node2 is
-    drained with the figure that fell. A later `check --resume` on node2, not slowed (and, as after a
-    repair, with no reference stored), passes and resumes it."""
+def test_check_as_health_check_program_drains_a_node_below_its_baseline_and_resume_brings_it_back(
+        first_check, idle, tmp_path):
+    """node2 gets a baseline from a check run as it (first_check); then slurmd's HealthCheckProgram
+    runs `check --drain` on node2 while its CPU ranks are stopped 3/4 of the time once they run:
+    node2 is drained with the figure that fell. A later `check --resume` on node2, not slowed (and,
+    as after a repair, with no reference stored), passes and resumes it."""
     c = idle
-    db = tmp_path / "node2.sqlite3"
-    first = subprocess.run([*CLI, "check", "--db", str(db), "--json", str(tmp_path / "base.json")], check=False,
-                           env=_env(c, SLURMD_NODENAME="node2"), capture_output=True, text=True, timeout=120)
+    first, _reasons, db = first_check
     assert first.returncode == 0, first.stdout + first.stderr
     run_id = next(w for w in first.stderr.split() if w.startswith("r") and w[1:].isdigit())
     assert CliRunner().invoke(cli, ["baseline", "set", run_id, "--db", str(db)]).exit_code == 0
@@ -179,15 +200,12 @@ def test_check_as_health_check_program_drains_a_node_below_its_baseline_and_resu
     assert "node2" not in c.reasons()
 
 
-def test_resume_leaves_a_reason_another_tool_wrote_alone(idle):
-    c = idle
-    c.run("scontrol", "update", "NodeName=node1", "State=DRAIN", "Reason=site-tool: disk smart errors")
-    r = subprocess.run([*CLI, "check", "--resume", "--no-store"], check=False, env=_env(c, SLURMD_NODENAME="node1"),
-                       capture_output=True, text=True, timeout=120)
+def test_resume_leaves_a_reason_another_tool_wrote_alone(first_check):
+    r, reasons, _db = first_check  # node2 drained by another tool, then `check --resume` run as node2
     assert r.returncode == 0, r.stdout + r.stderr  # the check passed; the node stays out
-    assert "node1 in Slurm: left drained: its reason 'site-tool: disk smart errors' was not written by mgpu-bench" \
+    assert "node2 in Slurm: left drained: its reason 'site-tool: disk smart errors' was not written by mgpu-bench" \
         in r.stdout
-    assert c.reasons() == {"node1": "site-tool: disk smart errors"}
+    assert reasons == {"node2": "site-tool: disk smart errors"}
 
 
 def test_slurm_that_refuses_says_why_in_one_line(idle, monkeypatch):
