@@ -290,7 +290,7 @@ def _fleet(tmp_path, seed, slow_node=None, slow_pair=None, phases="node,links", 
                 t.stop()
         for p in procs:
             with _quiet():
-                os.killpg(p.pid, signal.SIGKILL)  # the agent and any worker it left
+                os.killpg(p.pid, signal.SIGKILL)  # the agent and any worker it left (or the rank)
     logs[0].seek(0)
     stdout = logs[0].read()
     for f in logs:
