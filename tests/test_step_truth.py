@@ -123,7 +123,11 @@ def test_a_healthy_loop_has_no_false_finding():
         assert "below the steady-state rate" not in text and "stall-bound" not in text
         assert d["stall_share"] < 0.05
         assert any(f.startswith("1 process(es): compute-bound") for f in doc["findings"]), doc["findings"]
-        assert abs((1 - d["samples_per_s"] / d["steady_samples_per_s"]) - own_gap) < 0.03
+        # the monitor's steady state is the median over its stable window: the loop's own over the same steps (on
+        # a busy host the window is short and its median not the whole run's: 0.07 and 0.15 apart, seen)
+        a, b = run["window"][:2]
+        own_window_gap = 1 - statistics.median(steps[a:b]) / statistics.fmean(steps)
+        assert abs((1 - d["samples_per_s"] / d["steady_samples_per_s"]) - own_window_gap) < 0.03, (run["window"], own_gap)
     elif own_gap > 0.08:  # a busy host took time in some steps: the monitor says so (its median is its
         assert "below the steady-state rate" in text  # stable window's, not all steps', so its figure differs)
 
