@@ -92,9 +92,10 @@ def test_disagreement_names_the_ranks():
     assert launch.disagreement(["x", "y", "x", "z"]).startswith("rank(s) 1, 3 were started with different")
 
 
-def _torchrun(args: list[str], tmp_path, timeout=None):
+def _torchrun(args: list[str], tmp_path, timeout=None, env=None):
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           *args], capture_output=True, text=True, timeout=timeout or scaled(240), cwd=tmp_path, check=False)
+                           *args], capture_output=True, text=True, timeout=timeout or scaled(240), cwd=tmp_path, check=False,
+                          env=env)
 
 
 # One torchrun job (its agent and two ranks) runs the four commands the tests below read, one
@@ -119,11 +120,13 @@ def torchrun_job(tmp_path_factory):
     if visible_gpu_count() > 0 or shutil.which("sh") is None:
         pytest.skip("CPU only: the GPU tests launch NCCL ranks instead")
     where = tmp_path_factory.mktemp("torchrun")
-    # --no-store: a module's fixture runs outside the per-test private history (conftest.py)
+    # a module's fixture runs outside the per-test private history (conftest.py): --no-store, and a
+    # database of its own for anything that reads one
+    env = {**os.environ, "MGPU_BENCH_DB": str(where / "history.sqlite3")}
     script = "".join(f'TORCHELASTIC_RUN_ID="$TORCHELASTIC_RUN_ID-{name}" {sys.executable} -m mgpu_bench.cli {cmd} '
                      f'--no-progress --no-store > {name}-$RANK.out 2> {name}-$RANK.err; echo $? > {name}-$RANK.rc\n'
                      for name, cmd in TORCHRUN_COMMANDS.items())
-    proc = _torchrun(["--no-python", "sh", "-c", script], where, timeout=scaled(480))
+    proc = _torchrun(["--no-python", "sh", "-c", script], where, timeout=scaled(480), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]  # the script's own end: each command's code is in its file
     got = {name: [(int((where / f"{name}-{rank}.rc").read_text()), (where / f"{name}-{rank}.out").read_text(),
                    (where / f"{name}-{rank}.err").read_text()) for rank in (0, 1)] for name in TORCHRUN_COMMANDS}
