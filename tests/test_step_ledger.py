@@ -218,9 +218,12 @@ def test_a_wide_models_exposed_communication_is_the_no_sync_difference(two):
     # run, another worker's tests beside it, the reference steps read 17% below (0.549 against 0.664; RESULTS.md,
     # session 18), the cause not yet found. The bound here is what holds beside a neighbour, not the target.
     assert got["exposed"] == pytest.approx(cost, rel=0.25), (got["exposed"], got["rounds"], cost, led["shares"])
-    # the ledger's communication is that figure over every timed step (a step's share capped at what the ranks'
-    # wait for one another left of it)
-    assert led["shares"]["communication"] == pytest.approx(d["exposed_comm_share"], rel=0.10)
+    # the ledger's communication is that figure's seconds in every timed step (a step's claim capped at what the
+    # ranks' wait for one another left of it). Seconds, not shares: the share is of the median stable-window step,
+    # the ledger's of the mean over every timed step, and on a loaded host a few long steps part the two (CI:
+    # 0.386 against 0.470, the seconds alike)
+    per_step = d["exposed_comm_share"] * d["step_s"]
+    assert led["seconds"]["communication"] == pytest.approx(per_step * led["steps"], rel=0.10), (led, per_step)
     assert any("reference steps" in line for line in doc["findings"] + [_verdict(doc)])
 
 
