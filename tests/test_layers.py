@@ -122,7 +122,7 @@ with History.open(pathlib.Path(tempfile.mkdtemp()) / "h.sqlite3") as h:
     ids = [h.save(d) for d in docs]
 render(metrics, ids[0], suite["environment"])
 heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")
-               or any(m.endswith(x) for x in (".measure", ".plan", ".joined", ".torch_backend", ".torch_memory")))
+               or any(m.endswith(x) for x in (".measure", ".plan", ".joined", ".torch_backend", ".torch_rank", ".torch_memory")))
 print(json.dumps({{"metrics": len(metrics), "runs": len(ids), "heavy": heavy}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -17,6 +17,7 @@ from conftest import scaled
 
 from mgpu_bench.core.errors import CommTimeoutError, InputError
 from mgpu_bench.probes.comm import torch_backend as tb
+from mgpu_bench.probes.comm import torch_rank as tr
 from mgpu_bench.results import ops
 from mgpu_bench.results.measurement import CommMeasurement, CommRequest, CommSpec, TimingOptions
 
@@ -224,15 +225,15 @@ LIMITS = {"fp32": 2**24, "fp16": 2048, "bf16": 256, "fp64": 2**53, "int32": 2**3
     ],
 )
 def test_make_pattern_matches_the_native_rule(dtype, nranks, redop, k, scale):
-    p = tb.make_pattern(dtype, True, redop, nranks)
+    p = tr.make_pattern(dtype, True, redop, nranks)
     assert (p.k, p.scale, p.nranks) == (k, scale, nranks)
     summing = redop in ("sum", "avg")
     assert p.k == min(8, math.floor(LIMITS[dtype] / (nranks if summing else 1) / scale))
     # An op that does not reduce always gets the widest values, whatever the redop says.
-    assert tb.make_pattern(dtype, False, redop, nranks) == tb.Pattern(min(8, LIMITS[dtype]), 1, nranks)
+    assert tr.make_pattern(dtype, False, redop, nranks) == tr.Pattern(min(8, LIMITS[dtype]), 1, nranks)
 
 
-def _v_reference(p: tb.Pattern, r: int, i: int) -> int:
+def _v_reference(p: tr.Pattern, r: int, i: int) -> int:
     """v(r, i) from the formula in csrc/comm_data.cuh, in Python integers."""
     def h(i: int, r: int) -> int:
         return ((i % 2**32) * 1103515245 + 12345 + r * 2246822519) % 2**32
@@ -242,64 +243,64 @@ def _v_reference(p: tb.Pattern, r: int, i: int) -> int:
     return ((h(i, r) >> 16) % (2 * p.k + 1) - p.k) * p.scale
 
 
-def _v(p: tb.Pattern, r: int, i: int) -> int:
-    return int(tb.pattern_values(p, r, torch.tensor([i], dtype=torch.int64))[0])
+def _v(p: tr.Pattern, r: int, i: int) -> int:
+    return int(tr.pattern_values(p, r, torch.tensor([i], dtype=torch.int64))[0])
 
 
 def test_pattern_values_by_hand():
-    p = tb.Pattern(k=8, scale=1, nranks=2)  # values (x >> 16) mod 17 - 8
+    p = tr.Pattern(k=8, scale=1, nranks=2)  # values (x >> 16) mod 17 - 8
     # r=0, i=0: x = 12345, x >> 16 = 0                      -> -8
     # r=0, i=1: x = 1103527590, x >> 16 = 16838, mod 17 = 8  -> 0
     # r=1, i=0: x = 2246834864, x >> 16 = 34283, mod 17 = 11 -> 3
     assert [_v(p, 0, 0), _v(p, 0, 1), _v(p, 1, 0)] == [-8, 0, 3]
     # k=4, scale 2: 34283 mod 9 = 2 -> (2 - 4) * 2
-    assert _v(tb.Pattern(k=4, scale=2, nranks=2), 1, 0) == -4
+    assert _v(tr.Pattern(k=4, scale=2, nranks=2), 1, 0) == -4
     # One-hot: the owner of i is (hash(i, 0) >> 16) mod n: 0 for i=0, 16838 mod 4 = 2 for i=1.
-    one_hot = tb.Pattern(k=0, scale=4, nranks=4)
+    one_hot = tr.Pattern(k=0, scale=4, nranks=4)
     assert [_v(one_hot, r, 0) for r in range(4)] == [4, 0, 0, 0]
     assert [_v(one_hot, r, 1) for r in range(4)] == [0, 0, 4, 0]
     # The index enters mod 2^32.
     assert _v(p, 1, 2**32 + 3) == _v(p, 1, 3) == -7
 
 
-@pytest.mark.parametrize("pattern", [tb.Pattern(8, 1, 3), tb.Pattern(3, 5, 5), tb.Pattern(0, 4, 4)])
+@pytest.mark.parametrize("pattern", [tr.Pattern(8, 1, 3), tr.Pattern(3, 5, 5), tr.Pattern(0, 4, 4)])
 def test_pattern_values_match_the_formula_on_many_indices(pattern):
     idx = torch.cat([torch.arange(0, 300), torch.tensor([2**31 - 1, 2**32 - 1, 2**32, 5 * 2**32 + 7])])
     for r in range(pattern.nranks):
-        got = tb.pattern_values(pattern, r, idx).tolist()
+        got = tr.pattern_values(pattern, r, idx).tolist()
         assert got == [_v_reference(pattern, r, int(i)) for i in idx]
 
 
 def test_expected_values_follow_the_expect_rules():
-    p = tb.make_pattern("fp32", True, "max", 3)
+    p = tr.make_pattern("fp32", True, "max", 3)
     idx = torch.arange(0, 40)
     c = ops.op_counts("reducescatter", 3 * 40 * 4, "fp32", 3)
-    e = tb.expect("reducescatter", 2, 3, 0, c)
+    e = tr.expect("reducescatter", 2, 3, 0, c)
     want = [max(_v_reference(p, r, 80 + i) for r in range(3)) for i in range(40)]
-    assert tb.expected_values(e, p, "max", idx).tolist() == want
+    assert tr.expected_values(e, p, "max", idx).tolist() == want
     c = ops.op_counts("alltoall", 3 * 40 * 4, "fp32", 3)
-    e = tb.expect("alltoall", 1, 3, 0, c)  # block j holds rank j's block 1
+    e = tr.expect("alltoall", 1, 3, 0, c)  # block j holds rank j's block 1
     want = [_v_reference(p, i // 40, 40 + i % 40) for i in range(120)]
-    assert tb.expected_values(e, p, None, torch.arange(0, 120)).tolist() == want
-    assert tb.expect("sendrecv", 0, 3, 0, c).from_rank == 2
-    assert not tb.expect("reduce", 1, 3, 0, c).defined
+    assert tr.expected_values(e, p, None, torch.arange(0, 120)).tolist() == want
+    assert tr.expect("sendrecv", 0, 3, 0, c).from_rank == 2
+    assert not tr.expect("reduce", 1, 3, 0, c).defined
 
 
 def test_count_wrong_is_exact_except_avg():
-    p = tb.make_pattern("fp16", True, "avg", 2)
+    p = tr.make_pattern("fp16", True, "avg", 2)
     c = ops.op_counts("allreduce", 64 * 2, "fp16", 2)
-    e = tb.expect("allreduce", 0, 2, 0, c)
-    want = tb.expected_values(e, p, "avg", torch.arange(0, 64))
+    e = tr.expect("allreduce", 0, 2, 0, c)
+    want = tr.expected_values(e, p, "avg", torch.arange(0, 64))
     out = want.to(torch.float16)
-    assert tb.count_wrong(out, e, p, "avg", "fp16") == 0
+    assert tr.count_wrong(out, e, p, "avg", "fp16") == 0
     out[3] = float("nan")
     out[5] = want[5] + 0.5 * max(1.0, abs(float(want[5])))
-    assert tb.count_wrong(out, e, p, "avg", "fp16") == 2
-    p = tb.make_pattern("int32", True, "sum", 2)
-    ints = tb.expected_values(e, p, "sum", torch.arange(0, 64)).to(torch.int32)
-    assert tb.count_wrong(ints, e, p, "sum", "int32") == 0
+    assert tr.count_wrong(out, e, p, "avg", "fp16") == 2
+    p = tr.make_pattern("int32", True, "sum", 2)
+    ints = tr.expected_values(e, p, "sum", torch.arange(0, 64)).to(torch.int32)
+    assert tr.count_wrong(ints, e, p, "sum", "int32") == 0
     ints[7] += 1
-    assert tb.count_wrong(ints, e, p, "sum", "int32") == 1
+    assert tr.count_wrong(ints, e, p, "sum", "int32") == 1
 
 
 # -- faults: reported, never hung, nothing left running -------------------------------------------

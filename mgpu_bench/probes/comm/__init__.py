@@ -4,7 +4,9 @@
     cpu_sizing.py     a sweep on CPU processes (gloo): its estimate, each size's share, a size left out
     measure.py        runs them: the native core, torch.distributed workers (torch_backend.py),
                       or one rank of a launcher's job (joined.py)
-    torch_backend.py  the torch backend: the native core's sweep run through torch.distributed
+    torch_backend.py  the torch backend: the native core's sweep run through torch.distributed,
+                      the parent's side (it starts the ranks and gathers; no torch imported)
+    torch_rank.py     one rank of it: the data pattern, the timing loop and the check, on torch
     joined.py         one rank of a launcher's job (torchrun, srun, mpirun), whatever the backend
     analyse.py        busbw against theory, the summary per op, stragglers, the suite's verdicts
     render.py         terminal table and CSV

@@ -234,7 +234,8 @@ def _torch_measure(cfg: CommConfig, members, groups, device):
 
     import torch.distributed as dist
 
-    from .torch_backend import _measure, _plan
+    from .torch_backend import _plan
+    from .torch_rank import _measure
 
     # new_group does not inherit the world's timeout (torch gives gloo 30 min): --timeout here too
     pgs = {g.label + g.scope: dist.new_group(list(g.ranks), timeout=timedelta(seconds=cfg.timeout_s))
