@@ -74,11 +74,15 @@ _path_handed = False  # this process found its package through the PYTHONPATH im
 # -- the child side -------------------------------------------------------------------------------
 
 
-def adopt(environ=None) -> str | None:
+def adopt(environ=None, through: int | None = None) -> str | None:
     """In a process a tool run started (MGPU_BENCH_PARENT set): takes the mark out of the
     environment, ends this process at once when its parent is already gone, arranges that it ends
-    when its parent does, and sets its SIGINT handling. Returns how it is bound ("pdeathsig",
-    "watchdog"), or None when it was not started by the tool (nothing is done)."""
+    when its parent does, and sets its SIGINT handling. `through`: the pid of the rank server that
+    forked this process for the marked parent (enter_rank): it ends when the server does (the
+    death signal) and when the marked parent does, watched through a pidfd (the server outlives
+    the parent while a rank lives: each rank holds the server's end of the parent's pipe).
+    Returns how it is bound ("pdeathsig", "watchdog", "pidfd"), or None when it was not started
+    by the tool (nothing is done)."""
     global _parent_command
     environ = os.environ if environ is None else environ
     _restore_import_vars(environ)
@@ -91,7 +95,7 @@ def adopt(environ=None) -> str | None:
         parent = int(pid_text)
     except ValueError:
         return None  # not ours to read
-    if os.getppid() != parent and alive(parent):
+    if through is None and os.getppid() != parent and alive(parent):
         return None  # started through another program (a shell) that keeps the mark: not its child
     _parent_command = _command_list(command)
     if mode in ("ignore", "die"):
@@ -100,6 +104,8 @@ def adopt(environ=None) -> str | None:
         with contextlib.suppress(AttributeError, ValueError, OSError):  # ValueError: not the main thread
             signal.signal(signal.SIGINT, signal.SIG_IGN if mode == "ignore" else signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if through is not None:
+        return _bind_through(through, parent)
     how = "watchdog"
     if _forked_by_main_thread(parent) and _set_pdeathsig(signal.SIGKILL):
         how = "pdeathsig"
@@ -154,6 +160,35 @@ def _set_pdeathsig(sig: int) -> bool:
         return False
 
 
+def _bind_through(server: int, parent: int) -> str:
+    """adopt() for a rank the server forked for `parent`: the death signal for the server's end,
+    and a thread that ends this process when `parent` ends (a pidfd where Linux has them, else
+    the parent's pid polled every WATCHDOG_S seconds)."""
+    if _forked_by_main_thread(server):
+        _set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != server:
+        _die()
+    try:
+        fd = os.pidfd_open(parent)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is None and not alive(parent):
+        _die()
+    threading.Thread(target=_watch_pid, args=(parent, fd), name="mgpu-bench-parent-watchdog", daemon=True).start()
+    return "pidfd" if fd is not None else "watchdog"
+
+
+def _watch_pid(parent: int, fd: int | None) -> None:
+    if fd is not None:
+        import select
+
+        select.select([fd], [], [])  # readable once the process has ended
+    else:
+        while alive(parent):
+            time.sleep(WATCHDOG_S)
+    _die()
+
+
 def _watch(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(WATCHDOG_S)
@@ -165,6 +200,96 @@ def _die() -> None:
     with contextlib.suppress(OSError):
         os.kill(os.getpid(), signal.SIGKILL)
     os._exit(137)
+
+
+# -- ranks forked from a server that imported torch once -----------------------------------------
+#
+# Every rank of a run imports torch, and most torch.distributed and torch._dynamo too (DDP's
+# constructor reads a dynamo setting): 4-7 s of CPU per process on a 2-core host, per rank and per
+# configuration. A run's ranks are forked instead from multiprocessing's fork server, started once
+# per run with those modules imported (rank_start_method): a rank starts in a fraction of a second.
+# The server never touches a GPU (importing torch initialises no CUDA), and has one thread. What a
+# forked rank would otherwise inherit from the server's start, it is handed explicitly
+# (enter_rank): the environment this process has at the launch, and its binding to this process.
+
+RANK_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
+
+
+def rank_start_method(preload: tuple[str, ...] = RANK_PRELOAD) -> str:
+    """The start method for ranks of this process: "forkserver" on Linux, its server started now
+    if it is not running (it imports `preload` and mgpu_bench.core.rank_server while this process
+    goes on; a server already running keeps what it imported), else "spawn". A rank it starts
+    calls enter_rank() with launch_env() first."""
+    import multiprocessing
+
+    if not sys.platform.startswith("linux") or "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    from multiprocessing import forkserver
+
+    multiprocessing.set_forkserver_preload([*preload, "mgpu_bench.core.rank_server"])
+    # This process's package on its path, not the working folder's (import_env); no mark: the
+    # server is no rank, and it ends when this process closes its end of the server's pipe.
+    names = (ENV, PYTHON_ENV, *_IMPORT_VARS)
+    before = {name: os.environ.get(name) for name in names}
+    os.environ.update(import_env(os.environ))
+    os.environ.pop(ENV, None)  # never adopted (a watchdog thread would be forked into every rank)
+    try:
+        forkserver.ensure_running()
+        if not _server_started:
+            _server_started.append(time.monotonic())
+    finally:
+        for name, old in before.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+    return "forkserver"
+
+
+_server_started: list[float] = []  # time.monotonic() of this process's first rank_start_method()
+
+
+def rank_server_age() -> float:
+    """Seconds since this process started its rank server (0.0 before it did)."""
+    return time.monotonic() - _server_started[0] if _server_started else 0.0
+
+
+def launch_env() -> dict[str, str]:
+    """This process's environment for the ranks it starts now (inside spawning(): the mark and
+    the import variables in it), for enter_rank()."""
+    return dict(os.environ)
+
+
+def enter_rank(env: dict[str, str] | None) -> str | None:
+    """First thing in a rank: where it was forked by the rank server, its environment becomes
+    `env` (the launching process's, launch_env()) plus what its launcher set for it since the fork
+    (RANK, MASTER_ADDR, ...: the variables that differ from the server's own), and it is bound to
+    the server as adopt() binds a child (the server is bound to the launching process: it ends
+    when that process closes its end). A spawned rank has its parent's environment and was
+    adopted at import: nothing to do. Returns how it is bound, as adopt()."""
+    server = os.getppid()
+    if env is None or not forked_by_server(server):
+        return None
+    try:
+        with open(f"/proc/{server}/environ", "rb") as f:  # the server's environment, as it started
+            base = dict(item.decode(errors="surrogateescape").split("=", 1)
+                        for item in f.read().split(b"\0") if b"=" in item)
+    except OSError:
+        base = {}
+    since = {k: v for k, v in os.environ.items() if base.get(k) != v}
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ.update(since)
+    return adopt(through=server)
+
+
+def forked_by_server(pid: int) -> bool:
+    """Whether process `pid` is multiprocessing's fork server (its command line names it)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"multiprocessing.forkserver" in f.read()
+    except OSError:
+        return False
 
 
 # -- the parent side ------------------------------------------------------------------------------

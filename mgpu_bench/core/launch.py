@@ -259,7 +259,9 @@ def run_elastic(lc, entrypoint, *args, children: str = "keep", last: bool = Fals
     """elastic_launch(lc, entrypoint)(*args) with this process's signal handling kept (the first
     Ctrl-C or SIGTERM reaches the agent as its SignalException, later ones do not break its
     shutdown: errors.under_agent) and its workers bound to this process (they die with it, and
-    do with SIGINT what `children` says: children.MODES); torch's own log lines (tracebacks,
+    do with SIGINT what `children` says: children.MODES); a function's ranks are forked from the
+    rank server whatever lc.start_method says (children.rank_start_method: torch imported once per
+    run, not once per rank), with this process's environment; torch's own log lines (tracebacks,
     "Closing process ... via signal") left out unless LOGLEVEL asks for them. For a function
     `entrypoint`, each rank keeps its result or error in a file as soon as it has it (_kept_call):
     - a rank's failure is its own error in one line (ChildFailure, or its own InputError or
@@ -282,11 +284,14 @@ def run_elastic(lc, entrypoint, *args, children: str = "keep", last: bool = Fals
     if stop is not None:
         raise stop
     with bound.temp_folder("mgpu-elastic-") as kept, _quiet_torch_logs():
-        call = (_kept_call, kept, entrypoint) if callable(entrypoint) else (entrypoint,)
+        call = (entrypoint,)
         try:
             with under_agent(getattr(lc, "signals_to_handle", None)) as signals, bound.spawning(children):
                 if signals is not None and hasattr(lc, "signals_to_handle"):
                     lc = dataclasses.replace(lc, signals_to_handle=signals)
+                if callable(entrypoint):  # forked from the rank server, handed this environment
+                    lc = dataclasses.replace(lc, start_method=bound.rank_start_method())
+                    call = (_kept_call, kept, bound.launch_env(), entrypoint)
                 results = elastic_launch(lc, call[0])(*call[1:], *args)
                 if last:  # every rank's result is in: nothing left to measure
                     defer_sigterm()
@@ -318,11 +323,15 @@ def keep_result(result) -> None:
         _keep(_KEEP_IN[0], f"{os.environ.get('RANK', '0')}.result", pickle.dumps(result))
 
 
-def _kept_call(folder: str, fn, *args):
-    """In a rank: fn(*args), its result (or its error, in words and, where it pickles, as itself)
-    kept in `folder` before the rank returns or raises (keep_result keeps it earlier)."""
+def _kept_call(folder: str, env: dict, fn, *args):
+    """In a rank: its environment and binding (children.enter_rank: `env`, the launching process's),
+    then fn(*args), its result (or its error, in words and, where it pickles, as itself) kept in
+    `folder` before the rank returns or raises (keep_result keeps it earlier)."""
     import pickle
 
+    from . import children as bound
+
+    bound.enter_rank(env)
     rank = os.environ.get("RANK", "0")
     _KEEP_IN[:] = [folder]
     try:

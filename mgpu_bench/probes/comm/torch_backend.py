@@ -155,9 +155,10 @@ def _stop(procs: list, graceful: bool) -> None:
             p.join()
 
 
-def _rank(*args) -> None:
-    """The ranks' entry point (torch_rank.worker), imported in the rank: torch stays out of this
-    process."""
+def _rank(env: dict, *args) -> None:
+    """The ranks' entry point: its environment and binding (children.enter_rank), then
+    torch_rank.worker, imported in the rank: torch stays out of this process."""
+    children.enter_rank(env)
     from .torch_rank import worker
 
     worker(*args)
@@ -200,18 +201,21 @@ def run_sweep(requests: list[CommRequest], *, nproc: int, device: str, timing: T
     with children.temp_folder("mgpu-bench-comm-") as folder:
         # The ranks meet through a file store in this run's own folder: no port, and no torch in this
         # process (it would serve the store; the ranks import torch, this process only waits for them).
-        ctx = multiprocessing.get_context("spawn")
+        # forked from the rank server, which imports torch once for the run (children.rank_start_method)
+        ctx = multiprocessing.get_context(children.rank_start_method(("torch", "torch.distributed")))
         messages = ctx.Queue()
         store = os.path.join(folder, "store")
-        procs = [ctx.Process(target=_rank, daemon=True,
-                             args=(rank, nproc, device, gpus[rank] if device == "cuda" else -1, store, plans,
-                                   timing, timeout_s, STARTUP_TIMEOUT_S, messages))
-                 for rank in range(nproc)]
+        procs: list = []
         ready = 0
         deadline = time.monotonic() + max(timeout_s, STARTUP_TIMEOUT_S)
         died_at = None  # when a child was first seen dead without having reported an error
         try:
             with children.spawning("ignore", block_sigint=True):  # they die with us and leave Ctrl-C to us
+                env = children.launch_env()
+                procs += [ctx.Process(target=_rank, daemon=True,
+                                      args=(env, rank, nproc, device, gpus[rank] if device == "cuda" else -1, store,
+                                            plans, timing, timeout_s, STARTUP_TIMEOUT_S, messages))
+                          for rank in range(nproc)]
                 for p in procs:
                     p.start()
             while len(sweep.results) + len(sweep.skipped) < len(plans) and sweep.error is None:

@@ -171,7 +171,6 @@ class ModelProbe(Probe):
                                  "'loader'); use --data synthetic")
         if o["checkpointing"]:
             wl.build("meta", checkpointing=True)  # InputError where there are no blocks to checkpoint
-        count, note = _count(wl, batch_size)
         chosen: tuple[int, ...] = ()
         if on_gpu:
             chosen = tuple(selection.parse_gpus(o["gpus"], ngpu))
@@ -196,6 +195,11 @@ class ModelProbe(Probe):
             if not counts or counts[0] < 1 or counts[-1] > available:
                 raise InputError(f"--scaling '{o['scaling_text']}': counts must be 1..{available} "
                                  f"({'GPUs selected' if on_gpu else '--nproc'})")
+        if le is None and max(counts) > 1:  # ranks to start: their server imports torch meanwhile
+            from mgpu_bench.core import children
+
+            children.rank_start_method()
+        count, note = _count(wl, batch_size)
         peak = None
         if peak_tflops is not None:
             peak = hardware.Figure(peak_tflops * 1e12, "FLOP/s", hardware.USER_OVERRIDE)

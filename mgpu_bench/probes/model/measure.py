@@ -451,7 +451,7 @@ def launch(cfg: ModelConfig, nprocs: int, dense_ops: Sequence[dict] | None = Non
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launcher.free_port()}", max_restarts=0,
-                      monitor_interval=0.1, start_method="spawn")
+                      monitor_interval=0.1, start_method="forkserver")  # run_elastic: children.rank_start_method
     # the ranks die with this process, and at once on Ctrl-C (the agent stops them with SIGINT)
     results = launcher.run_elastic(lc, worker, asdict(cfg), dense_ops, True, children="die", last=last)
     return [results[r] for r in sorted(results)]

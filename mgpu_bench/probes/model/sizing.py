@@ -29,13 +29,15 @@ GUESS_GPU_SHARE = 0.40  # of the dense peak
 START_GPU_S, START_CPU_S, START_WORKER_S = 15.0, 8.0, 1.5  # a configuration's start-up; each DataLoader worker's
 # The estimate said before the run counts start-up as measured and modelled here now (mgpu_bench/
 # startup.py): this process's own start-up so far, and per configuration on CPU processes its
-# ranks' start on this host's share of the CPUs: a spawned gloo rank spends about RANK_CPU_S of CPU
-# before its first step (a Python importing torch and the tool, the model built, the group formed,
-# DDP's first broadcast), a single rank run in this process about IN_PROCESS_CPU_S (the model
-# built); then END_CPU_S for the end (the analysis, the report's plots, the history row). Measured
-# on the 2-core CI host (torch 2.14, 2026-12-07): 2 ranks of the tiny GPT 19 s of CPU in all against
-# 9 s for 1 in-process rank, the end 2-3 s.
-RANK_CPU_S, IN_PROCESS_CPU_S, END_CPU_S = 4.5, 1.0, 3.0
+# ranks' start on this host's share of the CPUs: the rank server (children.rank_start_method)
+# imports torch once, SERVER_CPU_S of CPU, started before the model's FLOPs are counted and so
+# beside them; a rank forked from it spends about RANK_CPU_S before its first step (the model
+# built, the group formed, DDP's first broadcast), a single rank run in this process about
+# IN_PROCESS_CPU_S (the model built); then END_CPU_S for the end (the analysis, the report's
+# plots, the history row). Measured on the 2-core dev host (torch 2.14, 2026-12-07): 2 forked
+# ranks of the tiny GPT 15.8 s of CPU in all, the whole command 10.8 s (spawned ranks importing
+# torch each: 24.7 s of CPU, 17 s).
+RANK_CPU_S, SERVER_CPU_S, IN_PROCESS_CPU_S, END_CPU_S = 1.5, 5.5, 1.0, 3.0
 # The stable window needs 5 steps (STABLE_K): a run cut to keep its deadline keeps at least these.
 MIN_TIMED_STEPS = 5
 DEFAULT_STEPS, DEFAULT_WARMUP = 30, 5
@@ -101,6 +103,10 @@ def whole(cfg, counts, modes, per_sample: float | None, peak, budgets=()) -> tup
     guessed = parts(cfg, counts, modes, per_sample, peak)
     budgets = list(budgets) or [start + work for start, work in guessed]
     starts = work = 0.0
+    if not on_gpu and max(counts) > 1:  # the rank server's import, once: what is left of it
+        from mgpu_bench.core import children
+
+        starts += max(0.0, startup.process_s(1, SERVER_CPU_S) - children.rank_server_age())
     i = 0
     for n in counts:
         for mode in modes:

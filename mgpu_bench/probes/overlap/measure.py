@@ -347,7 +347,7 @@ def launch(cfg: OverlapConfig, nprocs: int, sink: str) -> list[dict]:
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launcher.free_port()}", max_restarts=0,
-                      monitor_interval=0.1, start_method="spawn")
+                      monitor_interval=0.1, start_method="forkserver")  # run_elastic: children.rank_start_method
     # The ranks die with this process, and end at once on Ctrl-C (their finished phases are on disk).
     results = launcher.run_elastic(lc, worker, asdict(cfg), sink, children="die", last=True)  # the run's one launch
     return [results[r] for r in sorted(results)]
