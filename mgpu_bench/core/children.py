@@ -210,7 +210,8 @@ def _die() -> None:
 # per run with those modules imported (rank_start_method): a rank starts in a fraction of a second.
 # The server never touches a GPU (importing torch initialises no CUDA), and has one thread. What a
 # forked rank would otherwise inherit from the server's start, it is handed explicitly
-# (enter_rank): the environment this process has at the launch, and its binding to this process.
+# (enter_rank): the environment this process has at the launch, and its binding to this process
+# (a pidfd: the server does not end before its ranks, which hold its end of this process's pipe).
 
 RANK_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
 
@@ -228,21 +229,12 @@ def rank_start_method(preload: tuple[str, ...] = RANK_PRELOAD) -> str:
 
     multiprocessing.set_forkserver_preload([*preload, "mgpu_bench.core.rank_server"])
     # This process's package on its path, not the working folder's (import_env); no mark: the
-    # server is no rank, and it ends when this process closes its end of the server's pipe.
-    names = (ENV, PYTHON_ENV, *_IMPORT_VARS)
-    before = {name: os.environ.get(name) for name in names}
-    os.environ.update(import_env(os.environ))
-    os.environ.pop(ENV, None)  # never adopted (a watchdog thread would be forked into every rank)
-    try:
+    # server is no rank (adopted, a watchdog thread might be forked into every rank), and it ends
+    # when this process closes its end of the server's pipe.
+    with _environ_for_children(None):
         forkserver.ensure_running()
-        if not _server_started:
-            _server_started.append(time.monotonic())
-    finally:
-        for name, old in before.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
+    if not _server_started:
+        _server_started.append(time.monotonic())
     return "forkserver"
 
 
@@ -264,9 +256,9 @@ def enter_rank(env: dict[str, str] | None) -> str | None:
     """First thing in a rank: where it was forked by the rank server, its environment becomes
     `env` (the launching process's, launch_env()) plus what its launcher set for it since the fork
     (RANK, MASTER_ADDR, ...: the variables that differ from the server's own), and it is bound to
-    the server as adopt() binds a child (the server is bound to the launching process: it ends
-    when that process closes its end). A spawned rank has its parent's environment and was
-    adopted at import: nothing to do. Returns how it is bound, as adopt()."""
+    the launching process (adopt(through=server): it ends when that process or the server ends).
+    A spawned rank has its parent's environment and was adopted at import: nothing to do.
+    Returns how it is bound, as adopt()."""
     server = os.getppid()
     if env is None or not forked_by_server(server):
         return None
@@ -421,13 +413,29 @@ def spawning(mode: str = "keep", block_sigint: bool = False) -> Iterator[None]:
     this process waits until the block ends, and is not lost. (Not around a whole elastic agent
     run: the threads it starts would keep the block.)"""
     value = mark(mode)
-    names = (ENV, PYTHON_ENV, *_IMPORT_VARS)
-    before = {name: os.environ.get(name) for name in names}
     blocked = False
     if block_sigint and threading.current_thread() is threading.main_thread():
         with contextlib.suppress(AttributeError, ValueError, OSError):
             blocked = signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    os.environ.update({**import_env(os.environ), ENV: value})
+    try:
+        with _environ_for_children(value):
+            yield
+    finally:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextlib.contextmanager
+def _environ_for_children(mark_value: str | None) -> Iterator[None]:
+    """os.environ, inside, as a child started now should inherit it: this process's package on
+    the path (import_env()) and the mark `mark_value` (None: no mark); as it was, after."""
+    names = (ENV, PYTHON_ENV, *_IMPORT_VARS)
+    before = {name: os.environ.get(name) for name in names}
+    os.environ.update(import_env(os.environ))
+    if mark_value is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = mark_value
     try:
         yield
     finally:
@@ -436,8 +444,6 @@ def spawning(mode: str = "keep", block_sigint: bool = False) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = old
-        if blocked:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def descendants(pid: int | None = None) -> list[int]:
