@@ -3,8 +3,8 @@ between the two machines' fingerprints (driver, NCCL, GPUs, topology, NCCL_* / C
 
 A change is judged in the only three ways the figures allow: it is beyond the noise (regression
 or improvement), within it (inside one spread: the runs agree), or too close to the noise to say
-("cannot tell": larger than the runs' spread, yet under NOISE_K of it). A drop larger than the
-runs' spread is never "within noise". Ratios are judged as the log of new / base against the
+("cannot tell": larger than the quieter run's spread, yet under NOISE_K of the larger one). A
+drop larger than either run's spread is never "within noise". Ratios are judged as the log of new / base against the
 spread, so that a 10x drop (-90%) and a 10x gain (+900%) are the same distance from no change.
 On a host too noisy to compare (noisy_host: busy when a CPU run started, or figures that spread
 more than NOISY_SPREAD within the run) every metric's spread is at least the run's own typical
@@ -163,9 +163,15 @@ def _change(b: Metric, n: Metric, tolerance: float, floor: float | None = None) 
     nb, nn = noise(b.samples, absolute), noise(n.samples, absolute)
     known = [x for x in (nb, nn) if x is not None]
     spread = max(known) if known else None
+    # "within noise" says the runs agree: the change inside the quieter run's spread too. A run
+    # spread by its own trouble (a throttled node's steps, 116% against 16%) does not make a 3x drop
+    # agree with a steady baseline: that is "cannot tell".
+    agree = min(known) if known else None
     raised = None
     if floor is not None and not absolute and (spread is None or spread < floor):
         spread, raised = floor, floor
+    if floor is not None and not absolute and agree is not None and agree < floor:
+        agree = floor
     threshold = max(tolerance, NOISE_K * spread) if spread is not None else tolerance
     # the distance from no change: percentage points of a fraction, else |ln(new / base)| (of two
     # values of one sign; a ratio near 1 gives about the relative change)
@@ -177,7 +183,7 @@ def _change(b: Metric, n: Metric, tolerance: float, floor: float | None = None) 
         status = "unchanged"
     elif distance > threshold:
         status = "regression" if gain < 0 else "improvement"
-    elif spread is None or distance <= max(tolerance, spread):
+    elif spread is None or distance <= max(tolerance, agree):
         status = "within noise"
     else:
         status = "cannot tell"
@@ -368,7 +374,7 @@ class Comparison:
             "tolerance": self.tolerance,
             "noise_k": NOISE_K,
             "rule": "regression: worse by more than max(tolerance, noise_k x the larger noise), |ln(new/base)| for "
-            "ratios (fractions: in points); within noise: within one noise; cannot tell: between; noise = 1.4826 x "
+            "ratios (fractions: in points); within noise: within the smaller noise; cannot tell: between; noise = 1.4826 x "
             "MAD / median of a run's samples, none under 5 samples, at least the run's typical spread on a noisy "
             "host",
             "fingerprint_differences": self.fingerprint_differences,
