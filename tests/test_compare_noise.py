@@ -133,6 +133,18 @@ def _m(value: float, samples) -> Metric:
     return Metric("x.rate", value, "samples/s", "higher", tuple(samples))
 
 
+def test_a_drop_inside_only_the_noisier_runs_spread_is_cannot_tell_not_within_noise():
+    """The runs agree ("within noise") only inside the quieter run's spread: a steady baseline and a
+    run whose own steps spread 124% (a throttled node) three times slower cannot be told apart from
+    noise, but they do not agree."""
+    quiet = [100.0 * (1 + 0.01 * d) for d in (-2, -1, 0, 1, 2, 0, 1, -1)]  # 1.5% spread
+    wild = [2.0, 5.0, 33.0, 70.0, 90.0, 33.0, 60.0, 8.0]  # median 33, 1.4826 x MAD / median = 1.24
+    (drop,) = compare([_m(100, quiet)], [_m(33, wild)])
+    assert drop.status == "cannot tell", drop
+    (same,) = compare([_m(100, quiet)], [_m(101.5, quiet)])  # inside both: they agree
+    assert same.status in ("unchanged", "within noise"), same
+
+
 def test_the_rules_on_exact_samples():
     quiet = [100.0 * (1 + 0.01 * d) for d in (-2, -1, 0, 1, 2, 0, 1, -1)]  # 1.5% spread
     noisy = [100.0 * (1 + 0.10 * d) for d in (-2, -1, 0, 1, 2, 0, 1, -1)]  # 14.8% spread
