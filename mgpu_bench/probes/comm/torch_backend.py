@@ -1,6 +1,6 @@
 """The `torch` backend of `mgpu-bench comm`: the native core's sweep, run through torch.distributed.
 
-One process per rank (torch_rank.py, started with multiprocessing's spawn; this module, the
+One process per rank (torch_rank.py, forked from the rank server: children.rank_start_method; this module, the
 parent's side, does not import torch): backend "gloo" on CPU
 processes (so the tool runs without GPUs) or "nccl" with one process per GPU (to show the
 framework's overhead beside the native figures). Each process runs the same loop as the native
