@@ -8,6 +8,7 @@
 # Session 16 (one GPU, issues 32-36): build16 truth32 bert32 old32 vision32; then build16 smoke; then noise32 pytestgpu.
 # Session 17 had no device time; waiting for the next: build16 noise32 (issue 36: GradMarks' norms, ABBA), then build16 smoke.
 # Session 18 (one GPU, issue 40): build16 ledger40; then build16 smoke.
+# Session 21 (one GPU, issue 42): build16 smoke; then build16 server42 pytestgpu.
 set -u
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the tree this script runs in (build16 copies its native module beside it)
@@ -162,6 +163,10 @@ smoke() {  # issue 23: the smoke run, store on; its tarball (documents for the f
   MGPU_SMOKE_BUDGET_S=$(($(left) - 15)) run "gpu-smoke-$part" 590 bash benchmarks/gpu_smoke.sh "$OUT/smoke"
   cp "$OUT/smoke/smoke.tgz" "$OUT/smoke-$part.tgz" 2>/dev/null; cp "$OUT/smoke/summary.txt" "$L/smoke-summary-$part.txt" 2>/dev/null
   rm -rf "$OUT/smoke"
+}
+
+server42() {  # issue 42: ranks forked from the rank server use CUDA; the server never loads the driver
+  run pytest-rank-server 120 $PY -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu_rank_server.py
 }
 
 pytestgpu() {  # issue 23: -m gpu under 5 minutes on one H200, every test passing; durations for RESULTS

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.timing  # judges measured speed (against what the same 
 
 torch = pytest.importorskip("torch")
 
+from mgpu_bench.probes.model.straggler import LATE_SHARE, STRAGGLER_LIMIT
+
 LAG_S = 0.025  # rank 1's extra time inside its forward, every step
 LATE_S, PERIOD = 0.08, 5  # the intermittent straggler's extra time, every PERIOD-th step
 LOADER_S = 0.03  # the slow DataLoader's time per batch (a slow decoder)
@@ -242,11 +244,14 @@ def test_an_intermittent_straggler_is_named_with_its_period(two):
     doc = two["intermittent"]["doc"]
     led = _ledger(doc)
     s = doc["job"]["straggler"]
-    assert s["named"] and s["by"] == "intermittent" and s["rank"] == 1, (s, doc["findings"])
+    assert s["named"] and s["rank"] == 1, (s, doc["findings"])
+    if s["by"] != "intermittent":  # a loaded host also held rank 1 back in every step (CI once): both are said
+        assert s["lag_share"] > STRAGGLER_LIMIT and s["last_share"] >= LATE_SHARE, s
     x = s["intermittent"]
-    assert x["period"] == PERIOD and 0.6 * LATE_S < x["lag_s"] < 2.0 * LATE_S, x
-    line = next(f for f in doc["findings"] if "intermittent" in f)
-    assert "rank 1" in line and f"every {PERIOD}th step" in line
+    assert x["named"] and x["rank"] == 1, x
+    assert x["period"] == PERIOD and 0.6 * LATE_S < x["lag_s"] - (0 if s["by"] == "intermittent" else s["lag_s"]) < 2.0 * LATE_S, x
+    line = next(f for f in doc["findings"] if f.startswith("straggler"))
+    assert "rank 1" in line and f"every {PERIOD}th step" in line, line
     assert led["shares"]["straggler"] > 0.05
     assert _verdict(doc).startswith("straggler-bound") and f"every {PERIOD}th step" in _verdict(doc)
 

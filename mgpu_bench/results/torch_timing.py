@@ -49,7 +49,12 @@ def timed_for(fn: Callable[[], None], device, min_s: float, burst_s: float = 0.0
     """Seconds per call, from bursts of calls lasting about `burst_s` each (what a process
     delivers, preemption and stalls included), bursts repeated for at least `min_s` and 5 bursts
     (local work only: no peer waits). `until` (a time.monotonic() deadline) ends the bursts early,
-    after the first one."""
+    after the first one.
+
+    The calls per burst come from one timed call; a burst that took under half of `burst_s` (that
+    call was slowed by a stall, so the count came out too small) is sized again from its own time
+    and not kept. Bursts too short to span a stall would let a process stopped most of the time
+    show its full speed in its fastest bursts (typical() takes a CPU process's fastest quartile)."""
     start, stop = _clock(device)
     fn()
     t0 = start()
@@ -63,7 +68,12 @@ def timed_for(fn: Callable[[], None], device, min_s: float, burst_s: float = 0.0
         t0 = start()
         for _ in range(per_burst):
             fn()
-        out.append(stop(t0) / per_burst)
+        took = stop(t0)
+        if took < burst_s / 2 and per_burst < 10_000:  # at least doubles: at most 14 resizes
+            per_burst = min(10_000, max(2 * per_burst, int(burst_s * per_burst / max(took, 1e-9))))
+            out.clear()  # sums below count calls of one size
+            continue
+        out.append(took / per_burst)
     return out
 
 

@@ -71,9 +71,10 @@ def straggler(walls: Sequence[Sequence[float]], outside: Sequence[Sequence[float
     its compute before the collectives; None where not measured)}. `kernels`: per rank, seconds
     of compute kernels per profiled step (None where not profiled); `arrival`: per rank and step,
     seconds from compute() start to its first gradient bucket (gradsync); index: the steps' numbers.
-    Where no rank lags in most steps, "intermittent" holds the rank late in a subset of them
-    (intermittent()); named there, it is the straggler, "by" "intermittent". None for fewer than
-    two ranks or no steps."""
+    "intermittent" holds the rank late in a subset of the steps, by more than the steps' usual lag
+    (intermittent()); where no rank lags in most steps and it is named, it is the straggler, "by"
+    "intermittent"; where one does, both are said (straggler_text, cause_text). None for fewer
+    than two ranks or no steps."""
     if len(walls) < 2 or not walls[0]:
         return None
     if arrival is not None and any(x is None for a in arrival for x in a):
@@ -107,12 +108,13 @@ def straggler(walls: Sequence[Sequence[float]], outside: Sequence[Sequence[float
            "last_share": last, "named": named, "per_rank_lag_s": median_lag,
            "outside_lag_s": out_excess[r] if out_excess else None,
            "compute_lag_s": in_excess[r] if in_excess else None}
-    if not named:
-        found = intermittent(per_step, [max(w[i] for w in walls) for i in range(steps)], step, index)
-        if found is not None:
-            out["intermittent"] = found
-            if found["named"]:
-                out.update(rank=found["rank"], named=True, by="intermittent")
+    # Late steps on top of the steps' usual lag: alone (the rank keeps pace otherwise) or beside a rank
+    # behind in every step (a loaded host can hold one rank back throughout): both are said then.
+    found = intermittent(per_step, [max(w[i] for w in walls) for i in range(steps)], step, index)
+    if found is not None:
+        out["intermittent"] = found
+        if found["named"] and not named:
+            out.update(rank=found["rank"], named=True, by="intermittent")
     return out
 
 
@@ -196,7 +198,15 @@ def cause_text(s: dict) -> str:
     x = s.get("intermittent")
     if s.get("by") == "intermittent" and x:
         return intermittent_text(x, "")
-    return f"rank {s['rank']} lags the fastest rank by {1e3 * s['lag_s']:.1f} ms per step: {_BY[s['by']]}"
+    return f"rank {s['rank']} lags the fastest rank by {1e3 * s['lag_s']:.1f} ms per step: {_BY[s['by']]}" + _also(s, "")
+
+
+def _also(s: dict, where: str) -> str:
+    """A named intermittent straggler beside a rank behind in every step: the second cause's words."""
+    x = s.get("intermittent")
+    if not (x and x.get("named") and s.get("by") != "intermittent"):
+        return ""
+    return f"; on top of that, {intermittent_text(x, where if x['rank'] == s['rank'] else '')}"
 
 
 def straggler_text(s: dict, where: str) -> str:
@@ -212,7 +222,7 @@ def straggler_text(s: dict, where: str) -> str:
         if s.get("compute_lag_s") is not None and s.get("outside_lag_s") is not None:
             split = (f" (in compute before the collectives {1e3 * s['compute_lag_s']:.1f} ms, outside compute() "
                      f"{1e3 * s['outside_lag_s']:.1f} ms)")
-        return f"straggler: {line}; healthy is under {100 * s['limit']:.0f}%): {_BY[s['by']]}{split}"
+        return f"straggler: {line}; healthy is under {100 * s['limit']:.0f}%): {_BY[s['by']]}{split}{_also(s, where)}"
     if x:  # late steps whose cost stays under the limit
         return (f"no straggler: {intermittent_text(x, where)}, under the {100 * s['limit']:.0f}% that names one")
     if s["lag_share"] > s["limit"]:
