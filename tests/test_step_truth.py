@@ -120,7 +120,7 @@ def test_a_healthy_loop_has_no_false_finding():
     text = " ".join(doc["findings"])
     assert "straggler:" not in text
     if abs(own_gap) < 0.02:  # the loop's own clock sees no gap: nor may the monitor (its finding starts at 5%)
-        assert "below the steady-state rate" not in text and "stall-bound" not in text
+        assert "stall-bound" not in text
         assert d["stall_share"] < 0.05
         assert any(f.startswith("1 process(es): compute-bound") for f in doc["findings"]), doc["findings"]
         # the monitor's steady state is the median over its stable window: the loop's own over the same steps (on
@@ -128,6 +128,8 @@ def test_a_healthy_loop_has_no_false_finding():
         a, b = run["window"][:2]
         own_window_gap = 1 - statistics.median(steps[a:b]) / statistics.fmean(steps)
         assert abs((1 - d["samples_per_s"] / d["steady_samples_per_s"]) - own_window_gap) < 0.03, (run["window"], own_gap)
+        if abs(own_window_gap) < 0.02:  # nor over the window's steps: the gap's finding (from 5%) cannot start
+            assert "below the steady-state rate" not in text  # (beside test_fleet.py on two cores: a window 7% apart, seen)
     elif own_gap > 0.08:  # a busy host took time in some steps: the monitor says so (its median is its
         assert "below the steady-state rate" in text  # stable window's, not all steps', so its figure differs)
 
