@@ -232,9 +232,34 @@ def handle_stop_signals() -> None:
     _spare_resource_tracker()
     if not _installed:
         import atexit
+        import sys
 
         atexit.register(_ignore_late_signals)
+        global _other_unraisablehook
+        _other_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = _stop_in_a_finalizer
     _installed = True
+
+
+_other_unraisablehook = None
+
+
+def _stop_in_a_finalizer(unraisable) -> None:
+    """sys.unraisablehook: the exception of a stop signal that _stop_signal raised where Python
+    cannot pass it on (a weakref callback or __del__ the garbage collector ran: torch's rendezvous
+    timer joins its thread in one) would be printed with a traceback and dropped. The stop is
+    recorded (_stopping: stop_pending() raises it before the next launch, and the exit code is
+    still 128 + the signal): nothing is printed. Anything else goes to the hook that was there."""
+    exc = unraisable.exc_value
+    if _stopping and (isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SignalException"):
+        return
+    (_other_unraisablehook or _default_unraisablehook)(unraisable)
+
+
+def _default_unraisablehook(unraisable) -> None:
+    import sys
+
+    sys.__unraisablehook__(unraisable)
 
 
 def _spare_resource_tracker() -> None:
