@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import scaled
 from slurm_cluster import Throttle, processes
 
 from mgpu_bench.cli import cli
@@ -102,7 +103,7 @@ def test_a_budget_too_small_to_measure_is_unknown_printed_stored_and_exit_2(tmp_
     r, wall = _check("--budget", "8s", "--drain", "--db", str(db), "--json", str(out),
                      env=_env(PATH="/nonexistent"))  # --drain: nothing may be asked of Slurm (none here)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert wall < 8.0 + 1.0  # its budget, and the interpreter's exit
+    assert wall < 8.0 + scaled(1.0)  # its budget, and the interpreter's exit (12.7 s beside 8 busy processes)
     doc = json.loads(out.read_text())
     assert doc["verdict"]["state"] == "unknown" and doc["verdict"]["fix"].startswith("give --budget ")
     assert {p["part"]: p["status"] for p in doc["parts"]}["ranks"] == "skipped"

@@ -283,8 +283,9 @@ def _verdict(doc: dict | None, code: int | None, killed: float | None, part: str
         return {"state": "problem", "reason": reason, "npd": _fit(f"{part} hung: killed at --budget {cfg.budget_s:g}s",
                                                                   80), "fix": None}
     if killed is not None:
-        fix = (f"the check did not finish within --budget {cfg.budget_s:g}s (in its {part or 'start-up'}): give a "
-               "longer --budget")
+        # what to do first, as the budget verdict of a check that finished says it (the 80-byte line keeps it)
+        fix = (f"give --budget {2 * cfg.budget_s:.0f}s or more: the check did not finish within --budget "
+               f"{cfg.budget_s:g}s (in its {part or 'start-up'})")
     elif code == 2:
         if error:
             return {"state": "unknown", "reason": None, "npd": _fit(f"error: {error}", 80), "fix": error}
