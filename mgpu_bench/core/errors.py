@@ -253,13 +253,9 @@ def _stop_in_a_finalizer(unraisable) -> None:
     exc = unraisable.exc_value
     if _stopping and (isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SignalException"):
         return
-    (_other_unraisablehook or _default_unraisablehook)(unraisable)
-
-
-def _default_unraisablehook(unraisable) -> None:
     import sys
 
-    sys.__unraisablehook__(unraisable)
+    (_other_unraisablehook or sys.__unraisablehook__)(unraisable)
 
 
 def _spare_resource_tracker() -> None:
