@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 
 
 class MgpuError(RuntimeError):
@@ -232,7 +233,6 @@ def handle_stop_signals() -> None:
     _spare_resource_tracker()
     if not _installed:
         import atexit
-        import sys
 
         atexit.register(_ignore_late_signals)
         global _other_unraisablehook
@@ -241,7 +241,7 @@ def handle_stop_signals() -> None:
     _installed = True
 
 
-_other_unraisablehook = None
+_other_unraisablehook = sys.__unraisablehook__  # the hook handle_stop_signals() found
 
 
 def _stop_in_a_finalizer(unraisable) -> None:
@@ -253,9 +253,7 @@ def _stop_in_a_finalizer(unraisable) -> None:
     exc = unraisable.exc_value
     if _stopping and (isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SignalException"):
         return
-    import sys
-
-    (_other_unraisablehook or sys.__unraisablehook__)(unraisable)
+    _other_unraisablehook(unraisable)
 
 
 def _spare_resource_tracker() -> None:
@@ -295,8 +293,6 @@ def restore_sigterm() -> None:
     in a `finally` while the agent's SignalException or a KeyboardInterrupt is on its way, that
     stop has begun: a later signal is only noted."""
     global _stopping
-    import sys
-
     if not _installed:
         return
     exc = sys.exc_info()[1]
