@@ -96,6 +96,11 @@ class Workload:
             out["formula_per_sample"], out["formula"] = formula
         return out
 
+    def check_checkpointing(self) -> None:
+        """InputError where the model has no repeated blocks for --checkpointing to wrap (the model
+        built on meta to look)."""
+        self.build("meta", checkpointing=True)
+
     # -- building and running
 
     def build(self, device, *, checkpointing: bool = False):

@@ -170,7 +170,7 @@ class ModelProbe(Probe):
                 raise InputError(f"--data {o['data_mode']}: {wl.key} has no DataLoader (a module gives one as "
                                  "'loader'); use --data synthetic")
         if o["checkpointing"]:
-            wl.build("meta", checkpointing=True)  # InputError where there are no blocks to checkpoint
+            wl.check_checkpointing()  # InputError where there are no blocks to checkpoint
         chosen: tuple[int, ...] = ()
         if on_gpu:
             chosen = tuple(selection.parse_gpus(o["gpus"], ngpu))
@@ -199,7 +199,9 @@ class ModelProbe(Probe):
             from mgpu_bench.core import children
 
             children.rank_start_method()
-        count, note = _count(wl, batch_size)
+        # The count on meta in this process where the estimate needs it (a workload without a FLOPs
+        # formula); with one (the GPT: no torch here before the first line), rank 0 counts instead.
+        count, note = _count(wl, batch_size) if wl.formula_flops(1) is None else (None, None)
         peak = None
         if peak_tflops is not None:
             peak = hardware.Figure(peak_tflops * 1e12, "FLOP/s", hardware.USER_OVERRIDE)
@@ -246,7 +248,8 @@ class ModelProbe(Probe):
 
         cfg = plan.config
         per_sample = sizing.flops_per_sample(plan.workload, plan.count)
-        total, spent, start = sizing.whole(cfg, plan.counts, plan.modes, per_sample, plan.peak, plan.budgets)
+        total, spent, start = sizing.whole(cfg, plan.counts, plan.modes, per_sample, plan.peak, plan.budgets,
+                                           ranks_count=plan.count is None)
         return sizing.text(total, len(plan.counts) * len(plan.modes), cfg, cfg.device == "cuda", plan.peak,
                            max(plan.counts), spent, start)
 
@@ -263,7 +266,7 @@ class ModelProbe(Probe):
             selection.pin_gpus(list(plan.gpus))  # child processes see only the chosen GPUs
         cfg = replace(plan.config, progress=ctx.progress.show and ctx.rank == 0)
         run = run_model(cfg, plan.counts, plan.modes, plan.peak, ctx.progress.say_fn, plan.workload, plan.count,
-                        plan.budgets)
+                        plan.budgets, count_on="device" if plan.count_note else "meta")
         run.notes[:0] = list(plan.notes)
         if plan.count_note:
             run.notes.append(plan.count_note)

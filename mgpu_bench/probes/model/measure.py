@@ -95,11 +95,17 @@ def pin_cpu(local: int, nlocal: int) -> dict:
     return {"cores": mine, "threads": threads, "threads_from": "OMP_NUM_THREADS" if user else "cores"}
 
 
-def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = False) -> dict:
+DENSE_OPS_KEY = "_dense_ops"  # a rank's counted matmuls and convolutions, handed back (not in the document)
+
+
+def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = False,
+           count_on: str = "device") -> dict:
     """One rank: returns raw per-step seconds and facts (never raises for an OOM: the error and
     the steps measured so far come back instead). `dense_ops`: the workload's matmuls and
     convolutions as counted on meta (the ceiling replays them on GPUs); None: this rank counts
-    the FLOPs on its device first, with one extra forward and backward, and returns the count.
+    the FLOPs first (on GPUs every rank, for its ceiling; on CPU processes rank 0) and returns
+    the count: `count_on` "meta" (the command did not count before the ranks started: no memory,
+    no step) or "device" (the model does not run on meta: one extra forward and backward).
     `pin`: on CPU processes this command started, pin this rank to its share of the cores."""
     import torch
     import torch.distributed as dist
@@ -131,12 +137,16 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
         wl = workloads.resolve(cfg.workload_text, seq_len=cfg.seq_len, image_size=cfg.image_size)
         amp = wl.autocast_dtype(device)
         model = wl.build(device, checkpointing=cfg.checkpointing)
-        if dense_ops is None:  # the model does not run on meta: one counted step here, gradients dropped
-            count = workloads.count_flops(model, wl.batch(cfg.batch_size, device, gen), wl.loss, cfg.batch_size,
-                                          str(device), amp, "counted on the ranks' device: the model does not "
-                                                            "run on the meta device")
+        if dense_ops is None and (on_gpu or rank == 0):
+            if count_on == "meta":  # the meta device: its own model, nothing allocated, no step run
+                count = wl.count_flops(cfg.batch_size, "meta")
+            else:  # the model does not run on meta: one counted step here, gradients dropped
+                count = workloads.count_flops(model, wl.batch(cfg.batch_size, device, gen), wl.loss, cfg.batch_size,
+                                              str(device), amp, "counted on the ranks' device: the model does not "
+                                                                "run on the meta device")
             dense_ops = count.dense_ops
-            out["flop_count"] = {k: v for k, v in count.to_dict().items() if k != "dense_ops"}
+            out["flop_count"] = {**count.to_dict(), "dense_ops": len(count.dense_ops)}
+            out[DENSE_OPS_KEY] = list(dense_ops)  # for the next configurations; run_model takes it out
     except (torch.OutOfMemoryError, InputError) as exc:
         oom = isinstance(exc, torch.OutOfMemoryError)
         out["error"] = ("out of memory: " + str(exc).split("\n")[0][:300]) if oom else str(exc)
@@ -435,29 +445,30 @@ def profiled_kernels(prof) -> list[tuple[float, float, str]]:
 
 # ------------------------------------------------------------------------------------ launching
 
-def launch(cfg: ModelConfig, nprocs: int, dense_ops: Sequence[dict] | None = None, last: bool = False) -> list[dict]:
+def launch(cfg: ModelConfig, nprocs: int, dense_ops: Sequence[dict] | None = None, last: bool = False,
+           count_on: str = "device") -> list[dict]:
     """Runs worker() on nprocs local processes through torch's elastic launcher (a c10d
     rendezvous on localhost) and returns each rank's result, rank order. Under an outer
-    launcher (RANK and WORLD_SIZE set) it runs this process's rank only. dense_ops: as worker().
+    launcher (RANK and WORLD_SIZE set) it runs this process's rank only. dense_ops, count_on: as worker().
     `last`: the run's last configuration (run_elastic's `last`)."""
     from mgpu_bench.core import launch as launcher
 
     le = launcher.detect()
     if le is not None:
-        return _joined(cfg, le, dense_ops)
+        return _joined(cfg, le, dense_ops, count_on)
     if nprocs == 1:
-        return [worker(asdict(cfg), dense_ops)]
+        return [worker(asdict(cfg), dense_ops, count_on=count_on)]
     from torch.distributed.launcher.api import LaunchConfig
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"mgpu-bench-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{launcher.free_port()}", max_restarts=0,
                       monitor_interval=0.1, start_method="forkserver")  # run_elastic: children.rank_start_method
     # the ranks die with this process, and at once on Ctrl-C (the agent stops them with SIGINT)
-    results = launcher.run_elastic(lc, worker, asdict(cfg), dense_ops, True, children="die", last=last)
+    results = launcher.run_elastic(lc, worker, asdict(cfg), dense_ops, True, count_on, children="die", last=last)
     return [results[r] for r in sorted(results)]
 
 
-def _joined(cfg: ModelConfig, le, dense_ops: Sequence[dict] | None = None) -> list[dict]:
+def _joined(cfg: ModelConfig, le, dense_ops: Sequence[dict] | None = None, count_on: str = "device") -> list[dict]:
     """This process as one rank of a launcher's job: one process group for every configuration
     (formed once, through the store that names a rank that never arrives), the ranks' arguments
     checked to agree, and every rank's result gathered so that rank 0 reports the whole job."""
@@ -481,7 +492,7 @@ def _joined(cfg: ModelConfig, le, dense_ops: Sequence[dict] | None = None) -> li
         ranks.agree(repr({**asdict(cfg), "deadline": None}), all_gather)  # each rank's own clock sets its deadline
         device = f"cuda:{le.local_rank}" if cfg.device == "cuda" else "cpu"
         members = all_gather(ranks.Member(le.rank, le.host, le.node_rank, le.local_rank, device))
-        mine = worker(asdict(cfg), dense_ops)
+        mine = worker(asdict(cfg), dense_ops, count_on=count_on)
         return all_gather(mine)
     except (Exception, KeyboardInterrupt) as exc:
         # a training step's collective failing (DDP's all-reduce, FSDP's gathers) is the group
@@ -496,11 +507,12 @@ _STORE: list = []  # the launcher's store of this process's job, once its group 
 
 
 def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[str], peak: Any = None,
-              say=None, workload: dict | None = None, count: Any = None, budgets: Sequence[float] = ()) -> ModelRun:
+              say=None, workload: dict | None = None, count: Any = None, budgets: Sequence[float] = (),
+              count_on: str = "device") -> ModelRun:
     """Every GPU count (ascending) with every data mode; a failed configuration (out of memory,
     say) is recorded and the rest still run; Ctrl-C keeps what was measured. `workload`: the
     workload's facts (Workload.facts()) and `count` its FlopCount on meta; both None: resolved and
-    counted here; count None with facts given: the ranks count on their device. `budgets`: each
+    counted here; count None with facts given: the ranks count, on `count_on` (worker()). `budgets`: each
     configuration's guessed seconds (sizing.seconds), kept to from its start (CPU processes)."""
     if workload is None:
         from mgpu_bench import workloads
@@ -518,19 +530,27 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
             for mode in run.data_modes:
                 if say:
                     say(f"{n} {'GPU(s)' if cfg.device == 'cuda' else 'process(es)'}, {mode} data")
+                # this process's own start-up (the launcher, a rank run here): said first, kept out of the deadline
+                import torch  # noqa: F401
+
                 share = next(budget, None)
                 c = ModelConfig(**{**asdict(cfg), "data": mode,
                                    "deadline": time.time() + share if share is not None else None})
                 left -= 1
-                ranks = launch(c, n, count.dense_ops if count is not None else None, last=left == 0)
+                ranks = launch(c, n, count.dense_ops if count is not None else None, last=left == 0,
+                               count_on=count_on)
                 if left == 0:  # measured: a stop signal now waits while the ranks' group goes and the run is written
                     defer_sigterm()
                 run.gpu_name = run.gpu_name or ranks[0].get("gpu_name")
                 counted = next((r["flop_count"] for r in ranks if r.get("flop_count")), None)
+                ops = [r.pop(DENSE_OPS_KEY, None) for r in ranks]
                 if "per_sample" not in (run.workload.get("flops") or {}) and counted:
-                    from mgpu_bench.workloads import FlopCount
+                    run.workload["flops"] = flop_facts(counted)
+                    if counted["device"] == "meta" and ops[0] is not None:  # the same count serves what follows
+                        from mgpu_bench.workloads import FlopCount
 
-                    run.workload["flops"] = flop_facts(FlopCount.from_dict(counted))
+                        count = FlopCount(float(counted["flops"]), int(counted["batch_size"]), "meta",
+                                          tuple(ops[0]), counted.get("note"))
                 per_sample = (run.workload.get("flops") or {}).get("per_sample")
                 run.stats.append(analyse(c, n, ranks, peak.value if peak is not None else None, per_sample,
                                          run.workload.get("tokens_per_sample")))
@@ -577,8 +597,12 @@ def _pin_note(run: ModelRun) -> None:
 
 
 def flop_facts(count) -> dict:
-    """A FlopCount as the document records it: FLOPs per sample, the batch and the device it was
-    counted at, why not on meta, how many distinct matmuls and convolutions it saw."""
+    """A FlopCount (or a rank's count as worker() returns it: a dict, its dense ops counted) as the
+    document records it: FLOPs per sample, the batch and the device it was counted at, why not on
+    meta, how many distinct matmuls and convolutions it saw."""
+    if isinstance(count, dict):
+        return {"per_sample": float(count["flops"]) / int(count["batch_size"]), "batch_size": count["batch_size"],
+                "device": count["device"], "note": count.get("note"), "dense_ops": count.get("dense_ops", 0)}
     return {"per_sample": count.per_sample, "batch_size": count.batch_size, "device": count.device,
             "note": count.note, "dense_ops": len(count.dense_ops)}
 

@@ -25,7 +25,8 @@ RANK = Obj({
                           what="a matmul ceiling", null=True),
     "peak_allocated": Num(0, null=True), "peak_reserved": Num(0, null=True), "total_memory": Num(0, null=True),
     "wall_s": Num(0, null=True), "no_sync_wall_s": Num(0, null=True), "compile_s": Num(0, null=True),
-    "flop_count": Obj({"flops": Num(0), "batch_size": Int(1), "device": Str(max_len=100), "note": Str(null=True)},
+    "flop_count": Obj({"flops": Num(0), "batch_size": Int(1), "device": Str(max_len=100), "note": Str(null=True),
+                       "dense_ops": Int(0, null=True)},
                       what="a FLOP count", null=True),
     # the GPU's lag behind the host at each step's compute end; the gradient all-reduce's marks (gradsync)
     "queue": List(Num(0, null=True), null=True),

@@ -38,6 +38,13 @@ START_GPU_S, START_CPU_S, START_WORKER_S = 15.0, 8.0, 1.5  # a configuration's s
 # ranks of the tiny GPT 15.8 s of CPU in all, the whole command 10.8 s (spawned ranks importing
 # torch each: 24.7 s of CPU, 17 s).
 RANK_CPU_S, SERVER_CPU_S, IN_PROCESS_CPU_S, END_CPU_S = 1.5, 5.5, 1.0, 3.0
+# Where the workload has a FLOPs formula (the built-in GPT), this process says the estimate before it
+# imports torch (PROCESS_CPU_S after the line: the launcher, or the rank run here) and rank 0 counts
+# the FLOPs on meta before its first step: COUNT_CPU_S in a rank forked from the server (torch._dynamo,
+# which the meta device's reference ops import, preloaded there; the tiny GPT 0.2 s, the 350m 1.5 s),
+# COUNT_IN_PROCESS_CPU_S where the single rank runs in this process and imports torch._dynamo itself
+# (1.9 s of it; same host, 2026-12-07).
+COUNT_CPU_S, COUNT_IN_PROCESS_CPU_S = 0.5, 2.5
 # The stable window needs 5 steps (STABLE_K): a run cut to keep its deadline keeps at least these.
 MIN_TIMED_STEPS = 5
 DEFAULT_STEPS, DEFAULT_WARMUP = 30, 5
@@ -90,12 +97,16 @@ def parts(cfg, counts, modes, per_sample: float | None, peak) -> list[tuple[floa
     return out
 
 
-def whole(cfg, counts, modes, per_sample: float | None, peak, budgets=()) -> tuple[float, float, float]:
+def whole(cfg, counts, modes, per_sample: float | None, peak, budgets=(),
+          ranks_count: bool = False) -> tuple[float, float, float]:
     """(total, spent, start-up) seconds of the whole command as said before it runs: what this
-    process has spent so far (startup.spent_s()), every configuration's start-up on this host now
-    (its ranks' processes on CPU, modelled by startup.process_s(); START_GPU_S on GPUs) and its
+    process has spent so far (startup.spent_s()) and will spend importing torch where it has not
+    yet, every configuration's start-up on this host now (its ranks' processes on CPU, modelled by
+    startup.process_s(); START_GPU_S on GPUs), rank 0's FLOP count where `ranks_count`, and its
     steps (the share the configuration keeps to on CPU processes: `budgets` less its guessed
     start-up), and the end (END_CPU_S on this host's share of a CPU)."""
+    import sys
+
     from mgpu_bench.core import startup
 
     on_gpu = cfg.device == "cuda"
@@ -103,6 +114,11 @@ def whole(cfg, counts, modes, per_sample: float | None, peak, budgets=()) -> tup
     guessed = parts(cfg, counts, modes, per_sample, peak)
     budgets = list(budgets) or [start + work for start, work in guessed]
     starts = work = 0.0
+    if not on_gpu:
+        if "torch" not in sys.modules:  # this process imports it after the line (the launcher, a rank run here)
+            starts += startup.process_s(1, startup.PROCESS_CPU_S)
+        if ranks_count:
+            starts += startup.process_s(1, COUNT_CPU_S if counts[0] > 1 else COUNT_IN_PROCESS_CPU_S)
     if not on_gpu and max(counts) > 1:  # the rank server's import, once: what is left of it
         from mgpu_bench.core import children
 
