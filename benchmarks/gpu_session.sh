@@ -9,6 +9,7 @@
 # Session 17 had no device time; waiting for the next: build16 noise32 (issue 36: GradMarks' norms, ABBA), then build16 smoke.
 # Session 18 (one GPU, issue 40): build16 ledger40; then build16 smoke.
 # Session 21 (one GPU, issue 42): build16 smoke; then build16 server42 pytestgpu.
+# Session 22 (one GPU, issues 41-42): build16 server42 pytestgpu; then build16 server42 smoke.
 set -u
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the tree this script runs in (build16 copies its native module beside it)
@@ -167,6 +168,10 @@ smoke() {  # issue 23: the smoke run, store on; its tarball (documents for the f
 
 server42() {  # issue 42: ranks forked from the rank server use CUDA; the server never loads the driver
   run pytest-rank-server 120 $PY -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu_rank_server.py
+  # which of the server's imports maps libcuda (a mapped library is no initialised driver)
+  for m in torch torch.distributed torch._dynamo mgpu_bench.core.rank_server; do
+    $PY -c "import $m; print('$m: libcuda mapped' if 'libcuda.so' in open('/proc/self/maps').read() else '$m: not mapped')"
+  done >> "$L/pytest-rank-server.log" 2>&1
 }
 
 pytestgpu() {  # issue 23: -m gpu under 5 minutes on one H200, every test passing; durations for RESULTS

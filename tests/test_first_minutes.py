@@ -245,3 +245,32 @@ def test_check_says_its_whole_time_start_up_included(tmp_path):
     whole, measuring = float(m.group(1)), float(m.group(2))
     said_at = next(t for t, line in lines if line == closing)
     assert measuring < whole <= said_at + 0.5 and whole <= wall, text  # the command's time when it said it
+
+
+@cpu_only
+def test_the_gpts_estimate_is_said_before_torch_is_imported_and_rank_0_counts_its_flops(tmp_path):
+    """The first line of `model` came after this process had imported torch and counted the FLOPs
+    on meta (6-7 s idle, 41.6 s beside 8 busy processes). The built-in GPT's estimate needs only its
+    formula: the line is said before torch is imported here, and rank 0 counts the FLOPs on meta
+    (the document still has the count, the formula beside it)."""
+    out = tmp_path / "m.json"
+    code = ("import sys\n"
+            "class Mark:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n"
+            "            sys.stderr.write('TORCH IMPORTED\\n'); sys.stderr.flush()\n"
+            "            sys.meta_path.remove(self)\n"
+            "        return None\n"
+            "sys.meta_path.insert(0, Mark())\n"
+            "from mgpu_bench.cli import main\n"
+            f"sys.argv = ['mgpu-bench', 'model', '--nproc', '2', '--steps', '5', '--warmup-steps', '1', '--no-store',"
+            f" '--json', {str(out)!r}]\n"
+            "main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    said = next(i for i, line in enumerate(lines) if line.startswith("model: about "))
+    assert "TORCH IMPORTED" in lines[said + 1:], proc.stderr[-3000:]
+    flops = json.loads(out.read_text())["workload"]
+    assert flops["flops"]["device"] == "meta" and flops["flops"]["dense_ops"] > 0, flops
+    assert abs(flops["flops"]["per_sample"] / flops["formula_per_sample"] - 1) < 0.1, flops
