@@ -111,6 +111,31 @@ def test_two_gloo_processes_end_to_end(tmp_path):
     assert any(n.startswith("CPU ranks pinned to their share of the cores") for n in doc["notes"])
 
 
+def test_a_rank_that_cannot_count_on_meta_counts_on_its_device_and_says_why(monkeypatch):
+    """Rank 0 counts the GPT's FLOPs on meta (the command said its estimate from the formula); an
+    op without a meta kernel there must not fail the run: the rank counts one step on its own
+    device instead and the count says why."""
+    from dataclasses import asdict
+
+    from mgpu_bench.probes.model.config import ModelConfig
+    from mgpu_bench.workloads.gpt_spec import GptWorkload
+
+    def no_meta(self, batch_size, device="meta"):
+        raise NotImplementedError("aten::odd_op has no meta kernel")
+
+    monkeypatch.setattr(GptWorkload, "count_flops", no_meta)
+    cfg = ModelConfig(steps=2, warmup_steps=1, device="cpu", profile=False, exposed_comm=False, batch_size=2,
+                      seq_len=32)
+    out = mb.worker(asdict(cfg), None, count_on="meta")
+    assert out["error"] is None, out["error"]
+    counted = out["flop_count"]
+    assert counted["device"] == "cpu" and counted["dense_ops"] > 0, counted
+    assert "does not run on the meta device (NotImplementedError: aten::odd_op has no meta kernel)" in counted["note"]
+    formula = models.flops_per_token(models.MODELS["tiny"], 32) * 32 * 2
+    assert abs(counted["flops"] / formula - 1) < 0.1, counted  # the same count as on meta, within the formula's 10%
+    assert len(out[mb.DENSE_OPS_KEY]) == counted["dense_ops"]
+
+
 @pytest.mark.parametrize("args,text", [
     (["--model", "gpt5"], "unknown model"),
     (["--seq-len", "4096"], "does not fit tiny"),

@@ -138,12 +138,18 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
         amp = wl.autocast_dtype(device)
         model = wl.build(device, checkpointing=cfg.checkpointing)
         if dense_ops is None and (on_gpu or rank == 0):
+            count = None
+            why = "the model does not run on the meta device"
             if count_on == "meta":  # the meta device: its own model, nothing allocated, no step run
-                count = wl.count_flops(cfg.batch_size, "meta")
-            else:  # the model does not run on meta: one counted step here, gradients dropped
+                try:
+                    count = wl.count_flops(cfg.batch_size, "meta")
+                except InputError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - an op without a meta kernel: counted on the device
+                    why += f" ({workloads.last_line(exc)})"
+            if count is None:  # one counted step here, gradients dropped
                 count = workloads.count_flops(model, wl.batch(cfg.batch_size, device, gen), wl.loss, cfg.batch_size,
-                                              str(device), amp, "counted on the ranks' device: the model does not "
-                                                                "run on the meta device")
+                                              str(device), amp, f"counted on the ranks' device: {why}")
             dense_ops = count.dense_ops
             out["flop_count"] = {**count.to_dict(), "dense_ops": len(count.dense_ops)}
             out[DENSE_OPS_KEY] = list(dense_ops)  # for the next configurations; run_model takes it out
