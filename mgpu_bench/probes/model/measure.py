@@ -98,6 +98,21 @@ def pin_cpu(local: int, nlocal: int) -> dict:
 DENSE_OPS_KEY = "_dense_ops"  # a rank's counted matmuls and convolutions, handed back (not in the document)
 
 
+def _count_on_meta(cfg: ModelConfig):
+    """(the workload's FlopCount on the meta device, None), or (None, why not in one line) where
+    the model does not run on meta; (None, None) for bad input, which the rank says where it
+    resolves the workload again."""
+    from mgpu_bench import workloads
+
+    try:
+        wl = workloads.resolve(cfg.workload_text, seq_len=cfg.seq_len, image_size=cfg.image_size)
+        return wl.count_flops(cfg.batch_size, "meta"), None
+    except InputError:
+        return None, None
+    except Exception as exc:  # noqa: BLE001 - an op without a meta kernel: the rank counts on its device
+        return None, workloads.last_line(exc)
+
+
 def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = False,
            count_on: str = "device") -> dict:
     """One rank: returns raw per-step seconds and facts (never raises for an OOM: the error and
@@ -118,6 +133,12 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     on_gpu = cfg.device == "cuda"
     pinned = pin_cpu(local, int(os.environ.get("LOCAL_WORLD_SIZE", world))) if pin and not on_gpu else {}
+    counts = dense_ops is None and (on_gpu or rank == 0)
+    # The count on meta first, before this rank touches CUDA, in the order the command's own count
+    # had before its ranks started. With the count after the model was built on the GPU, the GPT's
+    # 1-GPU rows of the smoke run took 4-15 s longer than the run before (one H100, 2026-12-07; rows
+    # the change did not touch 0-5 s longer): whether the order was the cause is not measured yet.
+    meta_count, meta_failed = _count_on_meta(cfg) if counts and count_on == "meta" else (None, None)
     if on_gpu:
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
@@ -137,17 +158,10 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
         wl = workloads.resolve(cfg.workload_text, seq_len=cfg.seq_len, image_size=cfg.image_size)
         amp = wl.autocast_dtype(device)
         model = wl.build(device, checkpointing=cfg.checkpointing)
-        if dense_ops is None and (on_gpu or rank == 0):
-            count = None
-            why = "the model does not run on the meta device"
-            if count_on == "meta":  # the meta device: its own model, nothing allocated, no step run
-                try:
-                    count = wl.count_flops(cfg.batch_size, "meta")
-                except InputError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - an op without a meta kernel: counted on the device
-                    why += f" ({workloads.last_line(exc)})"
-            if count is None:  # one counted step here, gradients dropped
+        if counts:
+            count = meta_count
+            if count is None:  # the model does not run on meta: one counted step here, gradients dropped
+                why = "the model does not run on the meta device" + (f" ({meta_failed})" if meta_failed else "")
                 count = workloads.count_flops(model, wl.batch(cfg.batch_size, device, gen), wl.loss, cfg.batch_size,
                                               str(device), amp, f"counted on the ranks' device: {why}")
             dense_ops = count.dense_ops
