@@ -118,7 +118,7 @@ def test_a_rank_that_cannot_count_on_meta_counts_on_its_device_and_says_why(monk
     from dataclasses import asdict
 
     from mgpu_bench.probes.model.config import ModelConfig
-    from mgpu_bench.workloads.gpt_spec import GptWorkload
+    from mgpu_bench.workloads.gpt_workload import GptWorkload
 
     def no_meta(self, batch_size, device="meta"):
         raise NotImplementedError("aten::odd_op has no meta kernel")

@@ -209,6 +209,7 @@ def test_a_sample_count_beyond_sense_is_refused_at_step():
 
 SIGNALLED = textwrap.dedent("""
     import os, signal, sys, threading, time
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal leaves it (a test run under nohup hands it on ignored)
     import torch
     from mgpu_bench import StepMonitor  # imported in the main thread, as a job's script does
 

@@ -16,6 +16,7 @@ _SCRIPT = textwrap.dedent("""
     import gc, os, signal, sys, time, weakref
     from mgpu_bench.core import errors
 
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal leaves it (a test run under nohup hands it on ignored)
     errors.handle_stop_signals()
 
     class Timer:

@@ -3,7 +3,7 @@
 StepMonitor: no probe builds a model of its own.
 
 The forms (`resolve(text)`):
-    tiny, 125m, 350m, 760m, 1.3b      the built-in GPT (gpt_spec.py: sizes, formula; gpt.py: modules)
+    tiny, 125m, 350m, 760m, 1.3b      the built-in GPT (gpt_workload.py; sizes, formula: gpt_spec.py; modules: gpt.py)
     torchvision:NAME                  a torchvision classification model, weights=None (vision.py)
     hf:NAME | hf:path/config.json     a transformers model from a preset or config file (hf.py)
     module:function | file.py:function  the user's own step (user.py: the protocol)
@@ -88,7 +88,8 @@ def resolve(text: str, *, seq_len: int | None = None, image_size: int | None = N
     text = text.strip()
     prefix, sep, rest = text.partition(":")
     if not sep:
-        from .gpt_spec import MODELS, GptWorkload
+        from .gpt_spec import MODELS
+        from .gpt_workload import GptWorkload
 
         spec = MODELS.get(text.lower())
         if spec is None:

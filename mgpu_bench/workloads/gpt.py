@@ -5,7 +5,7 @@ attention (flash/cuDNN kernels where torch picks them), bf16 autocast on CUDA, f
 LM head tied to the token embedding. The named sizes follow GPT-2/GPT-3 shapes with the vocabulary
 padded to 50304 (a multiple of 128), so "350m" is the 356M-parameter model of the anchors
 (24 layers, d=1024) and "1.3b" the 1.3B one (24 layers, d=2048). The sizes, their parameter count and
-FLOPs formula, and the workload that names them live in gpt_spec.py (no torch), re-exported here.
+FLOPs formula live in gpt_spec.py (no torch), re-exported here; the workload in gpt_workload.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from .gpt_spec import (  # noqa: F401 - the spec and the workload: their home wi
     CE_MAX_ELEMENTS,
     INIT_STD,
     MODELS,
-    GptWorkload,
     ModelSpec,
     flops_per_token,
     get_model_spec,
