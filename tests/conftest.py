@@ -230,6 +230,15 @@ _STOP_STATE = ("_terminated", "_term_signal", "_interrupted", "_stopping", "_ins
                "_agent_exc", "_last_press", "_presses", "_noted")
 
 
+def _pristine_stop_state() -> dict:
+    from mgpu_bench.core import errors
+
+    return {k: getattr(errors, k) for k in _STOP_STATE}
+
+
+_PRISTINE = _pristine_stop_state()  # as the module defines it: read before any test runs
+
+
 @pytest.fixture(autouse=True)
 def _stop_state_per_test():
     """One CLI process handles one run's stop signals (errors.py keeps them in module state);
@@ -242,6 +251,8 @@ def _stop_state_per_test():
 
     state = {k: getattr(errors, k) for k in _STOP_STATE}
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for k, v in _PRISTINE.items():  # and begins with it as a new process has it (a module's fixture may have moved it)
+        setattr(errors, k, v)
     yield
     for s, h in handlers.items():
         signal.signal(s, h)

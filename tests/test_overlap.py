@@ -6,6 +6,7 @@ and stopped by Ctrl-C after its first phase; bad input."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -210,7 +211,9 @@ def test_one_rank_in_process_complete_and_stopped_after_its_first_phase(tmp_path
     assert run.ranks[0]["comm_op"] == "elementwise stand-in"
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the run's sink folder lands here
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises here (conftest puts back the handler)
     done = threading.Event()
+    seen: list = []  # what the watcher saw: the stop state and handler when it interrupted, for a failure's message
 
     def stop_after_first_phase():
         deadline = time.monotonic() + 120
@@ -218,6 +221,9 @@ def test_one_rank_in_process_complete_and_stopped_after_its_first_phase(tmp_path
             for f in tmp_path.glob("mgpu-bench-overlap-*/rank0.json"):
                 try:
                     if "comm_alone" in (json.loads(f.read_text()).get("phases") or {}):
+                        from mgpu_bench.core import errors
+
+                        seen.append((time.monotonic(), errors._stopping, errors._deferred, signal.getsignal(signal.SIGINT)))
                         _thread.interrupt_main()
                         return
                 except (OSError, ValueError, AttributeError):  # not there yet, half written, an early form
@@ -233,7 +239,7 @@ def test_one_rank_in_process_complete_and_stopped_after_its_first_phase(tmp_path
                                             device="cpu"), 1, ())
     finally:
         done.set()
-    assert long.stopped == "interrupted", long.stop_message
+    assert long.stopped == "interrupted", (long.stop_message, seen or "the watcher never saw the first phase")
     assert "comm_alone" in long.ranks[0]["phases"] and len(long.ranks[0]["phases"]) < 3
     assert ov.comm_side(long, "comm_alone") is not None
     assert not list(tmp_path.glob("mgpu-bench-overlap-*"))  # the sink folder is removed

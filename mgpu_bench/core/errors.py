@@ -236,7 +236,8 @@ def handle_stop_signals() -> None:
 
         atexit.register(_ignore_late_signals)
         global _other_unraisablehook
-        _other_unraisablehook = sys.unraisablehook
+        if sys.unraisablehook is not _stop_in_a_finalizer:  # never its own fallback
+            _other_unraisablehook = sys.unraisablehook
         sys.unraisablehook = _stop_in_a_finalizer
     _installed = True
 
