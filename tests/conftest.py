@@ -227,7 +227,7 @@ def _private_history(tmp_path_factory, monkeypatch):
 
 
 _STOP_STATE = ("_terminated", "_term_signal", "_interrupted", "_stopping", "_installed", "_deferred",
-               "_agent_exc", "_last_press", "_presses", "_noted")
+               "_agent_exc", "_last_press", "_presses", "_noted", "_redeliver")
 
 
 def _pristine_stop_state() -> dict:

@@ -90,6 +90,7 @@ _stopping = False  # a stop signal came: the orderly stop (or the writing of the
 _installed = False  # handle_stop_signals() ran in this process
 _deferred = False  # the measurement is over: a stop signal no longer raises
 _agent_exc: type | None = None  # torch's SignalException while its elastic agent runs here (under_agent)
+_redeliver: BaseException | None = None  # a stop's exception a finalizer swallowed, to raise again (_stop_in_a_finalizer)
 _last_press: float | None = None  # when the last Ctrl-C counted toward abandoning came (time.monotonic)
 _presses = 0  # Ctrl-C presses counted toward abandoning, after the one that began the stop
 _noted = False  # the "already stopping" note was printed since the last counted press
@@ -165,7 +166,10 @@ def _stop_signal(signum, frame) -> None:
     what it measured; every later one, and one that comes once the measurement is over, is noted
     and does not interrupt the writing of the results. Ctrl-C ABANDON_PRESSES more times, spaced,
     abandons: its children killed, one line, exit 130."""
-    global _terminated, _interrupted, _stopping, _term_signal
+    global _terminated, _interrupted, _stopping, _term_signal, _redeliver
+    if _redeliver is not None and signum == signal.SIGINT and not _deferred:  # _stop_in_a_finalizer's call
+        exc, _redeliver = _redeliver, None
+        raise exc
     sigint = signum == signal.SIGINT
     first = not _stopping
     _stopping = True
@@ -248,13 +252,29 @@ _other_unraisablehook = sys.__unraisablehook__  # the hook handle_stop_signals()
 def _stop_in_a_finalizer(unraisable) -> None:
     """sys.unraisablehook: the exception of a stop signal that _stop_signal raised where Python
     cannot pass it on (a weakref callback or __del__ the garbage collector ran: torch's rendezvous
-    timer joins its thread in one) would be printed with a traceback and dropped. The stop is
-    recorded (_stopping: stop_pending() raises it before the next launch, and the exit code is
-    still 128 + the signal): nothing is printed. Anything else goes to the hook that was there."""
+    timer joins its thread in one) would be printed with a traceback and dropped, and the run
+    would go on as if no signal had come (a one-rank run in this process to its end). Nothing is
+    printed; while measuring, the same exception is raised again in the main thread once the
+    finalizer has returned, as if the signal had come a moment later: a thread sends the main
+    thread SIGINT after REDELIVER_S, whose handler (_stop_signal) raises it (a signal handled
+    inside this hook would raise into it; one that lands in another finalizer is sent again).
+    Anything else goes to the hook that was there."""
+    global _redeliver
     exc = unraisable.exc_value
     if _stopping and (isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SignalException"):
+        if not _deferred and signal.getsignal(signal.SIGINT) is _stop_signal:
+            import threading
+
+            _redeliver = exc
+            main = threading.main_thread().ident
+            later = threading.Timer(REDELIVER_S, signal.pthread_kill, (main, signal.SIGINT))
+            later.daemon = True
+            later.start()
         return
     _other_unraisablehook(unraisable)
+
+
+REDELIVER_S = 0.02  # long past a finalizer's return, short beside any step a stop waits for
 
 
 def _spare_resource_tracker() -> None:
