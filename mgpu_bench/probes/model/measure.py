@@ -133,12 +133,12 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     on_gpu = cfg.device == "cuda"
     pinned = pin_cpu(local, int(os.environ.get("LOCAL_WORLD_SIZE", world))) if pin and not on_gpu else {}
-    counts = dense_ops is None and (on_gpu or rank == 0)
+    counting = dense_ops is None and (on_gpu or rank == 0)  # this rank counts the FLOPs
     # The count on meta first, before this rank touches CUDA, in the order the command's own count
     # had before its ranks started. With the count after the model was built on the GPU, the GPT's
     # 1-GPU rows of the smoke run took 4-15 s longer than the run before (one H100, 2026-12-07; rows
     # the change did not touch 0-5 s longer): whether the order was the cause is not measured yet.
-    meta_count, meta_failed = _count_on_meta(cfg) if counts and count_on == "meta" else (None, None)
+    meta_count, meta_failed = _count_on_meta(cfg) if counting and count_on == "meta" else (None, None)
     if on_gpu:
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
@@ -158,7 +158,7 @@ def worker(cfg_dict: dict, dense_ops: Sequence[dict] | None = None, pin: bool = 
         wl = workloads.resolve(cfg.workload_text, seq_len=cfg.seq_len, image_size=cfg.image_size)
         amp = wl.autocast_dtype(device)
         model = wl.build(device, checkpointing=cfg.checkpointing)
-        if counts:
+        if counting:
             count = meta_count
             if count is None:  # the model does not run on meta: one counted step here, gradients dropped
                 why = "the model does not run on the meta device" + (f" ({meta_failed})" if meta_failed else "")
