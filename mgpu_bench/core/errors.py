@@ -91,6 +91,7 @@ _installed = False  # handle_stop_signals() ran in this process
 _deferred = False  # the measurement is over: a stop signal no longer raises
 _agent_exc: type | None = None  # torch's SignalException while its elastic agent runs here (under_agent)
 _redeliver: BaseException | None = None  # a stop's exception a finalizer swallowed, to raise again (_stop_in_a_finalizer)
+REDELIVER_S = 0.02  # when it is raised again: long past a finalizer's return, short beside any step a stop waits for
 _last_press: float | None = None  # when the last Ctrl-C counted toward abandoning came (time.monotonic)
 _presses = 0  # Ctrl-C presses counted toward abandoning, after the one that began the stop
 _noted = False  # the "already stopping" note was printed since the last counted press
@@ -273,8 +274,6 @@ def _stop_in_a_finalizer(unraisable) -> None:
         return
     _other_unraisablehook(unraisable)
 
-
-REDELIVER_S = 0.02  # long past a finalizer's return, short beside any step a stop waits for
 
 
 def _spare_resource_tracker() -> None:

@@ -562,15 +562,15 @@ def run_model(cfg: ModelConfig, gpu_counts: Sequence[int], data_modes: Sequence[
                 if left == 0:  # measured: a stop signal now waits while the ranks' group goes and the run is written
                     defer_sigterm()
                 run.gpu_name = run.gpu_name or ranks[0].get("gpu_name")
-                counted = next((r["flop_count"] for r in ranks if r.get("flop_count")), None)
                 ops = [r.pop(DENSE_OPS_KEY, None) for r in ranks]
-                if "per_sample" not in (run.workload.get("flops") or {}) and counted:
-                    run.workload["flops"] = flop_facts(counted)
-                    if counted["device"] == "meta" and ops[0] is not None:  # the same count serves what follows
-                        from mgpu_bench.workloads import FlopCount
+                counter = next((i for i, r in enumerate(ranks) if r.get("flop_count")), None)
+                if "per_sample" not in (run.workload.get("flops") or {}) and counter is not None:
+                    from mgpu_bench.workloads import FlopCount
 
-                        count = FlopCount(float(counted["flops"]), int(counted["batch_size"]), "meta",
-                                          tuple(ops[0]), counted.get("note"))
+                    made = FlopCount.from_dict({**ranks[counter]["flop_count"], "dense_ops": ops[counter]})
+                    run.workload["flops"] = flop_facts(made)
+                    if made.device == "meta":  # the same count serves the configurations that follow
+                        count = made
                 per_sample = (run.workload.get("flops") or {}).get("per_sample")
                 run.stats.append(analyse(c, n, ranks, peak.value if peak is not None else None, per_sample,
                                          run.workload.get("tokens_per_sample")))
@@ -617,12 +617,8 @@ def _pin_note(run: ModelRun) -> None:
 
 
 def flop_facts(count) -> dict:
-    """A FlopCount (or a rank's count as worker() returns it: a dict, its dense ops counted) as the
-    document records it: FLOPs per sample, the batch and the device it was counted at, why not on
-    meta, how many distinct matmuls and convolutions it saw."""
-    if isinstance(count, dict):
-        return {"per_sample": float(count["flops"]) / int(count["batch_size"]), "batch_size": count["batch_size"],
-                "device": count["device"], "note": count.get("note"), "dense_ops": count.get("dense_ops", 0)}
+    """A FlopCount as the document records it: FLOPs per sample, the batch and the device it was
+    counted at, why not on meta, how many distinct matmuls and convolutions it saw."""
     return {"per_sample": count.per_sample, "batch_size": count.batch_size, "device": count.device,
             "note": count.note, "dense_ops": len(count.dense_ops)}
 
